@@ -1,0 +1,215 @@
+//! The command line: clap definitions only. `main.rs` wires them to
+//! [`crate::commands`].
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// A duration flag in humantime syntax ("30s", "5m", "1h").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HumanDuration(pub Duration);
+
+impl std::str::FromStr for HumanDuration {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        humantime::parse_duration(s)
+            .map(HumanDuration)
+            .map_err(|e| format!("`{s}` is not a duration like 30s, 5m or 1h ({e})"))
+    }
+}
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
+pub enum LogFormat {
+    /// Human-readable lines for terminals.
+    #[default]
+    Text,
+    /// One JSON object per line: timestamp, level, event, fields.
+    Json,
+}
+
+/// fencecron: a job runner whose jobs carry a fencing token.
+#[derive(Debug, Parser)]
+#[command(name = "fencecron", version, about, long_about = None)]
+pub struct Cli {
+    /// The jobs file [default: $FENCECRON_CONFIG, else /etc/fencecron/jobs.toml].
+    #[arg(long, global = true, value_name = "FILE", env = "FENCECRON_CONFIG")]
+    pub config: Option<PathBuf>,
+
+    /// Store URL (sqlite://PATH, postgres://…, mysql://…); overrides the config.
+    #[arg(
+        long,
+        global = true,
+        value_name = "URL",
+        env = "FENCECRON_STORE",
+        hide_env_values = true
+    )]
+    pub store: Option<String>,
+
+    /// Log format.
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        env = "FENCECRON_LOG_FORMAT",
+        default_value_t = LogFormat::Text
+    )]
+    pub log_format: LogFormat,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the daemon: schedule the jobs of the config under fenced leases.
+    Run {
+        /// This instance's node id [default: config's node.id, else the host name].
+        #[arg(long, value_name = "ID")]
+        node_id: Option<String>,
+    },
+    /// Validate the config and print each job's next fire times.
+    Check,
+    /// Run one command under a fenced lease (kill-on-loss, token in its environment).
+    Exec(ExecArgs),
+    /// Take, renew, release and list leases by hand.
+    #[command(subcommand)]
+    Lease(LeaseCommand),
+    /// Fenced write into the built-in fenced store.
+    Put(PutArgs),
+    /// Read a value and the token that wrote it.
+    Get(GetArgs),
+    /// List stale-owner records (rejected writes, lost leases) from every host.
+    Stale(StaleArgs),
+    /// Measure store latency and throughput against a bare round trip.
+    Bench(BenchArgs),
+}
+
+/// `fencecron exec`.
+#[derive(Debug, Args)]
+pub struct ExecArgs {
+    /// The resource to lease.
+    pub resource: String,
+    /// Lease length (5s..=300s) [default: 30s].
+    #[arg(long, value_name = "D")]
+    pub lease: Option<HumanDuration>,
+    /// Renewal interval [default: a third of the lease].
+    #[arg(long, value_name = "D")]
+    pub renew_every: Option<HumanDuration>,
+    /// SIGTERM-to-SIGKILL grace [default: a fifth of the lease].
+    #[arg(long, value_name = "D")]
+    pub kill_grace: Option<HumanDuration>,
+    /// The command and its arguments, after `--`.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    pub command: Vec<String>,
+}
+
+/// `fencecron lease …`.
+#[derive(Debug, Subcommand)]
+pub enum LeaseCommand {
+    /// Take a lease; print resource, owner_id, token, expires_at.
+    Acquire {
+        resource: String,
+        /// Lease length (5s..=300s) [default: 30s].
+        #[arg(long, value_name = "D")]
+        lease: Option<HumanDuration>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Extend a lease, keeping the token.
+    Renew {
+        resource: String,
+        #[arg(long, value_name = "UUID")]
+        owner_id: String,
+        #[arg(long, value_name = "T")]
+        token: i64,
+        /// Lease length (5s..=300s) [default: 30s].
+        #[arg(long, value_name = "D")]
+        lease: Option<HumanDuration>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Give a lease up.
+    Release {
+        resource: String,
+        #[arg(long, value_name = "UUID")]
+        owner_id: String,
+        #[arg(long, value_name = "T")]
+        token: i64,
+    },
+    /// All leases, held or not.
+    List {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// `fencecron put`.
+#[derive(Debug, Args)]
+pub struct PutArgs {
+    pub key: String,
+    /// [default: $FENCECRON_RESOURCE]
+    #[arg(long, value_name = "R", env = "FENCECRON_RESOURCE")]
+    pub resource: Option<String>,
+    /// [default: $FENCECRON_TOKEN]
+    #[arg(long, value_name = "T", env = "FENCECRON_TOKEN")]
+    pub token: Option<i64>,
+    /// [default: $FENCECRON_OWNER_ID]
+    #[arg(long, value_name = "O", env = "FENCECRON_OWNER_ID")]
+    pub owner_id: Option<String>,
+    /// Require a strictly greater token; an equal one is "already applied".
+    #[arg(long)]
+    pub once: bool,
+    /// The value as text.
+    #[arg(long, value_name = "V", conflicts_with = "file")]
+    pub value: Option<String>,
+    /// Read the value from a file.
+    #[arg(long, value_name = "F")]
+    pub file: Option<PathBuf>,
+    /// Label recorded with a rejection: where in the job the write happened.
+    #[arg(long, value_name = "S", default_value = "put")]
+    pub stage: String,
+}
+
+/// `fencecron get`.
+#[derive(Debug, Args)]
+pub struct GetArgs {
+    pub key: String,
+    /// [default: $FENCECRON_RESOURCE]
+    #[arg(long, value_name = "R", env = "FENCECRON_RESOURCE")]
+    pub resource: Option<String>,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `fencecron stale`.
+#[derive(Debug, Args)]
+pub struct StaleArgs {
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Only records newer than this (e.g. 1h).
+    #[arg(long, value_name = "D")]
+    pub since: Option<HumanDuration>,
+}
+
+/// `fencecron bench`.
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// Concurrent clients.
+    #[arg(long, default_value_t = 1)]
+    pub clients: usize,
+    /// Measuring time per operation.
+    #[arg(long, value_name = "D", default_value = "2s")]
+    pub duration: HumanDuration,
+    /// Distinct bench resources to spread the load over.
+    #[arg(long, default_value_t = 16)]
+    pub resources: usize,
+}

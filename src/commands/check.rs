@@ -1,0 +1,40 @@
+//! `fencecron check`: validate the config and show each job's next fire
+//! times.
+
+use chrono::Utc;
+
+use crate::cli::Cli;
+use crate::error::Result;
+use crate::store::rfc3339;
+
+use super::Context;
+
+pub fn run(cli: &Cli) -> Result<u8> {
+    let ctx = Context::load(cli, true)?;
+    let Some(config) = ctx.config else {
+        return Ok(0);
+    };
+    println!(
+        "{}: ok, {} job(s), store {}",
+        config.path.display(),
+        config.jobs.len(),
+        ctx.store_url
+    );
+    let now = Utc::now();
+    for job in &config.jobs {
+        println!(
+            "job {} (resource {}, schedule \"{}\" in {}, lease {}, renew every {}, kill grace {})",
+            job.name,
+            job.resource,
+            job.schedule.expr(),
+            job.schedule.tz(),
+            humantime::format_duration(job.timing.lease),
+            humantime::format_duration(job.timing.renew_every),
+            humantime::format_duration(job.timing.kill_grace),
+        );
+        for at in job.schedule.upcoming(now, 3) {
+            println!("  next: {}", rfc3339(at));
+        }
+    }
+    Ok(0)
+}

@@ -1,0 +1,169 @@
+//! `fencecron put`, `get` and `stale`.
+
+use std::io::Read;
+
+use base64::Engine as _;
+use serde_json::json;
+
+use crate::cli::{Cli, GetArgs, PutArgs, StaleArgs};
+use crate::error::{Error, Result};
+use crate::fence;
+use crate::names::Name;
+use crate::store::{OpenOptions, PutOutcome, PutRequest, StoreTime};
+
+use super::{print_json, Context};
+
+/// The resource from `--resource` or the job's environment.
+fn resource(flag: &Option<String>) -> Result<Name> {
+    let r = flag.as_deref().ok_or_else(|| {
+        Error::Usage(
+            "no resource given; pass --resource R or run inside a fencecron job (FENCECRON_RESOURCE)"
+                .to_string(),
+        )
+    })?;
+    Name::parse("resource", r).map_err(Error::Usage)
+}
+
+pub async fn put(cli: &Cli, args: &PutArgs) -> Result<u8> {
+    let ctx = Context::load(cli, false)?;
+    let resource = resource(&args.resource)?;
+    let key = Name::parse("key", &args.key).map_err(Error::Usage)?;
+    let token = args.token.ok_or_else(|| {
+        Error::Usage(
+            "no token given; pass --token T or run inside a fencecron job (FENCECRON_TOKEN)"
+                .to_string(),
+        )
+    })?;
+    if token < 1 {
+        return Err(Error::Usage(format!(
+            "token {token} is not a fencing token; tokens start at 1"
+        )));
+    }
+    let stage = Name::parse("stage", &args.stage).map_err(Error::Usage)?;
+    let value = match (&args.value, &args.file) {
+        (Some(v), _) => v.clone().into_bytes(),
+        (None, Some(f)) => std::fs::read(f).map_err(|e| {
+            Error::Usage(format!("cannot read --file {}: {e}", f.display()))
+        })?,
+        (None, None) => {
+            let mut buf = Vec::new();
+            std::io::stdin()
+                .read_to_end(&mut buf)
+                .map_err(|e| Error::Runtime(format!("cannot read the value from stdin: {e}")))?;
+            buf
+        }
+    };
+    let job = std::env::var("FENCECRON_JOB").ok();
+    let store = ctx.store(&OpenOptions::default()).await?;
+    let req = PutRequest {
+        resource: &resource,
+        key: &key,
+        value: &value,
+        token,
+        owner_id: args.owner_id.as_deref(),
+        once: args.once,
+        node: &ctx.node,
+        job: job.as_deref(),
+        stage: stage.as_str(),
+        operation_id: uuid::Uuid::new_v4(),
+    };
+    match fence::put(store.as_ref(), &req).await? {
+        PutOutcome::Accepted { written_at } => {
+            println!("accepted: {resource}/{key} token={token} written_at={written_at}");
+            Ok(0)
+        }
+        PutOutcome::AlreadyApplied => {
+            println!("already applied: {resource}/{key} token={token}; nothing changed");
+            Ok(0)
+        }
+        PutOutcome::Rejected(rec) => {
+            let why = match rec.reason.as_str() {
+                "forged" => format!(
+                    "token {token} is larger than any token ever issued for {resource} (forged); use the token of a lease you acquired"
+                ),
+                _ => format!(
+                    "token {} already wrote it, so token {token} is stale; this owner has been replaced and must stop",
+                    rec.accepted_token
+                        .map_or_else(|| "a newer".to_string(), |t| t.to_string())
+                ),
+            };
+            Err(Error::Stale(format!(
+                "write to {resource}/{key} rejected: {why} (operation {})",
+                rec.operation_id
+            )))
+        }
+    }
+}
+
+pub async fn get(cli: &Cli, args: &GetArgs) -> Result<u8> {
+    let ctx = Context::load(cli, false)?;
+    let resource = resource(&args.resource)?;
+    let key = Name::parse("key", &args.key).map_err(Error::Usage)?;
+    let store = ctx.store(&OpenOptions::default()).await?;
+    let Some(v) = store.get(&resource, &key).await? else {
+        return Err(Error::Missing(format!(
+            "no value is stored for key {key} of resource {resource}; check the names or write it with fencecron put"
+        )));
+    };
+    if args.json {
+        let mut obj = json!({
+            "resource": v.resource,
+            "key": v.key,
+            "token": v.token,
+            "owner_id": v.owner_id,
+            "written_at": v.written_at,
+        });
+        match String::from_utf8(v.value) {
+            Ok(text) => obj["value"] = json!(text),
+            Err(e) => {
+                obj["value_base64"] =
+                    json!(base64::engine::general_purpose::STANDARD.encode(e.as_bytes()))
+            }
+        }
+        print_json(&obj)?;
+    } else {
+        use std::io::Write;
+        let mut out = std::io::stdout().lock();
+        out.write_all(&v.value)
+            .and_then(|_| out.flush())
+            .map_err(|e| Error::Runtime(format!("cannot write the value to stdout: {e}")))?;
+    }
+    Ok(0)
+}
+
+pub async fn stale(cli: &Cli, args: &StaleArgs) -> Result<u8> {
+    let ctx = Context::load(cli, false)?;
+    let store = ctx.store(&OpenOptions::default()).await?;
+    let since = match args.since {
+        Some(d) => {
+            let now = store.now().await?;
+            Some(StoreTime(now.0 - crate::store::millis(d.0)))
+        }
+        None => None,
+    };
+    let records = store.stale(since).await?;
+    if args.json {
+        print_json(&records)?;
+    } else {
+        println!(
+            "{:<24} {:<15} {:<7} {:<24} {:<16} {:>6} {:>8} {:<16} STAGE",
+            "AT", "KIND", "REASON", "RESOURCE", "KEY", "TOKEN", "ACCEPTED", "NODE"
+        );
+        for r in records {
+            println!(
+                "{:<24} {:<15} {:<7} {:<24} {:<16} {:>6} {:>8} {:<16} {}",
+                r.at.to_string(),
+                r.kind.as_str(),
+                r.reason,
+                r.resource,
+                r.key.as_deref().unwrap_or("-"),
+                r.token,
+                r.accepted_token
+                    .map_or_else(|| "-".to_string(), |t| t.to_string()),
+                r.node,
+                r.stage
+            );
+        }
+    }
+    Ok(0)
+}

@@ -1,0 +1,150 @@
+//! `fencecron lease acquire|renew|release|list`.
+
+use serde_json::json;
+
+use crate::cli::{Cli, LeaseCommand};
+use crate::error::{Error, Result};
+use crate::names::Name;
+use crate::store::{
+    AcquireOutcome, AcquireRequest, OpenOptions, ReleaseOutcome, RenewOutcome, StoreTime,
+};
+use crate::supervise::DEFAULT_LEASE;
+
+use super::{print_json, Context};
+
+pub async fn run(cli: &Cli, cmd: &LeaseCommand) -> Result<u8> {
+    let ctx = Context::load(cli, false)?;
+    match cmd {
+        LeaseCommand::Acquire {
+            resource,
+            lease,
+            json,
+        } => {
+            let resource = Name::parse("resource", resource).map_err(Error::Usage)?;
+            let lease = checked_lease(lease.map(|l| l.0))?;
+            let store = ctx.store(&OpenOptions::default()).await?;
+            let outcome = store
+                .acquire(&AcquireRequest {
+                    resource: &resource,
+                    lease,
+                    node: &ctx.node,
+                    occurrence: None,
+                })
+                .await?;
+            match outcome {
+                AcquireOutcome::Acquired(l) => {
+                    if *json {
+                        print_json(&l)?;
+                    } else {
+                        println!("resource={}", l.resource);
+                        println!("owner_id={}", l.owner_id);
+                        println!("token={}", l.token);
+                        println!("expires_at={}", l.expires_at);
+                    }
+                    Ok(0)
+                }
+                other => Err(held_error(&resource, &other)),
+            }
+        }
+        LeaseCommand::Renew {
+            resource,
+            owner_id,
+            token,
+            lease,
+            json,
+        } => {
+            let resource = Name::parse("resource", resource).map_err(Error::Usage)?;
+            let lease = checked_lease(lease.map(|l| l.0))?;
+            let store = ctx.store(&OpenOptions::default()).await?;
+            match store.renew(&resource, owner_id, *token, lease).await? {
+                RenewOutcome::Renewed { expires_at } => {
+                    if *json {
+                        print_json(&json!({
+                            "resource": resource.as_str(),
+                            "owner_id": owner_id,
+                            "token": token,
+                            "expires_at": expires_at,
+                        }))?;
+                    } else {
+                        println!("expires_at={expires_at}");
+                    }
+                    Ok(0)
+                }
+                RenewOutcome::Refused(r) => Err(Error::NotOwner(format!(
+                    "cannot renew {resource} as owner {owner_id} with token {token}: {r}; acquire a new lease instead"
+                ))),
+            }
+        }
+        LeaseCommand::Release {
+            resource,
+            owner_id,
+            token,
+        } => {
+            let resource = Name::parse("resource", resource).map_err(Error::Usage)?;
+            let store = ctx.store(&OpenOptions::default()).await?;
+            match store.release(&resource, owner_id, *token).await? {
+                ReleaseOutcome::Released => Ok(0),
+                ReleaseOutcome::Refused(r) => Err(Error::NotOwner(format!(
+                    "cannot release {resource} as owner {owner_id} with token {token}: {r}; nothing to do"
+                ))),
+            }
+        }
+        LeaseCommand::List { json } => {
+            let store = ctx.store(&OpenOptions::default()).await?;
+            let leases = store.list().await?;
+            if *json {
+                print_json(&leases)?;
+            } else {
+                println!(
+                    "{:<32} {:>8} {:<5} {:<24} {:<36} NODE",
+                    "RESOURCE", "TOKEN", "HELD", "EXPIRES_AT", "OWNER_ID"
+                );
+                for l in leases {
+                    println!(
+                        "{:<32} {:>8} {:<5} {:<24} {:<36} {}",
+                        l.resource,
+                        l.token,
+                        if l.held { "yes" } else { "no" },
+                        l.expires_at.to_string(),
+                        l.owner_id,
+                        l.node
+                    );
+                }
+            }
+            Ok(0)
+        }
+    }
+}
+
+/// The lease length from a flag, checked before the store is touched.
+fn checked_lease(flag: Option<std::time::Duration>) -> Result<std::time::Duration> {
+    let lease = flag.unwrap_or(DEFAULT_LEASE);
+    if lease < crate::store::MIN_LEASE || lease > crate::store::MAX_LEASE {
+        return Err(Error::Usage(format!(
+            "--lease {} is outside 5s..=300s; choose a lease between 5s and 300s",
+            humantime::format_duration(lease)
+        )));
+    }
+    Ok(lease)
+}
+
+/// The exit-75 error for a lease someone else holds.
+pub(crate) fn held_error(resource: &Name, outcome: &AcquireOutcome) -> Error {
+    match outcome {
+        AcquireOutcome::Held {
+            owner_id,
+            node,
+            token,
+            expires_at,
+        } => Error::Held(format!(
+            "lease {resource} is held by {} on {} with token {token} until {}; retry after it expires or is released",
+            owner_id.as_deref().unwrap_or("another owner"),
+            node.as_deref().unwrap_or("another node"),
+            expires_at.map_or_else(|| "its expiry".to_string(), StoreTime::rfc3339),
+        )),
+        AcquireOutcome::OccurrenceTaken { last_occurrence } => Error::Held(format!(
+            "occurrence of {resource} was already taken (last occurrence {last_occurrence})"
+        )),
+        AcquireOutcome::Acquired(_) => Error::Runtime("internal: acquired is not an error".into()),
+    }
+}

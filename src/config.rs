@@ -1,0 +1,490 @@
+//! `jobs.toml` → a validated [`Config`].
+//!
+//! Everything is checked here, at the boundary: unknown keys, durations,
+//! cron expressions, time zones, lease timing, names, duplicates, the store
+//! URL. Every error names the file, the line and the key. Code after this
+//! module works only with valid values.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+use toml::Spanned;
+
+use crate::names::Name;
+use crate::schedule::Schedule;
+use crate::store::StoreUrl;
+use crate::supervise::{LeaseTiming, TimingError, DEFAULT_LEASE};
+
+/// Where the config is looked for when neither `--config` nor
+/// `$FENCECRON_CONFIG` names one.
+pub const DEFAULT_PATH: &str = "/etc/fencecron/jobs.toml";
+
+/// A loaded, validated configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// The file it was read from.
+    pub path: PathBuf,
+    /// The store, when the file names one.
+    pub store: Option<StoreUrl>,
+    /// The node id, when the file sets one.
+    pub node_id: Option<String>,
+    /// The jobs, in file order.
+    pub jobs: Vec<Job>,
+}
+
+/// One validated job.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Job {
+    pub name: Name,
+    pub schedule: Schedule,
+    /// argv; never passed through a shell.
+    pub command: Vec<String>,
+    pub resource: Name,
+    pub timeout: Option<Duration>,
+    pub env: BTreeMap<String, String>,
+    pub workdir: Option<PathBuf>,
+    pub timing: LeaseTiming,
+    /// When the job exits with this code, it is reporting a stale write
+    /// rejected by its own storage: the daemon records and logs it.
+    pub stale_exit_code: Option<i32>,
+}
+
+/// A configuration error: file, line and key, and what to do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    pub path: PathBuf,
+    pub line: Option<usize>,
+    pub column: Option<usize>,
+    pub key: Option<String>,
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.path.display())?;
+        if let Some(line) = self.line {
+            write!(f, ":{line}")?;
+            if let Some(col) = self.column {
+                write!(f, ":{col}")?;
+            }
+        }
+        f.write_str(": ")?;
+        if let Some(key) = &self.key {
+            write!(f, "{key}: ")?;
+        }
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    store: Option<Spanned<RawStore>>,
+    node: Option<RawNode>,
+    defaults: Option<RawDefaults>,
+    #[serde(default)]
+    job: Vec<Spanned<RawJob>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawStore {
+    url: Option<Spanned<String>>,
+    url_env: Option<Spanned<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawNode {
+    id: Option<Spanned<String>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDefaults {
+    lease: Option<Spanned<String>>,
+    renew_every: Option<Spanned<String>>,
+    kill_grace: Option<Spanned<String>>,
+    timezone: Option<Spanned<String>>,
+    stale_exit_code: Option<Spanned<i64>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawJob {
+    name: Spanned<String>,
+    schedule: Spanned<String>,
+    command: Spanned<Vec<String>>,
+    resource: Option<Spanned<String>>,
+    timeout: Option<Spanned<String>>,
+    env: Option<Spanned<BTreeMap<String, String>>>,
+    workdir: Option<Spanned<String>>,
+    lease: Option<Spanned<String>>,
+    renew_every: Option<Spanned<String>>,
+    kill_grace: Option<Spanned<String>>,
+    timezone: Option<Spanned<String>>,
+    stale_exit_code: Option<Spanned<i64>>,
+}
+
+/// Reads and validates a config file.
+pub fn load(path: &Path) -> Result<Config, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+        path: path.to_path_buf(),
+        line: None,
+        column: None,
+        key: None,
+        message: format!(
+            "cannot read the config file ({e}); pass --config FILE or set FENCECRON_CONFIG"
+        ),
+    })?;
+    parse(path, &text)
+}
+
+/// Validates config text; `path` is only used in messages.
+pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
+    Parser { path, text }.parse()
+}
+
+struct Parser<'a> {
+    path: &'a Path,
+    text: &'a str,
+}
+
+impl Parser<'_> {
+    /// An error at a span of the file.
+    fn at(&self, span: Range<usize>, key: impl Into<String>, message: impl Into<String>) -> ConfigError {
+        let (line, column) = line_col(self.text, span.start);
+        ConfigError {
+            path: self.path.to_path_buf(),
+            line: Some(line),
+            column: Some(column),
+            key: Some(key.into()),
+            message: message.into(),
+        }
+    }
+
+    fn parse(&self) -> Result<Config, ConfigError> {
+        let raw: RawConfig = toml::from_str(self.text).map_err(|e| {
+            let (line, column) = match e.span() {
+                Some(span) => {
+                    let (l, c) = line_col(self.text, span.start);
+                    (Some(l), Some(c))
+                }
+                None => (None, None),
+            };
+            ConfigError {
+                path: self.path.to_path_buf(),
+                line,
+                column,
+                key: None,
+                message: e.message().trim().to_string(),
+            }
+        })?;
+
+        let store = match &raw.store {
+            Some(s) => self.store(s)?,
+            None => None,
+        };
+        let node_id = match raw.node.as_ref().and_then(|n| n.id.as_ref()) {
+            Some(id) => {
+                Name::parse("node", id.get_ref())
+                    .map_err(|m| self.at(id.span(), "node.id", m))?;
+                Some(id.get_ref().clone())
+            }
+            None => None,
+        };
+        let defaults = raw.defaults.unwrap_or_default();
+
+        let mut jobs: Vec<Job> = Vec::with_capacity(raw.job.len());
+        let mut names: HashMap<String, usize> = HashMap::new();
+        let mut resources: HashMap<String, String> = HashMap::new();
+        for (i, spanned) in raw.job.iter().enumerate() {
+            let job = self.job(i, spanned, &defaults)?;
+            let raw_job = spanned.get_ref();
+            if let Some(first) = names.insert(job.name.to_string(), i) {
+                return Err(self.at(
+                    raw_job.name.span(),
+                    format!("job[{i}].name"),
+                    format!(
+                        "job name `{}` is already used by job[{first}]; job names must be unique",
+                        job.name
+                    ),
+                ));
+            }
+            if let Some(other) = resources.insert(job.resource.to_string(), job.name.to_string()) {
+                let span = raw_job
+                    .resource
+                    .as_ref()
+                    .map_or(raw_job.name.span(), |r| r.span());
+                return Err(self.at(
+                    span,
+                    format!("job `{}`.resource", job.name),
+                    format!(
+                        "resource `{}` is already used by job `{other}`; each job needs its own resource, because the resource's lease records which scheduled occurrence ran last",
+                        job.resource
+                    ),
+                ));
+            }
+            jobs.push(job);
+        }
+        Ok(Config {
+            path: self.path.to_path_buf(),
+            store,
+            node_id,
+            jobs,
+        })
+    }
+
+    fn store(&self, s: &Spanned<RawStore>) -> Result<Option<StoreUrl>, ConfigError> {
+        let raw = s.get_ref();
+        match (&raw.url, &raw.url_env) {
+            (Some(_), Some(env)) => Err(self.at(
+                env.span(),
+                "store.url_env",
+                "set either store.url or store.url_env, not both",
+            )),
+            (Some(url), None) => StoreUrl::parse(url.get_ref())
+                .map(Some)
+                .map_err(|m| self.at(url.span(), "store.url", m)),
+            (None, Some(env)) => {
+                let var = env.get_ref();
+                let value = std::env::var(var).map_err(|_| {
+                    self.at(
+                        env.span(),
+                        "store.url_env",
+                        format!("environment variable `{var}` is not set; export it or use store.url"),
+                    )
+                })?;
+                StoreUrl::parse(&value).map(Some).map_err(|m| {
+                    self.at(
+                        env.span(),
+                        "store.url_env",
+                        format!("the URL in `{var}` is invalid: {m}"),
+                    )
+                })
+            }
+            (None, None) => Ok(None),
+        }
+    }
+
+    fn duration(&self, d: &Spanned<String>, key: &str) -> Result<Duration, ConfigError> {
+        humantime::parse_duration(d.get_ref()).map_err(|e| {
+            self.at(
+                d.span(),
+                key,
+                format!("`{}` is not a duration like 30s, 5m or 1h ({e})", d.get_ref()),
+            )
+        })
+    }
+
+    fn job(
+        &self,
+        i: usize,
+        spanned: &Spanned<RawJob>,
+        defaults: &RawDefaults,
+    ) -> Result<Job, ConfigError> {
+        let raw = spanned.get_ref();
+        let name = Name::parse("job", raw.name.get_ref())
+            .map_err(|m| self.at(raw.name.span(), format!("job[{i}].name"), m))?;
+        let key = |k: &str| format!("job `{name}`.{k}");
+
+        // Job-level values override [defaults]; errors point at whichever
+        // line the value came from.
+        let pick = |job: &Option<Spanned<String>>,
+                    default: &Option<Spanned<String>>,
+                    k: &str|
+         -> (Option<Spanned<String>>, String) {
+            match job {
+                Some(v) => (Some(v.clone()), key(k)),
+                None => (default.clone(), format!("defaults.{k}")),
+            }
+        };
+
+        let (tz_value, tz_key) = pick(&raw.timezone, &defaults.timezone, "timezone");
+        let tz = match &tz_value {
+            Some(v) => Schedule::parse_tz(v.get_ref()).map_err(|m| self.at(v.span(), &tz_key, m))?,
+            None => chrono_tz::Tz::UTC,
+        };
+        let schedule = Schedule::parse(raw.schedule.get_ref(), tz)
+            .map_err(|m| self.at(raw.schedule.span(), key("schedule"), m))?;
+
+        let command = raw.command.get_ref().clone();
+        if command.is_empty() || command[0].is_empty() {
+            return Err(self.at(
+                raw.command.span(),
+                key("command"),
+                "the command is empty; give an argv array such as [\"/usr/local/bin/task\", \"--flag\"]",
+            ));
+        }
+        if let Some(arg) = command.iter().find(|a| a.contains('\0')) {
+            return Err(self.at(
+                raw.command.span(),
+                key("command"),
+                format!("argument {arg:?} contains a NUL byte"),
+            ));
+        }
+
+        let resource = match &raw.resource {
+            Some(r) => {
+                Name::parse("resource", r.get_ref()).map_err(|m| self.at(r.span(), key("resource"), m))?
+            }
+            None => name.clone(),
+        };
+
+        let timeout = match &raw.timeout {
+            Some(t) => {
+                let d = self.duration(t, &key("timeout"))?;
+                if d.is_zero() {
+                    return Err(self.at(t.span(), key("timeout"), "timeout must be longer than 0s"));
+                }
+                Some(d)
+            }
+            None => None,
+        };
+
+        let mut env = BTreeMap::new();
+        if let Some(e) = &raw.env {
+            for (k, v) in e.get_ref() {
+                if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
+                    return Err(self.at(
+                        e.span(),
+                        key(&format!("env.{k}")),
+                        "environment variable names must be non-empty without `=` or NUL, values without NUL",
+                    ));
+                }
+                if k.starts_with("FENCECRON_") {
+                    return Err(self.at(
+                        e.span(),
+                        key(&format!("env.{k}")),
+                        "FENCECRON_* variables are set by the daemon for every run; choose another name",
+                    ));
+                }
+                env.insert(k.clone(), v.clone());
+            }
+        }
+
+        let workdir = match &raw.workdir {
+            Some(w) if w.get_ref().is_empty() => {
+                return Err(self.at(w.span(), key("workdir"), "workdir is empty; remove it or give a directory"))
+            }
+            Some(w) => Some(PathBuf::from(w.get_ref())),
+            None => None,
+        };
+
+        let (lease_v, lease_k) = pick(&raw.lease, &defaults.lease, "lease");
+        let (renew_v, renew_k) = pick(&raw.renew_every, &defaults.renew_every, "renew_every");
+        let (grace_v, grace_k) = pick(&raw.kill_grace, &defaults.kill_grace, "kill_grace");
+        let lease = match &lease_v {
+            Some(v) => self.duration(v, &lease_k)?,
+            None => DEFAULT_LEASE,
+        };
+        let renew_every = renew_v.as_ref().map(|v| self.duration(v, &renew_k)).transpose()?;
+        let kill_grace = grace_v.as_ref().map(|v| self.duration(v, &grace_k)).transpose()?;
+        let timing = LeaseTiming::new(lease, renew_every, kill_grace).map_err(|e| {
+            let (v, k) = match &e {
+                TimingError::Lease(_) => (&lease_v, &lease_k),
+                TimingError::RenewEvery(_) => (&renew_v, &renew_k),
+                TimingError::KillGrace(_) => (&grace_v, &grace_k),
+            };
+            // A derived value has no line of its own: point at the lease or,
+            // failing that, the job.
+            let span = v
+                .as_ref()
+                .or(lease_v.as_ref())
+                .map_or(raw.name.span(), |s| s.span());
+            let k = if v.is_some() { k.clone() } else { key("lease") };
+            self.at(span, k, e.to_string())
+        })?;
+
+        let stale_exit_code = match (&raw.stale_exit_code, &defaults.stale_exit_code) {
+            (Some(c), _) => Some(self.exit_code(c, &key("stale_exit_code"))?),
+            (None, Some(c)) => Some(self.exit_code(c, "defaults.stale_exit_code")?),
+            (None, None) => None,
+        };
+
+        Ok(Job {
+            name,
+            schedule,
+            command,
+            resource,
+            timeout,
+            env,
+            workdir,
+            timing,
+            stale_exit_code,
+        })
+    }
+
+    fn exit_code(&self, c: &Spanned<i64>, key: &str) -> Result<i32, ConfigError> {
+        match *c.get_ref() {
+            v @ 1..=125 => Ok(v as i32),
+            v => Err(self.at(
+                c.span(),
+                key,
+                format!("{v} is not a usable exit code; choose one in 1..=125"),
+            )),
+        }
+    }
+}
+
+/// 1-based line and column of a byte offset.
+fn line_col(text: &str, offset: usize) -> (usize, usize) {
+    let offset = offset.min(text.len());
+    let before = &text[..offset];
+    let line = before.matches('\n').count() + 1;
+    let column = before.rfind('\n').map_or(offset, |nl| offset - nl - 1) + 1;
+    (line, column)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(text: &str) -> ConfigError {
+        parse(Path::new("jobs.toml"), text).unwrap_err()
+    }
+
+    const JOB: &str = "[[job]]\nname = \"a\"\nschedule = \"* * * * * *\"\ncommand = [\"true\"]\n";
+
+    #[test]
+    fn minimal() {
+        let c = parse(Path::new("jobs.toml"), JOB).unwrap();
+        assert_eq!(c.jobs.len(), 1);
+        assert_eq!(c.jobs[0].resource.as_str(), "a");
+        assert_eq!(c.jobs[0].timing.lease, DEFAULT_LEASE);
+    }
+
+    #[test]
+    fn unknown_key_names_line_and_key() {
+        let e = err(&format!("{JOB}colour = \"red\"\n"));
+        assert_eq!(e.line, Some(5));
+        assert!(e.to_string().contains("colour"), "{e}");
+    }
+
+    #[test]
+    fn bad_cron_names_job() {
+        let e = err("[[job]]\nname = \"nightly\"\nschedule = \"61 * * * *\"\ncommand = [\"true\"]\n");
+        assert_eq!(e.line, Some(3));
+        assert_eq!(e.key.as_deref(), Some("job `nightly`.schedule"));
+    }
+
+    #[test]
+    fn lease_from_defaults_points_at_defaults() {
+        let e = err(&format!("[defaults]\nlease = \"2s\"\n{JOB}"));
+        assert_eq!(e.line, Some(2));
+        assert_eq!(e.key.as_deref(), Some("defaults.lease"));
+    }
+
+    #[test]
+    fn duplicates() {
+        let e = err(&format!("{JOB}{JOB}"));
+        assert_eq!(e.line, Some(6));
+        assert!(e.message.contains("already used"));
+    }
+}

@@ -1,0 +1,60 @@
+//! The crate's error type and its mapping to the documented exit codes.
+//!
+//! Library code returns typed errors that carry context; `main` prints the
+//! one-sentence message and exits with [`Error::exit_code`].
+
+use crate::config::ConfigError;
+use crate::store::StoreError;
+
+/// Exit code: runtime failure (store unreachable, I/O).
+pub const EXIT_RUNTIME: u8 = 1;
+/// Exit code: usage or configuration error.
+pub const EXIT_USAGE: u8 = 2;
+/// Exit code: stale write rejected, or not the lease owner.
+pub const EXIT_STALE: u8 = 3;
+/// Exit code: the lease is held by another owner (EX_TEMPFAIL).
+pub const EXIT_HELD: u8 = 75;
+
+/// Everything a fencecron command can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Bad flags or arguments.
+    #[error("{0}")]
+    Usage(String),
+    /// jobs.toml could not be loaded or is invalid.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// Not the lease owner (renew/release refused).
+    #[error("{0}")]
+    NotOwner(String),
+    /// A fenced write was rejected as stale or forged.
+    #[error("{0}")]
+    Stale(String),
+    /// The lease is held by another owner.
+    #[error("{0}")]
+    Held(String),
+    /// A key or other thing asked for does not exist.
+    #[error("{0}")]
+    Missing(String),
+    /// Local I/O or process failure.
+    #[error("{0}")]
+    Runtime(String),
+}
+
+impl Error {
+    /// The process exit code PRODUCT.md documents for this error.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Error::Usage(_) | Error::Config(_) => EXIT_USAGE,
+            Error::Store(_) | Error::Missing(_) | Error::Runtime(_) => EXIT_RUNTIME,
+            Error::NotOwner(_) | Error::Stale(_) => EXIT_STALE,
+            Error::Held(_) => EXIT_HELD,
+        }
+    }
+}
+
+/// Shorthand for results in this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,263 @@
+//! The event catalogue: one function per event, and the log setup.
+//!
+//! Nothing else in the crate names an event. With `--log-format json` each
+//! line is one JSON object with top-level `timestamp`, `level`, `event`,
+//! `message` and the event's fields; the README documents the catalogue and
+//! it is a stable interface for log-based monitoring.
+
+use std::time::Duration;
+
+use tracing::{debug, error, info, warn};
+use tracing_subscriber::EnvFilter;
+
+use crate::cli::LogFormat;
+use crate::store::{Lease, StaleRecord, StoreTime, Token};
+
+/// Installs the global subscriber: logs go to stderr, `RUST_LOG` (or
+/// `FENCECRON_LOG`) filters, default `info`.
+pub fn init(format: LogFormat) {
+    let filter = EnvFilter::try_from_env("FENCECRON_LOG")
+        .or_else(|_| EnvFilter::try_from_default_env())
+        .unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false);
+    let _ = match format {
+        LogFormat::Json => builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .with_span_list(false)
+            .try_init(),
+        LogFormat::Text => builder.with_ansi(false).try_init(),
+    };
+}
+
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// A lease was taken.
+pub fn lease_acquired(job: Option<&str>, lease: &Lease, node: &str) {
+    info!(
+        event = "lease_acquired",
+        job,
+        resource = %lease.resource,
+        owner_id = %lease.owner_id,
+        token = lease.token,
+        expires_at = %lease.expires_at,
+        node,
+        "lease acquired"
+    );
+}
+
+/// A lease was renewed (debug: one per renew interval per job).
+pub fn lease_renewed(job: Option<&str>, lease: &Lease, expires_at: StoreTime) {
+    debug!(
+        event = "lease_renewed",
+        job,
+        resource = %lease.resource,
+        owner_id = %lease.owner_id,
+        token = lease.token,
+        expires_at = %expires_at,
+        "lease renewed"
+    );
+}
+
+/// The local deadline by which the job must be dead, computed from the send
+/// time of the last confirmed acquire/renew.
+pub fn lease_deadline(job: Option<&str>, lease: &Lease, kill_in: Duration, term_in: Duration) {
+    debug!(
+        event = "lease_deadline",
+        job,
+        resource = %lease.resource,
+        token = lease.token,
+        sigterm_in_ms = ms(term_in),
+        sigkill_in_ms = ms(kill_in),
+        "local kill deadline set"
+    );
+}
+
+/// A lease was given up.
+pub fn lease_released(job: Option<&str>, lease: &Lease) {
+    info!(
+        event = "lease_released",
+        job,
+        resource = %lease.resource,
+        owner_id = %lease.owner_id,
+        token = lease.token,
+        "lease released"
+    );
+}
+
+/// Ownership can no longer be proven. A stale-owner event.
+pub fn lease_lost(job: Option<&str>, lease: &Lease, node: &str, reason: &str) {
+    warn!(
+        event = "lease_lost",
+        job,
+        resource = %lease.resource,
+        owner_id = %lease.owner_id,
+        token = lease.token,
+        node,
+        reason,
+        "lease lost"
+    );
+}
+
+/// The child process was spawned.
+pub fn job_started(job: &str, resource: &str, token: Token, pid: Option<u32>, scheduled_at: &str) {
+    info!(
+        event = "job_started",
+        job,
+        resource,
+        token,
+        pid,
+        scheduled_at,
+        "job started"
+    );
+}
+
+/// One line of the job's stdout or stderr.
+pub fn job_output(job: &str, token: Token, stream: &'static str, line: &str) {
+    info!(event = "job_output", job, token, stream, line, "job output");
+}
+
+/// The child ended on its own or after a signal.
+pub fn job_finished(
+    job: &str,
+    token: Token,
+    exit_code: Option<i32>,
+    signal: Option<i32>,
+    duration: Duration,
+) {
+    info!(
+        event = "job_finished",
+        job,
+        token,
+        exit_code,
+        signal,
+        duration_ms = ms(duration),
+        "job finished"
+    );
+}
+
+/// The supervisor is terminating the job.
+pub fn job_cancelled(job: &str, token: Token, reason: &str, signal: &str) {
+    warn!(
+        event = "job_cancelled",
+        job,
+        token,
+        reason,
+        signal,
+        "job cancelled"
+    );
+}
+
+/// The command could not be started at all.
+pub fn job_spawn_failed(job: &str, token: Token, error: &str) {
+    error!(event = "job_spawn_failed", job, token, error, "job could not be started");
+}
+
+/// An occurrence was not run here.
+pub fn occurrence_skipped(job: &str, scheduled_at: &str, reason: &str, detail: &str) {
+    info!(
+        event = "occurrence_skipped",
+        job,
+        scheduled_at,
+        reason,
+        detail,
+        "occurrence skipped"
+    );
+}
+
+/// Another instance took this occurrence (normal in a fleet; debug level).
+pub fn occurrence_taken(job: &str, scheduled_at: &str) {
+    debug!(
+        event = "occurrence_taken",
+        job,
+        scheduled_at,
+        "occurrence taken by another instance"
+    );
+}
+
+/// A fenced write was refused. A stale-owner event.
+pub fn stale_write_rejected(rec: &StaleRecord) {
+    warn!(
+        event = "stale_write_rejected",
+        resource = %rec.resource,
+        key = rec.key.as_deref(),
+        owner_id = rec.owner_id.as_deref(),
+        token = rec.token,
+        accepted_token = rec.accepted_token,
+        node = %rec.node,
+        job = rec.job.as_deref(),
+        stage = %rec.stage,
+        reason = %rec.reason,
+        operation_id = %rec.operation_id,
+        "stale write rejected"
+    );
+}
+
+/// A store call failed; the caller will retry.
+pub fn store_unavailable(operation: &str, job: Option<&str>, error: &str, retry_in: Option<Duration>) {
+    warn!(
+        event = "store_unavailable",
+        operation,
+        job,
+        error,
+        retry_in_ms = retry_in.map(ms),
+        "store unavailable"
+    );
+}
+
+/// A stale-owner record could not be stored (it is still logged).
+pub fn stale_record_failed(resource: &str, error: &str) {
+    error!(
+        event = "stale_record_failed",
+        resource,
+        error,
+        "could not record a stale-owner event in the store"
+    );
+}
+
+/// The daemon is up and scheduling.
+pub fn daemon_started(node: &str, jobs: usize, store: &str, config: &str) {
+    info!(event = "daemon_started", node, jobs, store, config, "daemon started");
+}
+
+/// The daemon is shutting down.
+pub fn daemon_stopping(reason: &str, running: usize) {
+    info!(event = "daemon_stopping", reason, running, "daemon stopping");
+}
+
+/// The daemon has stopped.
+pub fn daemon_stopped() {
+    info!(event = "daemon_stopped", "daemon stopped");
+}
+
+/// A new config took effect.
+pub fn config_reloaded(added: usize, removed: usize, changed: usize, jobs: usize) {
+    info!(
+        event = "config_reloaded",
+        added,
+        removed,
+        changed,
+        jobs,
+        "configuration reloaded"
+    );
+}
+
+/// A reload was refused; the old config stays.
+pub fn config_invalid(error: &str) {
+    error!(
+        event = "config_invalid",
+        error,
+        "configuration reload failed; keeping the previous configuration"
+    );
+}
+
+/// The config asks for something this daemon cannot change on reload.
+pub fn config_ignored(key: &str, detail: &str) {
+    warn!(event = "config_ignored", key, detail, "configuration change needs a restart");
+}

@@ -1,0 +1,19 @@
+//! fencecron: a job-runner daemon with fenced execution.
+//!
+//! Instances on several hosts compete for per-job leases in one shared SQL
+//! store; the winner runs the job with a monotonically increasing fencing
+//! token in its environment, renews the lease in the background and kills
+//! the job before it can no longer prove ownership. See `ARCHITECTURE.md`
+//! for the module map and the invariants each module owns.
+
+pub mod cli;
+pub mod commands;
+pub mod config;
+
+pub mod error;
+pub mod events;
+pub mod fence;
+pub mod names;
+pub mod schedule;
+pub mod store;
+pub mod supervise;

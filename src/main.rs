@@ -1,0 +1,31 @@
+//! The `fencecron` binary: parse the command line, run the command, map
+//! errors to the documented exit codes.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use fencecron::cli::Cli;
+use fencecron::{commands, events};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    events::init(cli.log_format);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("fencecron: cannot start the async runtime: {e}");
+            return ExitCode::from(fencecron::error::EXIT_RUNTIME);
+        }
+    };
+    match runtime.block_on(commands::dispatch(cli)) {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("fencecron: {e}");
+            ExitCode::from(e.exit_code())
+        }
+    }
+}

@@ -1,0 +1,765 @@
+//! The lease store: one trait, one implementation per backend.
+//!
+//! Everything that speaks SQL lives below this module. The rest of the crate
+//! sees typed outcomes ([`AcquireOutcome`], [`RenewOutcome`], [`PutOutcome`])
+//! and never a row. The semantics every backend must share are written once
+//! here, in the trait's docs, and proven once against every backend by
+//! `tests/store_conformance.rs`:
+//!
+//! * the fence of a resource only ever grows; release and expiry keep it;
+//! * acquiring is one atomic state transition decided by the **store's
+//!   clock** (for SQLite, the host kernel's clock read by a direct system
+//!   call, so per-process clock fakes cannot skew it);
+//! * renew and release match owner id *and* token;
+//! * a fenced write compares, checks for forgery, writes and records a
+//!   rejection in one statement or one transaction.
+
+mod mysql;
+mod postgres;
+mod sqlite;
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, SecondsFormat, Utc};
+use serde::Serialize;
+use uuid::Uuid;
+
+use crate::names::Name;
+
+pub use mysql::MySqlStore;
+pub use postgres::PostgresStore;
+pub use sqlite::SqliteStore;
+
+/// Shortest lease the store accepts.
+pub const MIN_LEASE: Duration = Duration::from_secs(5);
+/// Longest lease the store accepts.
+pub const MAX_LEASE: Duration = Duration::from_secs(300);
+
+/// A fencing token: the fence value of one ownership generation.
+pub type Token = i64;
+
+/// A point in time as milliseconds since the Unix epoch, as read from the
+/// store's clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct StoreTime(pub i64);
+
+impl StoreTime {
+    /// The time as a UTC date-time (saturating at the representable range).
+    pub fn to_utc(self) -> DateTime<Utc> {
+        DateTime::from_timestamp_millis(self.0).unwrap_or(DateTime::<Utc>::MIN_UTC)
+    }
+
+    /// RFC 3339 UTC with millisecond precision, the format of every time
+    /// fencecron prints.
+    pub fn rfc3339(self) -> String {
+        rfc3339(self.to_utc())
+    }
+
+    /// From a UTC date-time.
+    pub fn from_utc(t: DateTime<Utc>) -> Self {
+        StoreTime(t.timestamp_millis())
+    }
+}
+
+impl fmt::Display for StoreTime {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.rfc3339())
+    }
+}
+
+impl Serialize for StoreTime {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.rfc3339())
+    }
+}
+
+/// RFC 3339 in UTC with milliseconds and a `Z` suffix.
+pub fn rfc3339(t: DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(SecondsFormat::Millis, true)
+}
+
+/// Which database a store talks to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+    MySql,
+}
+
+impl fmt::Display for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Backend::Sqlite => "sqlite",
+            Backend::Postgres => "postgres",
+            Backend::MySql => "mysql",
+        })
+    }
+}
+
+/// A store URL. Its `Display` never shows a password.
+#[derive(Clone, PartialEq, Eq)]
+pub struct StoreUrl {
+    raw: String,
+    backend: Backend,
+}
+
+impl StoreUrl {
+    /// Parses and classifies a store URL; the error says which schemes work.
+    pub fn parse(raw: &str) -> Result<StoreUrl, String> {
+        let raw = raw.trim();
+        let backend = if raw.starts_with("sqlite:") {
+            Backend::Sqlite
+        } else if raw.starts_with("postgres://") || raw.starts_with("postgresql://") {
+            Backend::Postgres
+        } else if raw.starts_with("mysql://") || raw.starts_with("mariadb://") {
+            Backend::MySql
+        } else {
+            return Err(format!(
+                "store URL `{}` has an unsupported scheme; use sqlite://PATH, postgres://… or mysql://…",
+                redact(raw)
+            ));
+        };
+        if backend != Backend::Sqlite {
+            url::Url::parse(raw)
+                .map_err(|e| format!("store URL `{}` is not a valid URL: {e}", redact(raw)))?;
+        } else if raw.trim_start_matches("sqlite:").trim_start_matches("//").is_empty() {
+            return Err("store URL `sqlite://` names no file; use sqlite://PATH".to_string());
+        }
+        let raw = if let Some(rest) = raw.strip_prefix("mariadb://") {
+            format!("mysql://{rest}")
+        } else {
+            raw.to_string()
+        };
+        Ok(StoreUrl { raw, backend })
+    }
+
+    /// The embedded default: `fencecron.db` in `$STATE_DIRECTORY` (set by
+    /// systemd) or else the current directory.
+    pub fn default_sqlite() -> StoreUrl {
+        let dir = std::env::var("STATE_DIRECTORY")
+            .ok()
+            // systemd may pass several directories separated by colons.
+            .and_then(|d| d.split(':').next().map(str::to_string))
+            .filter(|d| !d.is_empty());
+        let path = match dir {
+            Some(d) => format!("{}/fencecron.db", d.trim_end_matches('/')),
+            None => "fencecron.db".to_string(),
+        };
+        StoreUrl {
+            raw: format!("sqlite://{path}"),
+            backend: Backend::Sqlite,
+        }
+    }
+
+    /// Which backend the URL selects.
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    /// The URL including any password. Only for handing to the driver or to
+    /// a child process's environment; never for logs or messages.
+    pub fn expose(&self) -> &str {
+        &self.raw
+    }
+}
+
+impl fmt::Display for StoreUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&redact(&self.raw))
+    }
+}
+
+impl fmt::Debug for StoreUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "StoreUrl({})", redact(&self.raw))
+    }
+}
+
+/// Replaces the password of a URL (and any `password=` query parameter) with
+/// `***`, for every message and log line that mentions a store.
+pub fn redact(raw: &str) -> String {
+    match url::Url::parse(raw) {
+        Ok(mut u) if u.password().is_some() || u.query().is_some_and(|q| q.contains("password")) => {
+            if u.password().is_some() {
+                let _ = u.set_password(Some("***"));
+            }
+            if u.query().is_some() {
+                let pairs: Vec<(String, String)> = u
+                    .query_pairs()
+                    .map(|(k, v)| {
+                        let v = if k.eq_ignore_ascii_case("password") {
+                            "***".to_string()
+                        } else {
+                            v.into_owned()
+                        };
+                        (k.into_owned(), v)
+                    })
+                    .collect();
+                u.query_pairs_mut().clear().extend_pairs(pairs);
+            }
+            u.to_string()
+        }
+        Ok(_) => raw.to_string(),
+        // Not parseable as a URL: still hide anything between `:` and `@`.
+        Err(_) => match (raw.find("://"), raw.rfind('@')) {
+            (Some(s), Some(at)) if at > s => {
+                let userinfo = &raw[s + 3..at];
+                match userinfo.find(':') {
+                    Some(c) => format!("{}{}:***{}", &raw[..s + 3], &userinfo[..c], &raw[at..]),
+                    None => raw.to_string(),
+                }
+            }
+            _ => raw.to_string(),
+        },
+    }
+}
+
+/// Errors a store call can end with. None of them means "stale" or "held":
+/// those are outcomes, not errors.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The store could not be reached or the call failed in transit. The
+    /// caller may retry.
+    #[error("the store at {url} is unreachable or failing ({source}); check that it is running and reachable from this host")]
+    Unavailable {
+        url: String,
+        #[source]
+        source: sqlx::Error,
+    },
+    /// A call did not finish within its time limit.
+    #[error("the store at {url} did not answer within {limit:?}; check the database's load and the network")]
+    Timeout { url: String, limit: Duration },
+    /// Migrations could not be applied.
+    #[error("could not apply the {backend} migrations to {url} ({source}); check that the user may create tables")]
+    Migrate {
+        backend: Backend,
+        url: String,
+        #[source]
+        source: sqlx::migrate::MigrateError,
+    },
+    /// The store answered something this version cannot interpret.
+    #[error("the store at {url} returned unexpected data: {detail}")]
+    Corrupt { url: String, detail: String },
+}
+
+/// What `acquire` is asked to do.
+#[derive(Debug, Clone)]
+pub struct AcquireRequest<'a> {
+    pub resource: &'a Name,
+    pub lease: Duration,
+    pub node: &'a str,
+    /// The scheduled occurrence this acquisition is for: the acquisition is
+    /// refused unless it is newer than the last occurrence taken for the
+    /// resource. `None` for ad-hoc leases (`exec`, `lease acquire`).
+    pub occurrence: Option<StoreTime>,
+}
+
+/// A lease that this caller holds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Lease {
+    pub resource: String,
+    pub owner_id: Uuid,
+    pub token: Token,
+    /// The expiry the store computed from its own clock.
+    pub expires_at: StoreTime,
+}
+
+/// What an acquisition attempt ended with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AcquireOutcome {
+    /// The caller owns the lease with a fresh, larger token.
+    Acquired(Lease),
+    /// Another owner holds an unexpired lease. Owner and node are unknown when
+    /// a concurrent acquirer took it during this very call.
+    Held {
+        owner_id: Option<String>,
+        node: Option<String>,
+        token: Token,
+        expires_at: Option<StoreTime>,
+    },
+    /// The occurrence was already taken (by this or another instance).
+    OccurrenceTaken { last_occurrence: StoreTime },
+}
+
+/// Why a renew or release was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// The resource has never been leased.
+    Missing,
+    /// Another acquisition (owner id and/or token) holds the row now.
+    NotOwner {
+        current_owner: String,
+        current_token: Token,
+    },
+    /// Still ours by owner and token, but expired by the store's clock
+    /// (renew only).
+    Expired { expired_at: StoreTime },
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Refusal::Missing => f.write_str("the resource has never been leased"),
+            Refusal::NotOwner {
+                current_owner,
+                current_token,
+            } => write!(
+                f,
+                "the lease now belongs to owner {current_owner} with token {current_token}"
+            ),
+            Refusal::Expired { expired_at } => {
+                write!(f, "the lease expired at {expired_at} by the store's clock")
+            }
+        }
+    }
+}
+
+/// The outcome of `renew`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RenewOutcome {
+    Renewed { expires_at: StoreTime },
+    Refused(Refusal),
+}
+
+/// The outcome of `release`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReleaseOutcome {
+    Released,
+    Refused(Refusal),
+}
+
+/// One row of `lease list`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LeaseInfo {
+    pub resource: String,
+    pub owner_id: String,
+    pub node: String,
+    pub token: Token,
+    pub expires_at: StoreTime,
+    pub held: bool,
+    pub last_occurrence: Option<StoreTime>,
+}
+
+/// A fenced write.
+#[derive(Debug, Clone)]
+pub struct PutRequest<'a> {
+    pub resource: &'a Name,
+    pub key: &'a Name,
+    pub value: &'a [u8],
+    pub token: Token,
+    pub owner_id: Option<&'a str>,
+    /// Require a strictly greater token (exactly-once application).
+    pub once: bool,
+    /// Recorded with a rejection: who tried.
+    pub node: &'a str,
+    pub job: Option<&'a str>,
+    pub stage: &'a str,
+    pub operation_id: Uuid,
+}
+
+/// Why a write was rejected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RejectReason {
+    /// A newer token already wrote this key.
+    Stale,
+    /// The token is larger than any the lease store ever issued.
+    Forged,
+}
+
+impl RejectReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RejectReason::Stale => "stale",
+            RejectReason::Forged => "forged",
+        }
+    }
+}
+
+/// The outcome of a fenced write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PutOutcome {
+    Accepted { written_at: StoreTime },
+    /// `--once` and the same token already wrote: nothing changed.
+    AlreadyApplied,
+    /// Refused; the rejection is recorded in the store (same transaction).
+    Rejected(StaleRecord),
+}
+
+/// A value read back from the fenced store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredValue {
+    pub resource: String,
+    pub key: String,
+    pub value: Vec<u8>,
+    pub token: Token,
+    pub owner_id: Option<String>,
+    pub written_at: StoreTime,
+}
+
+/// What kind of stale-owner record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StaleKind {
+    WriteRejected,
+    LeaseLost,
+}
+
+impl StaleKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StaleKind::WriteRejected => "write_rejected",
+            StaleKind::LeaseLost => "lease_lost",
+        }
+    }
+
+    fn parse(s: &str) -> StaleKind {
+        if s == "lease_lost" {
+            StaleKind::LeaseLost
+        } else {
+            StaleKind::WriteRejected
+        }
+    }
+}
+
+/// A stale-owner record as stored and listed by `fencecron stale`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct StaleRecord {
+    pub at: StoreTime,
+    pub kind: StaleKind,
+    pub reason: String,
+    pub resource: String,
+    pub key: Option<String>,
+    pub owner_id: Option<String>,
+    pub token: Token,
+    pub accepted_token: Option<Token>,
+    pub node: String,
+    pub job: Option<String>,
+    pub stage: String,
+    pub operation_id: String,
+}
+
+/// A stale-owner record to store (the store stamps the time).
+#[derive(Debug, Clone)]
+pub struct NewStaleRecord<'a> {
+    pub kind: StaleKind,
+    pub reason: &'a str,
+    pub resource: &'a str,
+    pub key: Option<&'a str>,
+    pub owner_id: Option<&'a str>,
+    pub token: Token,
+    pub accepted_token: Option<Token>,
+    pub node: &'a str,
+    pub job: Option<&'a str>,
+    pub stage: &'a str,
+    pub operation_id: &'a str,
+}
+
+/// Raw statements for `fencecron bench`: the same SQL the store sends, so
+/// the benchmark can compare the store's cost with the bare floor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RawOp {
+    /// `SELECT 1`.
+    Ping,
+    /// The winning acquire statement for a free (expired) lease.
+    AcquireFree,
+    /// The acquire statement against a held lease (loses).
+    AcquireHeld,
+    Renew,
+    Release,
+    Put,
+    Get,
+}
+
+/// The lease store. One implementation per backend; every method is one
+/// atomic operation on the store (one statement, or one short transaction
+/// where the backend needs it).
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// Which backend this is.
+    fn backend(&self) -> Backend;
+
+    /// The (redacted) URL, for messages.
+    fn url(&self) -> &StoreUrl;
+
+    /// Applies pending migrations. Safe when many processes start at once.
+    async fn migrate(&self) -> Result<(), StoreError>;
+
+    /// Takes the lease if it is free or expired by the store's clock (and,
+    /// with an occurrence, only if that occurrence is newer than the last one
+    /// taken): creates the row if needed, increments the fence, records a
+    /// fresh owner UUID and returns the new token and the store's expiry.
+    async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<AcquireOutcome, StoreError>;
+
+    /// Extends an unexpired lease, keeping the token. Matches owner id and token.
+    async fn renew(
+        &self,
+        resource: &Name,
+        owner_id: &str,
+        token: Token,
+        lease: Duration,
+    ) -> Result<RenewOutcome, StoreError>;
+
+    /// Gives the lease up (expires it now), keeping the fence. Matches owner
+    /// id and token.
+    async fn release(
+        &self,
+        resource: &Name,
+        owner_id: &str,
+        token: Token,
+    ) -> Result<ReleaseOutcome, StoreError>;
+
+    /// Every lease ever taken, held or not, ordered by resource.
+    async fn list(&self) -> Result<Vec<LeaseInfo>, StoreError>;
+
+    /// A fenced write: accepted when the token is `>=` (with `once`: `>`)
+    /// the highest accepted for the key and not larger than the highest
+    /// token ever issued for the resource; otherwise rejected and the
+    /// rejection recorded, all in one atomic operation.
+    async fn put(&self, req: &PutRequest<'_>) -> Result<PutOutcome, StoreError>;
+
+    /// Reads a value and the token that wrote it.
+    async fn get(&self, resource: &Name, key: &Name) -> Result<Option<StoredValue>, StoreError>;
+
+    /// Records a stale-owner event that happened outside `put` (a lost lease,
+    /// a rejection reported by a job from its own storage).
+    async fn record_stale(&self, rec: &NewStaleRecord<'_>) -> Result<StaleRecord, StoreError>;
+
+    /// Stale-owner records at or after `since` (store time), oldest first.
+    async fn stale(&self, since: Option<StoreTime>) -> Result<Vec<StaleRecord>, StoreError>;
+
+    /// The store's clock.
+    async fn now(&self) -> Result<StoreTime, StoreError>;
+
+    /// Sends one raw statement for the benchmark. `resource` must be a
+    /// bench resource; `owner_id`/`token` come from a previous
+    /// `AcquireFree`. Returns the token for acquire statements.
+    async fn raw(
+        &self,
+        op: RawOp,
+        resource: &Name,
+        owner_id: &str,
+        token: Token,
+    ) -> Result<Option<Token>, StoreError>;
+
+    /// Deletes every lease, value and stale record whose resource starts with
+    /// `prefix` (the benchmark's own resources only).
+    async fn purge_prefix(&self, prefix: &str) -> Result<u64, StoreError>;
+}
+
+/// Options for opening a store.
+#[derive(Debug, Clone)]
+pub struct OpenOptions {
+    /// Most connections the pool may open.
+    pub max_connections: u32,
+    /// Time limit for one store call, including waiting for a connection.
+    pub call_timeout: Duration,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        OpenOptions {
+            max_connections: 4,
+            call_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Opens a store without touching the network: connections are made on
+/// first use, so a daemon can start while its database is down.
+pub fn open(url: &StoreUrl, opts: &OpenOptions) -> Result<Arc<dyn Store>, StoreError> {
+    Ok(match url.backend() {
+        Backend::Sqlite => Arc::new(SqliteStore::open(url.clone(), opts)?),
+        Backend::Postgres => Arc::new(PostgresStore::open(url.clone(), opts)?),
+        Backend::MySql => Arc::new(MySqlStore::open(url.clone(), opts)?),
+    })
+}
+
+/// Wraps a driver error, redacting the URL.
+pub(crate) fn unavailable(url: &StoreUrl, source: sqlx::Error) -> StoreError {
+    StoreError::Unavailable {
+        url: url.to_string(),
+        source,
+    }
+}
+
+/// Runs a store future under the per-call time limit.
+pub(crate) async fn timed<T>(
+    url: &StoreUrl,
+    limit: Duration,
+    fut: impl std::future::Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    match tokio::time::timeout(limit, fut).await {
+        Ok(r) => r,
+        Err(_) => Err(StoreError::Timeout {
+            url: url.to_string(),
+            limit,
+        }),
+    }
+}
+
+/// Lease length in whole milliseconds, as the SQL takes it.
+pub fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// Classifies a losing acquisition from the row as the caller's snapshot saw
+/// it. Shared by every backend so they report the same reasons.
+pub(crate) fn classify_loss(
+    row: LossRow,
+    occurrence: Option<StoreTime>,
+) -> AcquireOutcome {
+    if let (Some(occ), Some(last)) = (occurrence, row.last_occurrence) {
+        if last >= occ.0 {
+            return AcquireOutcome::OccurrenceTaken {
+                last_occurrence: StoreTime(last),
+            };
+        }
+    }
+    if row.expires_at > row.now {
+        AcquireOutcome::Held {
+            owner_id: Some(row.owner_id),
+            node: Some(row.node),
+            token: row.fence,
+            expires_at: Some(StoreTime(row.expires_at)),
+        }
+    } else {
+        // The snapshot shows a free lease, yet the update did not take it: a
+        // concurrent acquirer won between our snapshot and our update.
+        AcquireOutcome::Held {
+            owner_id: None,
+            node: None,
+            token: row.fence + 1,
+            expires_at: None,
+        }
+    }
+}
+
+/// The lease row as a losing acquirer saw it.
+pub(crate) struct LossRow {
+    pub fence: Token,
+    pub owner_id: String,
+    pub node: String,
+    pub expires_at: i64,
+    pub last_occurrence: Option<i64>,
+    pub now: i64,
+}
+
+/// Classifies a refused renew or release from the row as it is now.
+pub(crate) fn classify_refusal(
+    row: Option<(String, Token, i64)>,
+    owner_id: &str,
+    token: Token,
+) -> Refusal {
+    match row {
+        None => Refusal::Missing,
+        Some((owner, fence, expires_at)) if owner == owner_id && fence == token => {
+            Refusal::Expired {
+                expired_at: StoreTime(expires_at),
+            }
+        }
+        Some((owner, fence, _)) => Refusal::NotOwner {
+            current_owner: owner,
+            current_token: fence,
+        },
+    }
+}
+
+/// Classifies a refused write, given the accepted token of the key (if the
+/// key exists) and the highest token issued for the resource (if any).
+pub(crate) fn classify_rejection(
+    token: Token,
+    once: bool,
+    accepted: Option<Token>,
+    issued: Option<Token>,
+) -> Option<RejectReason> {
+    if issued.is_none_or(|issued| token > issued) {
+        return Some(RejectReason::Forged);
+    }
+    match accepted {
+        Some(a) if a == token && once => None,
+        _ => Some(RejectReason::Stale),
+    }
+}
+
+/// Maps an optional row of a stale record to the public type.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn stale_record(
+    at: i64,
+    kind: String,
+    reason: String,
+    resource: String,
+    key: Option<String>,
+    owner_id: Option<String>,
+    token: Token,
+    accepted_token: Option<Token>,
+    node: String,
+    job: Option<String>,
+    stage: String,
+    operation_id: String,
+) -> StaleRecord {
+    StaleRecord {
+        at: StoreTime(at),
+        kind: StaleKind::parse(&kind),
+        reason,
+        resource,
+        key,
+        owner_id,
+        token,
+        accepted_token,
+        node,
+        job,
+        stage,
+        operation_id,
+    }
+}
+
+/// A new owner id for one acquisition.
+pub(crate) fn fresh_owner() -> Uuid {
+    Uuid::new_v4()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redacts_passwords() {
+        assert_eq!(
+            redact("postgres://u:secret@db/x"),
+            "postgres://u:***@db/x"
+        );
+        assert_eq!(
+            redact("mysql://root@127.0.0.1:3306/test"),
+            "mysql://root@127.0.0.1:3306/test"
+        );
+        assert!(!redact("postgres://db/x?password=hunter2&sslmode=require").contains("hunter2"));
+        assert!(!redact("postgres://u:p@ss@db/x").contains("p@ss"));
+    }
+
+    #[test]
+    fn url_schemes() {
+        assert_eq!(
+            StoreUrl::parse("sqlite://x.db").unwrap().backend(),
+            Backend::Sqlite
+        );
+        assert_eq!(
+            StoreUrl::parse("mariadb://root@h/db").unwrap().expose(),
+            "mysql://root@h/db"
+        );
+        assert!(StoreUrl::parse("redis://h").unwrap_err().contains("unsupported"));
+        let u = StoreUrl::parse("postgres://u:pw@h/db").unwrap();
+        assert!(!format!("{u} {u:?}").contains("pw"));
+    }
+
+    #[test]
+    fn rejection_reasons() {
+        assert_eq!(classify_rejection(5, false, Some(6), Some(9)), Some(RejectReason::Stale));
+        assert_eq!(classify_rejection(10, false, Some(6), Some(9)), Some(RejectReason::Forged));
+        assert_eq!(classify_rejection(1, false, None, None), Some(RejectReason::Forged));
+        assert_eq!(classify_rejection(6, true, Some(6), Some(9)), None);
+    }
+}

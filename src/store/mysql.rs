@@ -1,0 +1,660 @@
+//! MySQL 8 / MariaDB 10.11+: several hosts without PostgreSQL.
+//!
+//! Clock choice: comparisons and expiries use `SYSDATE(3)`, the time at which
+//! the expression is evaluated. `NOW()` is fixed at statement start, so a
+//! statement that waited on InnoDB's row lock would compare against an old
+//! time. (A server started with `--sysdate-is-now` loses this; the README
+//! says so.) sqlx sets the session `time_zone` to `+00:00`, so
+//! `UNIX_TIMESTAMP()` of it is unambiguous even across DST changes.
+//!
+//! MySQL has no `UPDATE … RETURNING`. The values a caller needs back travel
+//! in the OK packet through `LAST_INSERT_ID(expr)`: the acquire returns the
+//! new fence that way, the renew the new expiry, so renew is one round trip
+//! and a losing acquire is one `UPDATE` that matches no row and writes
+//! nothing, plus a plain read to tell the caller who holds it.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions};
+use sqlx::{MySql, Row, Transaction};
+
+use super::postgres::{like_escape, stored};
+use super::*;
+
+/// `SYSDATE(3)` as milliseconds since the epoch.
+macro_rules! now_ms {
+    () => {
+        "CAST(FLOOR(UNIX_TIMESTAMP(SYSDATE(3)) * 1000) AS SIGNED)"
+    };
+}
+
+const ACQUIRE: &str = concat!(
+    "UPDATE fencecron_leases
+        SET fence = LAST_INSERT_ID(fence + 1), owner_id = ?, node = ?,
+            acquired_at_ms = ",
+    now_ms!(),
+    ", expires_at_ms = ",
+    now_ms!(),
+    " + ?, last_occurrence_ms = COALESCE(?, last_occurrence_ms)
+      WHERE resource = ? AND expires_at_ms <= ",
+    now_ms!(),
+    " AND (? IS NULL OR last_occurrence_ms IS NULL OR last_occurrence_ms < ?)"
+);
+
+const CREATE: &str = concat!(
+    "INSERT INTO fencecron_leases
+       (resource, fence, owner_id, node, acquired_at_ms, expires_at_ms, last_occurrence_ms)
+     VALUES (?, 1, ?, ?, ",
+    now_ms!(),
+    ", ",
+    now_ms!(),
+    " + ?, ?)"
+);
+
+const LOSS_ROW: &str = concat!(
+    "SELECT fence, owner_id, node, expires_at_ms, last_occurrence_ms, ",
+    now_ms!(),
+    " AS now_ms FROM fencecron_leases WHERE resource = ?"
+);
+
+const RENEW: &str = concat!(
+    "UPDATE fencecron_leases SET expires_at_ms = LAST_INSERT_ID(",
+    now_ms!(),
+    " + ?) WHERE resource = ? AND owner_id = ? AND fence = ? AND expires_at_ms > ",
+    now_ms!()
+);
+
+const RELEASE: &str = concat!(
+    "UPDATE fencecron_leases SET expires_at_ms = LEAST(expires_at_ms, ",
+    now_ms!(),
+    ") WHERE resource = ? AND owner_id = ? AND fence = ?"
+);
+
+const LEASE_ROW: &str =
+    "SELECT owner_id, fence, expires_at_ms FROM fencecron_leases WHERE resource = ?";
+
+const LIST: &str = concat!(
+    "SELECT resource, owner_id, node, fence, expires_at_ms, last_occurrence_ms, ",
+    now_ms!(),
+    " AS now_ms FROM fencecron_leases ORDER BY resource"
+);
+
+/// The conditional write. Inserts only when the token does not exceed the
+/// highest issued fence (forgery check); on an existing key, every column
+/// changes only when the token is at least (with `once`: above) the accepted
+/// one. `token` is assigned last because MySQL evaluates the assignments
+/// left to right and the earlier conditions must see the old token.
+const PUT: &str = concat!(
+    "INSERT INTO fencecron_values
+       (resource, key_name, value, token, owner_id, operation_id, written_at_ms)
+     SELECT ?, ?, ?, ?, ?, ?, ",
+    now_ms!(),
+    " FROM fencecron_leases l WHERE l.resource = ? AND l.fence >= ?
+     ON DUPLICATE KEY UPDATE
+       value = IF(fencecron_values.token < VALUES(token) OR (fencecron_values.token = VALUES(token) AND NOT ?), VALUES(value), fencecron_values.value),
+       owner_id = IF(fencecron_values.token < VALUES(token) OR (fencecron_values.token = VALUES(token) AND NOT ?), VALUES(owner_id), fencecron_values.owner_id),
+       written_at_ms = IF(fencecron_values.token < VALUES(token) OR (fencecron_values.token = VALUES(token) AND NOT ?), VALUES(written_at_ms), fencecron_values.written_at_ms),
+       operation_id = IF(fencecron_values.token < VALUES(token) OR (fencecron_values.token = VALUES(token) AND NOT ?), VALUES(operation_id), fencecron_values.operation_id),
+       token = IF(fencecron_values.token < VALUES(token) OR (fencecron_values.token = VALUES(token) AND NOT ?), VALUES(token), fencecron_values.token)"
+);
+
+const PUT_STATE: &str = "SELECT
+       (SELECT operation_id FROM fencecron_values WHERE resource = ? AND key_name = ?) AS op,
+       (SELECT written_at_ms FROM fencecron_values WHERE resource = ? AND key_name = ?) AS written_at,
+       (SELECT token FROM fencecron_values WHERE resource = ? AND key_name = ?) AS accepted,
+       (SELECT fence FROM fencecron_leases WHERE resource = ?) AS issued";
+
+const INSERT_STALE: &str = concat!(
+    "INSERT INTO fencecron_stale
+       (at_ms, kind, reason, resource, key_name, owner_id, token, accepted_token, node, job, stage, operation_id)
+     VALUES (",
+    now_ms!(),
+    ", ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+);
+
+const GET: &str = "SELECT value, token, owner_id, written_at_ms FROM fencecron_values
+                    WHERE resource = ? AND key_name = ?";
+
+const STALE: &str = "SELECT at_ms, kind, reason, resource, key_name, owner_id, token, accepted_token,
+                            node, job, stage, operation_id
+                       FROM fencecron_stale WHERE at_ms >= ? ORDER BY at_ms, id";
+
+/// Reads a name column, stored as VARBINARY, as text.
+fn text(row: &sqlx::mysql::MySqlRow, col: &str) -> Result<String, sqlx::Error> {
+    let bytes: Vec<u8> = row.try_get(col)?;
+    String::from_utf8(bytes).map_err(|e| sqlx::Error::Decode(Box::new(e)))
+}
+
+/// Reads a nullable name column, stored as VARBINARY, as text.
+fn opt_text(row: &sqlx::mysql::MySqlRow, col: &str) -> Result<Option<String>, sqlx::Error> {
+    let bytes: Option<Vec<u8>> = row.try_get(col)?;
+    bytes
+        .map(|b| String::from_utf8(b).map_err(|e| sqlx::Error::Decode(Box::new(e))))
+        .transpose()
+}
+
+/// The MySQL/MariaDB store.
+pub struct MySqlStore {
+    url: StoreUrl,
+    pool: MySqlPool,
+    call_timeout: Duration,
+}
+
+impl MySqlStore {
+    /// Prepares a lazily connecting pool.
+    pub fn open(url: StoreUrl, opts: &OpenOptions) -> Result<Self, StoreError> {
+        let connect: MySqlConnectOptions = url
+            .expose()
+            .parse()
+            .map_err(|e| unavailable(&url, e))?;
+        let connect = connect.timezone(Some("+00:00".to_string()));
+        let pool = MySqlPoolOptions::new()
+            .max_connections(opts.max_connections)
+            .min_connections(0)
+            .acquire_timeout(opts.call_timeout)
+            .idle_timeout(Some(Duration::from_secs(60)))
+            .connect_lazy_with(connect);
+        Ok(MySqlStore {
+            url,
+            pool,
+            call_timeout: opts.call_timeout,
+        })
+    }
+
+    fn err(&self, e: sqlx::Error) -> StoreError {
+        unavailable(&self.url, e)
+    }
+
+    async fn acquire_inner(&self, req: &AcquireRequest<'_>) -> Result<AcquireOutcome, StoreError> {
+        let owner = fresh_owner();
+        let owner_s = owner.to_string();
+        let lease = millis(req.lease);
+        let occ = req.occurrence.map(|o| o.0);
+        for _ in 0..3 {
+            let done = sqlx::query(ACQUIRE)
+                .bind(&owner_s)
+                .bind(req.node)
+                .bind(lease)
+                .bind(occ)
+                .bind(req.resource.as_str())
+                .bind(occ)
+                .bind(occ)
+                .execute(&self.pool)
+                .await
+                .map_err(|e| self.err(e))?;
+            if done.rows_affected() == 1 {
+                let token = i64::try_from(done.last_insert_id()).map_err(|_| StoreError::Corrupt {
+                    url: self.url.to_string(),
+                    detail: "fence out of range".to_string(),
+                })?;
+                return self.won(req, owner, token).await;
+            }
+            let row = sqlx::query(LOSS_ROW)
+                .bind(req.resource.as_str())
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(|e| self.err(e))?;
+            if let Some(r) = row {
+                let loss = LossRow {
+                    fence: r.try_get("fence").map_err(|e| self.err(e))?,
+                    owner_id: r.try_get("owner_id").map_err(|e| self.err(e))?,
+                    node: r.try_get("node").map_err(|e| self.err(e))?,
+                    expires_at: r.try_get("expires_at_ms").map_err(|e| self.err(e))?,
+                    last_occurrence: r.try_get("last_occurrence_ms").map_err(|e| self.err(e))?,
+                    now: r.try_get("now_ms").map_err(|e| self.err(e))?,
+                };
+                return Ok(classify_loss(loss, req.occurrence));
+            }
+            // First acquisition of this resource ever.
+            let created = sqlx::query(CREATE)
+                .bind(req.resource.as_str())
+                .bind(&owner_s)
+                .bind(req.node)
+                .bind(lease)
+                .bind(occ)
+                .execute(&self.pool)
+                .await;
+            match created {
+                Ok(_) => return self.won(req, owner, 1).await,
+                Err(sqlx::Error::Database(db)) if db.is_unique_violation() => {
+                    // Created concurrently by someone else: compete normally.
+                }
+                Err(e) => return Err(self.err(e)),
+            }
+        }
+        Err(StoreError::Corrupt {
+            url: self.url.to_string(),
+            detail: format!(
+                "the lease row for {} neither exists nor can be created",
+                req.resource
+            ),
+        })
+    }
+
+    /// Reads back the store-computed expiry of a lease just won.
+    async fn won(
+        &self,
+        req: &AcquireRequest<'_>,
+        owner: Uuid,
+        token: Token,
+    ) -> Result<AcquireOutcome, StoreError> {
+        let expires_at: Option<i64> = sqlx::query_scalar(
+            "SELECT expires_at_ms FROM fencecron_leases WHERE resource = ? AND owner_id = ? AND fence = ?",
+        )
+        .bind(req.resource.as_str())
+        .bind(owner.to_string())
+        .bind(token)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(|e| self.err(e))?;
+        match expires_at {
+            Some(at) => Ok(AcquireOutcome::Acquired(Lease {
+                resource: req.resource.to_string(),
+                owner_id: owner,
+                token,
+                expires_at: StoreTime(at),
+            })),
+            // Taken over between our two statements: only possible if this
+            // process stalled for longer than the whole lease.
+            None => Ok(AcquireOutcome::Held {
+                owner_id: None,
+                node: None,
+                token: token + 1,
+                expires_at: None,
+            }),
+        }
+    }
+
+    async fn lease_row(&self, resource: &Name) -> Result<Option<(String, Token, i64)>, StoreError> {
+        let row = sqlx::query(LEASE_ROW)
+            .bind(resource.as_str())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(|e| self.err(e))?;
+        row.map(|r| {
+            Ok((
+                r.try_get("owner_id").map_err(|e| self.err(e))?,
+                r.try_get("fence").map_err(|e| self.err(e))?,
+                r.try_get("expires_at_ms").map_err(|e| self.err(e))?,
+            ))
+        })
+        .transpose()
+    }
+
+    async fn put_inner(&self, req: &PutRequest<'_>) -> Result<PutOutcome, StoreError> {
+        let op = req.operation_id.to_string();
+        let mut tx: Transaction<'static, MySql> =
+            self.pool.begin().await.map_err(|e| self.err(e))?;
+        sqlx::query(PUT)
+            .bind(req.resource.as_str())
+            .bind(req.key.as_str())
+            .bind(req.value)
+            .bind(req.token)
+            .bind(req.owner_id)
+            .bind(&op)
+            .bind(req.resource.as_str())
+            .bind(req.token)
+            .bind(req.once)
+            .bind(req.once)
+            .bind(req.once)
+            .bind(req.once)
+            .bind(req.once)
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| self.err(e))?;
+        let r = req.resource.as_str();
+        let k = req.key.as_str();
+        let state = sqlx::query(PUT_STATE)
+            .bind(r)
+            .bind(k)
+            .bind(r)
+            .bind(k)
+            .bind(r)
+            .bind(k)
+            .bind(r)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(|e| self.err(e))?;
+        let written_op: Option<String> = state.try_get("op").map_err(|e| self.err(e))?;
+        if written_op.as_deref() == Some(op.as_str()) {
+            let at: Option<i64> = state.try_get("written_at").map_err(|e| self.err(e))?;
+            tx.commit().await.map_err(|e| self.err(e))?;
+            return Ok(PutOutcome::Accepted {
+                written_at: StoreTime(at.unwrap_or_default()),
+            });
+        }
+        let accepted: Option<i64> = state.try_get("accepted").map_err(|e| self.err(e))?;
+        let issued: Option<i64> = state.try_get("issued").map_err(|e| self.err(e))?;
+        let Some(reason) = classify_rejection(req.token, req.once, accepted, issued) else {
+            tx.rollback().await.map_err(|e| self.err(e))?;
+            return Ok(PutOutcome::AlreadyApplied);
+        };
+        let rec = NewStaleRecord {
+            kind: StaleKind::WriteRejected,
+            reason: reason.as_str(),
+            resource: r,
+            key: Some(k),
+            owner_id: req.owner_id,
+            token: req.token,
+            accepted_token: accepted,
+            node: req.node,
+            job: req.job,
+            stage: req.stage,
+            operation_id: &op,
+        };
+        let at = self.insert_stale(&mut tx, &rec).await?;
+        tx.commit().await.map_err(|e| self.err(e))?;
+        Ok(PutOutcome::Rejected(stored(&rec, at)))
+    }
+
+    async fn insert_stale(
+        &self,
+        tx: &mut Transaction<'static, MySql>,
+        rec: &NewStaleRecord<'_>,
+    ) -> Result<i64, StoreError> {
+        let done = sqlx::query(INSERT_STALE)
+            .bind(rec.kind.as_str())
+            .bind(rec.reason)
+            .bind(rec.resource)
+            .bind(rec.key)
+            .bind(rec.owner_id)
+            .bind(rec.token)
+            .bind(rec.accepted_token)
+            .bind(rec.node)
+            .bind(rec.job)
+            .bind(rec.stage)
+            .bind(rec.operation_id)
+            .execute(&mut **tx)
+            .await
+            .map_err(|e| self.err(e))?;
+        sqlx::query_scalar("SELECT at_ms FROM fencecron_stale WHERE id = ?")
+            .bind(done.last_insert_id())
+            .fetch_one(&mut **tx)
+            .await
+            .map_err(|e| self.err(e))
+    }
+}
+
+#[async_trait]
+impl Store for MySqlStore {
+    fn backend(&self) -> Backend {
+        Backend::MySql
+    }
+
+    fn url(&self) -> &StoreUrl {
+        &self.url
+    }
+
+    async fn migrate(&self) -> Result<(), StoreError> {
+        // sqlx serialises MySQL migrations with GET_LOCK, so concurrent starts
+        // apply them once.
+        timed(&self.url, self.call_timeout * 3, async {
+            sqlx::migrate!("migrations/mysql")
+                .run(&self.pool)
+                .await
+                .map_err(|source| StoreError::Migrate {
+                    backend: Backend::MySql,
+                    url: self.url.to_string(),
+                    source,
+                })
+        })
+        .await
+    }
+
+    async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<AcquireOutcome, StoreError> {
+        timed(&self.url, self.call_timeout, self.acquire_inner(req)).await
+    }
+
+    async fn renew(
+        &self,
+        resource: &Name,
+        owner_id: &str,
+        token: Token,
+        lease: Duration,
+    ) -> Result<RenewOutcome, StoreError> {
+        timed(&self.url, self.call_timeout, async {
+            let done = sqlx::query(RENEW)
+                .bind(millis(lease))
+                .bind(resource.as_str())
+                .bind(owner_id)
+                .bind(token)
+                .execute(&self.pool)
+                .await
+                .map_err(|e| self.err(e))?;
+            if done.rows_affected() == 1 {
+                return Ok(RenewOutcome::Renewed {
+                    expires_at: StoreTime(done.last_insert_id() as i64),
+                });
+            }
+            Ok(RenewOutcome::Refused(classify_refusal(
+                self.lease_row(resource).await?,
+                owner_id,
+                token,
+            )))
+        })
+        .await
+    }
+
+    async fn release(
+        &self,
+        resource: &Name,
+        owner_id: &str,
+        token: Token,
+    ) -> Result<ReleaseOutcome, StoreError> {
+        timed(&self.url, self.call_timeout, async {
+            let done = sqlx::query(RELEASE)
+                .bind(resource.as_str())
+                .bind(owner_id)
+                .bind(token)
+                .execute(&self.pool)
+                .await
+                .map_err(|e| self.err(e))?;
+            if done.rows_affected() == 1 {
+                return Ok(ReleaseOutcome::Released);
+            }
+            Ok(ReleaseOutcome::Refused(classify_refusal(
+                self.lease_row(resource).await?,
+                owner_id,
+                token,
+            )))
+        })
+        .await
+    }
+
+    async fn list(&self) -> Result<Vec<LeaseInfo>, StoreError> {
+        timed(&self.url, self.call_timeout, async {
+            let rows = sqlx::query(LIST)
+                .fetch_all(&self.pool)
+                .await
+                .map_err(|e| self.err(e))?;
+            rows.iter()
+                .map(|r| {
+                    let expires_at: i64 = r.try_get("expires_at_ms")?;
+                    let now: i64 = r.try_get("now_ms")?;
+                    Ok(LeaseInfo {
+                        resource: text(r, "resource")?,
+                        owner_id: r.try_get("owner_id")?,
+                        node: r.try_get("node")?,
+                        token: r.try_get("fence")?,
+                        expires_at: StoreTime(expires_at),
+                        held: expires_at > now,
+                        last_occurrence: r
+                            .try_get::<Option<i64>, _>("last_occurrence_ms")?
+                            .map(StoreTime),
+                    })
+                })
+                .collect::<Result<Vec<_>, sqlx::Error>>()
+                .map_err(|e| self.err(e))
+        })
+        .await
+    }
+
+    async fn put(&self, req: &PutRequest<'_>) -> Result<PutOutcome, StoreError> {
+        timed(&self.url, self.call_timeout, self.put_inner(req)).await
+    }
+
+    async fn get(&self, resource: &Name, key: &Name) -> Result<Option<StoredValue>, StoreError> {
+        timed(&self.url, self.call_timeout, async {
+            let row = sqlx::query(GET)
+                .bind(resource.as_str())
+                .bind(key.as_str())
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(|e| self.err(e))?;
+            row.map(|r| {
+                Ok(StoredValue {
+                    resource: resource.to_string(),
+                    key: key.to_string(),
+                    value: r.try_get("value")?,
+                    token: r.try_get("token")?,
+                    owner_id: r.try_get("owner_id")?,
+                    written_at: StoreTime(r.try_get("written_at_ms")?),
+                })
+            })
+            .transpose()
+            .map_err(|e: sqlx::Error| self.err(e))
+        })
+        .await
+    }
+
+    async fn record_stale(&self, rec: &NewStaleRecord<'_>) -> Result<StaleRecord, StoreError> {
+        timed(&self.url, self.call_timeout, async {
+            let mut tx = self.pool.begin().await.map_err(|e| self.err(e))?;
+            let at = self.insert_stale(&mut tx, rec).await?;
+            tx.commit().await.map_err(|e| self.err(e))?;
+            Ok(stored(rec, at))
+        })
+        .await
+    }
+
+    async fn stale(&self, since: Option<StoreTime>) -> Result<Vec<StaleRecord>, StoreError> {
+        timed(&self.url, self.call_timeout, async {
+            let rows = sqlx::query(STALE)
+                .bind(since.map_or(i64::MIN, |s| s.0))
+                .fetch_all(&self.pool)
+                .await
+                .map_err(|e| self.err(e))?;
+            rows.iter()
+                .map(|r| {
+                    Ok(stale_record(
+                        r.try_get("at_ms")?,
+                        r.try_get("kind")?,
+                        r.try_get("reason")?,
+                        text(r, "resource")?,
+                        opt_text(r, "key_name")?,
+                        r.try_get("owner_id")?,
+                        r.try_get("token")?,
+                        r.try_get("accepted_token")?,
+                        r.try_get("node")?,
+                        r.try_get("job")?,
+                        r.try_get("stage")?,
+                        r.try_get("operation_id")?,
+                    ))
+                })
+                .collect::<Result<Vec<_>, sqlx::Error>>()
+                .map_err(|e| self.err(e))
+        })
+        .await
+    }
+
+    async fn now(&self) -> Result<StoreTime, StoreError> {
+        timed(&self.url, self.call_timeout, async {
+            let now: i64 = sqlx::query_scalar(concat!("SELECT ", now_ms!()))
+                .fetch_one(&self.pool)
+                .await
+                .map_err(|e| self.err(e))?;
+            Ok(StoreTime(now))
+        })
+        .await
+    }
+
+    async fn raw(
+        &self,
+        op: RawOp,
+        resource: &Name,
+        owner_id: &str,
+        token: Token,
+    ) -> Result<Option<Token>, StoreError> {
+        let r = resource.as_str();
+        let lease = millis(MIN_LEASE);
+        let res = match op {
+            RawOp::Ping => sqlx::query("SELECT 1")
+                .execute(&self.pool)
+                .await
+                .map(|_| None),
+            RawOp::AcquireFree | RawOp::AcquireHeld => sqlx::query(ACQUIRE)
+                .bind(owner_id)
+                .bind("bench")
+                .bind(lease)
+                .bind(None::<i64>)
+                .bind(r)
+                .bind(None::<i64>)
+                .bind(None::<i64>)
+                .execute(&self.pool)
+                .await
+                .map(|d| (d.rows_affected() == 1).then(|| d.last_insert_id() as i64)),
+            RawOp::Renew => sqlx::query(RENEW)
+                .bind(lease)
+                .bind(r)
+                .bind(owner_id)
+                .bind(token)
+                .execute(&self.pool)
+                .await
+                .map(|_| None),
+            RawOp::Release => sqlx::query(RELEASE)
+                .bind(r)
+                .bind(owner_id)
+                .bind(token)
+                .execute(&self.pool)
+                .await
+                .map(|_| None),
+            RawOp::Put => {
+                let mut tx = self.pool.begin().await.map_err(|e| self.err(e))?;
+                sqlx::query(PUT)
+                    .bind(r)
+                    .bind("bench")
+                    .bind(&b"bench"[..])
+                    .bind(token)
+                    .bind(owner_id)
+                    .bind(owner_id)
+                    .bind(r)
+                    .bind(token)
+                    .bind(false)
+                    .bind(false)
+                    .bind(false)
+                    .bind(false)
+                    .bind(false)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(|e| self.err(e))?;
+                tx.commit().await.map(|_| None)
+            }
+            RawOp::Get => sqlx::query(GET)
+                .bind(r)
+                .bind("bench")
+                .fetch_optional(&self.pool)
+                .await
+                .map(|_| None),
+        };
+        res.map_err(|e| self.err(e))
+    }
+
+    async fn purge_prefix(&self, prefix: &str) -> Result<u64, StoreError> {
+        let pattern = format!("{}%", like_escape(prefix));
+        let mut n = 0;
+        for sql in [
+            "DELETE FROM fencecron_values WHERE resource LIKE ? ESCAPE '\\\\'",
+            "DELETE FROM fencecron_stale WHERE resource LIKE ? ESCAPE '\\\\'",
+            "DELETE FROM fencecron_leases WHERE resource LIKE ? ESCAPE '\\\\'",
+        ] {
+            n += sqlx::query(sql)
+                .bind(&pattern)
+                .execute(&self.pool)
+                .await
+                .map_err(|e| self.err(e))?
+                .rows_affected();
+        }
+        Ok(n)
+    }
+}

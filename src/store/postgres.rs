@@ -1,0 +1,631 @@
+//! PostgreSQL: the production choice for several hosts.
+//!
+//! Clock choice: every comparison and every computed expiry uses
+//! `clock_timestamp()`, the time at the moment the expression is evaluated.
+//! `now()` is the transaction start, so a caller that waited on a row lock
+//! would compare against an old time (a lease already free would look held);
+//! `statement_timestamp()` has the same flaw within one statement. Under
+//! READ COMMITTED, PostgreSQL re-evaluates an `UPDATE`'s `WHERE` against the
+//! newest row version after the lock wait, and with `clock_timestamp()` that
+//! re-evaluation also sees the current time.
+//!
+//! Losing is cheap: the acquire is a conditional `UPDATE` that, when the
+//! lease is held, matches no row and writes nothing (no WAL, no fsync); the
+//! row is created by a separate `INSERT … ON CONFLICT DO NOTHING` only the
+//! first time a resource is ever leased.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::Row;
+
+use super::*;
+
+/// `clock_timestamp()` as milliseconds since the epoch.
+macro_rules! now_ms {
+    () => {
+        "(floor(extract(epoch FROM clock_timestamp()) * 1000))::bigint"
+    };
+}
+
+const ACQUIRE: &str = concat!(
+    "WITH won AS (
+       UPDATE fencecron_leases
+          SET fence = fence + 1, owner_id = $2, node = $3,
+              acquired_at_ms = ",
+    now_ms!(),
+    ", expires_at_ms = ",
+    now_ms!(),
+    " + $4,
+              last_occurrence_ms = COALESCE($5, last_occurrence_ms)
+        WHERE resource = $1
+          AND expires_at_ms <= ",
+    now_ms!(),
+    "
+          AND ($5::bigint IS NULL OR last_occurrence_ms IS NULL OR last_occurrence_ms < $5)
+    RETURNING fence, expires_at_ms)
+     SELECT TRUE AS won, fence, expires_at_ms, ''::text AS owner_id, ''::text AS node,
+            NULL::bigint AS last_occurrence_ms, 0::bigint AS now_ms
+       FROM won
+     UNION ALL
+     SELECT FALSE, fence, expires_at_ms, owner_id, node, last_occurrence_ms, ",
+    now_ms!(),
+    "
+       FROM fencecron_leases
+      WHERE resource = $1 AND NOT EXISTS (SELECT 1 FROM won)"
+);
+
+const CREATE: &str = concat!(
+    "INSERT INTO fencecron_leases
+       (resource, fence, owner_id, node, acquired_at_ms, expires_at_ms, last_occurrence_ms)
+     VALUES ($1, 1, $2, $3, ",
+    now_ms!(),
+    ", ",
+    now_ms!(),
+    " + $4, $5)
+     ON CONFLICT (resource) DO NOTHING
+     RETURNING fence, expires_at_ms"
+);
+
+const RENEW: &str = concat!(
+    "UPDATE fencecron_leases SET expires_at_ms = ",
+    now_ms!(),
+    " + $4
+      WHERE resource = $1 AND owner_id = $2 AND fence = $3 AND expires_at_ms > ",
+    now_ms!(),
+    " RETURNING expires_at_ms"
+);
+
+const RELEASE: &str = concat!(
+    "UPDATE fencecron_leases SET expires_at_ms = LEAST(expires_at_ms, ",
+    now_ms!(),
+    ")
+      WHERE resource = $1 AND owner_id = $2 AND fence = $3
+      RETURNING fence"
+);
+
+const LEASE_ROW: &str =
+    "SELECT owner_id, fence, expires_at_ms FROM fencecron_leases WHERE resource = $1";
+
+const LIST: &str = concat!(
+    "SELECT resource, owner_id, node, fence, expires_at_ms, last_occurrence_ms, ",
+    now_ms!(),
+    " AS now_ms FROM fencecron_leases ORDER BY resource"
+);
+
+/// The conditional write: inserts only when the token does not exceed the
+/// highest issued fence (forgery check), updates only when the token is at
+/// least (or, for `once`, above) the accepted one.
+const PUT: &str = concat!(
+    "INSERT INTO fencecron_values AS v
+       (resource, key, value, token, owner_id, operation_id, written_at_ms)
+     SELECT $1, $2, $3, $4, $5, $6, ",
+    now_ms!(),
+    "
+       FROM fencecron_leases l WHERE l.resource = $1 AND l.fence >= $4
+     ON CONFLICT (resource, key) DO UPDATE
+        SET value = EXCLUDED.value, token = EXCLUDED.token, owner_id = EXCLUDED.owner_id,
+            operation_id = EXCLUDED.operation_id, written_at_ms = EXCLUDED.written_at_ms
+      WHERE v.token < EXCLUDED.token OR (v.token = EXCLUDED.token AND NOT $7)
+     RETURNING written_at_ms"
+);
+
+/// After a refused write, within the same transaction: what beat it.
+const PUT_STATE: &str = "SELECT
+       (SELECT token FROM fencecron_values WHERE resource = $1 AND key = $2) AS accepted,
+       (SELECT fence FROM fencecron_leases WHERE resource = $1) AS issued";
+
+const INSERT_STALE: &str = concat!(
+    "INSERT INTO fencecron_stale
+       (at_ms, kind, reason, resource, key, owner_id, token, accepted_token, node, job, stage, operation_id)
+     VALUES (",
+    now_ms!(),
+    ", $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
+     RETURNING at_ms"
+);
+
+const GET: &str = "SELECT value, token, owner_id, written_at_ms FROM fencecron_values
+                    WHERE resource = $1 AND key = $2";
+
+const STALE: &str = "SELECT at_ms, kind, reason, resource, key, owner_id, token, accepted_token,
+                            node, job, stage, operation_id
+                       FROM fencecron_stale WHERE at_ms >= $1 ORDER BY at_ms, id";
+
+/// The PostgreSQL store.
+pub struct PostgresStore {
+    url: StoreUrl,
+    pool: PgPool,
+    call_timeout: Duration,
+}
+
+impl PostgresStore {
+    /// Prepares a lazily connecting pool.
+    pub fn open(url: StoreUrl, opts: &OpenOptions) -> Result<Self, StoreError> {
+        let connect: PgConnectOptions = url
+            .expose()
+            .parse()
+            .map_err(|e| unavailable(&url, e))?;
+        let connect = connect.application_name("fencecron");
+        let pool = PgPoolOptions::new()
+            .max_connections(opts.max_connections)
+            .min_connections(0)
+            .acquire_timeout(opts.call_timeout)
+            .idle_timeout(Some(Duration::from_secs(60)))
+            .connect_lazy_with(connect);
+        Ok(PostgresStore {
+            url,
+            pool,
+            call_timeout: opts.call_timeout,
+        })
+    }
+
+    fn err(&self, e: sqlx::Error) -> StoreError {
+        unavailable(&self.url, e)
+    }
+
+    async fn acquire_inner(&self, req: &AcquireRequest<'_>) -> Result<AcquireOutcome, StoreError> {
+        let owner = fresh_owner();
+        let owner_s = owner.to_string();
+        let lease = millis(req.lease);
+        let occ = req.occurrence.map(|o| o.0);
+        // Bounded: the row is created at most once, so the second round
+        // always finds it.
+        for _ in 0..3 {
+            let rows = sqlx::query(ACQUIRE)
+                .bind(req.resource.as_str())
+                .bind(&owner_s)
+                .bind(req.node)
+                .bind(lease)
+                .bind(occ)
+                .fetch_all(&self.pool)
+                .await
+                .map_err(|e| self.err(e))?;
+            if let Some(row) = rows.first() {
+                let won: bool = row.try_get("won").map_err(|e| self.err(e))?;
+                let fence: i64 = row.try_get("fence").map_err(|e| self.err(e))?;
+                let expires_at: i64 = row.try_get("expires_at_ms").map_err(|e| self.err(e))?;
+                if won {
+                    return Ok(AcquireOutcome::Acquired(Lease {
+                        resource: req.resource.to_string(),
+                        owner_id: owner,
+                        token: fence,
+                        expires_at: StoreTime(expires_at),
+                    }));
+                }
+                let loss = LossRow {
+                    fence,
+                    expires_at,
+                    owner_id: row.try_get("owner_id").map_err(|e| self.err(e))?,
+                    node: row.try_get("node").map_err(|e| self.err(e))?,
+                    last_occurrence: row.try_get("last_occurrence_ms").map_err(|e| self.err(e))?,
+                    now: row.try_get("now_ms").map_err(|e| self.err(e))?,
+                };
+                return Ok(classify_loss(loss, req.occurrence));
+            }
+            // No row at all: this is the resource's first acquisition.
+            let created = sqlx::query(CREATE)
+                .bind(req.resource.as_str())
+                .bind(&owner_s)
+                .bind(req.node)
+                .bind(lease)
+                .bind(occ)
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(|e| self.err(e))?;
+            if let Some(row) = created {
+                return Ok(AcquireOutcome::Acquired(Lease {
+                    resource: req.resource.to_string(),
+                    owner_id: owner,
+                    token: row.try_get("fence").map_err(|e| self.err(e))?,
+                    expires_at: StoreTime(row.try_get("expires_at_ms").map_err(|e| self.err(e))?),
+                }));
+            }
+            // Someone else created it concurrently: compete for it normally.
+        }
+        Err(StoreError::Corrupt {
+            url: self.url.to_string(),
+            detail: format!(
+                "the lease row for {} neither exists nor can be created",
+                req.resource
+            ),
+        })
+    }
+
+    async fn lease_row(&self, resource: &Name) -> Result<Option<(String, Token, i64)>, StoreError> {
+        let row = sqlx::query(LEASE_ROW)
+            .bind(resource.as_str())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(|e| self.err(e))?;
+        row.map(|r| {
+            Ok((
+                r.try_get("owner_id").map_err(|e| self.err(e))?,
+                r.try_get("fence").map_err(|e| self.err(e))?,
+                r.try_get("expires_at_ms").map_err(|e| self.err(e))?,
+            ))
+        })
+        .transpose()
+    }
+
+    async fn put_inner(&self, req: &PutRequest<'_>) -> Result<PutOutcome, StoreError> {
+        let mut tx = self.pool.begin().await.map_err(|e| self.err(e))?;
+        let written = sqlx::query(PUT)
+            .bind(req.resource.as_str())
+            .bind(req.key.as_str())
+            .bind(req.value)
+            .bind(req.token)
+            .bind(req.owner_id)
+            .bind(req.operation_id.to_string())
+            .bind(req.once)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(|e| self.err(e))?;
+        if let Some(row) = written {
+            let at: i64 = row.try_get("written_at_ms").map_err(|e| self.err(e))?;
+            tx.commit().await.map_err(|e| self.err(e))?;
+            return Ok(PutOutcome::Accepted {
+                written_at: StoreTime(at),
+            });
+        }
+        // Refused. The conflicting row (if any) is now locked by this
+        // transaction, so what we read is what beat us.
+        let state = sqlx::query(PUT_STATE)
+            .bind(req.resource.as_str())
+            .bind(req.key.as_str())
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(|e| self.err(e))?;
+        let accepted: Option<i64> = state.try_get("accepted").map_err(|e| self.err(e))?;
+        let issued: Option<i64> = state.try_get("issued").map_err(|e| self.err(e))?;
+        let Some(reason) = classify_rejection(req.token, req.once, accepted, issued) else {
+            tx.rollback().await.map_err(|e| self.err(e))?;
+            return Ok(PutOutcome::AlreadyApplied);
+        };
+        let rec = NewStaleRecord {
+            kind: StaleKind::WriteRejected,
+            reason: reason.as_str(),
+            resource: req.resource.as_str(),
+            key: Some(req.key.as_str()),
+            owner_id: req.owner_id,
+            token: req.token,
+            accepted_token: accepted,
+            node: req.node,
+            job: req.job,
+            stage: req.stage,
+            operation_id: &req.operation_id.to_string(),
+        };
+        let at = insert_stale(&mut *tx, &rec).await.map_err(|e| self.err(e))?;
+        tx.commit().await.map_err(|e| self.err(e))?;
+        Ok(PutOutcome::Rejected(stored(&rec, at)))
+    }
+}
+
+/// Inserts a stale record and returns its store time.
+async fn insert_stale<'e, E>(ex: E, rec: &NewStaleRecord<'_>) -> Result<i64, sqlx::Error>
+where
+    E: sqlx::PgExecutor<'e>,
+{
+    sqlx::query_scalar(INSERT_STALE)
+        .bind(rec.kind.as_str())
+        .bind(rec.reason)
+        .bind(rec.resource)
+        .bind(rec.key)
+        .bind(rec.owner_id)
+        .bind(rec.token)
+        .bind(rec.accepted_token)
+        .bind(rec.node)
+        .bind(rec.job)
+        .bind(rec.stage)
+        .bind(rec.operation_id)
+        .fetch_one(ex)
+        .await
+}
+
+/// The stored form of a new record.
+pub(super) fn stored(rec: &NewStaleRecord<'_>, at: i64) -> StaleRecord {
+    StaleRecord {
+        at: StoreTime(at),
+        kind: rec.kind,
+        reason: rec.reason.to_string(),
+        resource: rec.resource.to_string(),
+        key: rec.key.map(str::to_string),
+        owner_id: rec.owner_id.map(str::to_string),
+        token: rec.token,
+        accepted_token: rec.accepted_token,
+        node: rec.node.to_string(),
+        job: rec.job.map(str::to_string),
+        stage: rec.stage.to_string(),
+        operation_id: rec.operation_id.to_string(),
+    }
+}
+
+#[async_trait]
+impl Store for PostgresStore {
+    fn backend(&self) -> Backend {
+        Backend::Postgres
+    }
+
+    fn url(&self) -> &StoreUrl {
+        &self.url
+    }
+
+    async fn migrate(&self) -> Result<(), StoreError> {
+        // sqlx takes a PostgreSQL advisory lock around the migration, so many
+        // instances starting at once apply it exactly once.
+        timed(&self.url, self.call_timeout * 3, async {
+            sqlx::migrate!("migrations/postgres")
+                .run(&self.pool)
+                .await
+                .map_err(|source| StoreError::Migrate {
+                    backend: Backend::Postgres,
+                    url: self.url.to_string(),
+                    source,
+                })
+        })
+        .await
+    }
+
+    async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<AcquireOutcome, StoreError> {
+        timed(&self.url, self.call_timeout, self.acquire_inner(req)).await
+    }
+
+    async fn renew(
+        &self,
+        resource: &Name,
+        owner_id: &str,
+        token: Token,
+        lease: Duration,
+    ) -> Result<RenewOutcome, StoreError> {
+        timed(&self.url, self.call_timeout, async {
+            let renewed: Option<i64> = sqlx::query_scalar(RENEW)
+                .bind(resource.as_str())
+                .bind(owner_id)
+                .bind(token)
+                .bind(millis(lease))
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(|e| self.err(e))?;
+            Ok(match renewed {
+                Some(at) => RenewOutcome::Renewed {
+                    expires_at: StoreTime(at),
+                },
+                None => RenewOutcome::Refused(classify_refusal(
+                    self.lease_row(resource).await?,
+                    owner_id,
+                    token,
+                )),
+            })
+        })
+        .await
+    }
+
+    async fn release(
+        &self,
+        resource: &Name,
+        owner_id: &str,
+        token: Token,
+    ) -> Result<ReleaseOutcome, StoreError> {
+        timed(&self.url, self.call_timeout, async {
+            let released: Option<i64> = sqlx::query_scalar(RELEASE)
+                .bind(resource.as_str())
+                .bind(owner_id)
+                .bind(token)
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(|e| self.err(e))?;
+            Ok(match released {
+                Some(_) => ReleaseOutcome::Released,
+                None => ReleaseOutcome::Refused(classify_refusal(
+                    self.lease_row(resource).await?,
+                    owner_id,
+                    token,
+                )),
+            })
+        })
+        .await
+    }
+
+    async fn list(&self) -> Result<Vec<LeaseInfo>, StoreError> {
+        timed(&self.url, self.call_timeout, async {
+            let rows = sqlx::query(LIST)
+                .fetch_all(&self.pool)
+                .await
+                .map_err(|e| self.err(e))?;
+            rows.iter()
+                .map(|r| {
+                    let expires_at: i64 = r.try_get("expires_at_ms")?;
+                    let now: i64 = r.try_get("now_ms")?;
+                    Ok(LeaseInfo {
+                        resource: r.try_get("resource")?,
+                        owner_id: r.try_get("owner_id")?,
+                        node: r.try_get("node")?,
+                        token: r.try_get("fence")?,
+                        expires_at: StoreTime(expires_at),
+                        held: expires_at > now,
+                        last_occurrence: r
+                            .try_get::<Option<i64>, _>("last_occurrence_ms")?
+                            .map(StoreTime),
+                    })
+                })
+                .collect::<Result<Vec<_>, sqlx::Error>>()
+                .map_err(|e| self.err(e))
+        })
+        .await
+    }
+
+    async fn put(&self, req: &PutRequest<'_>) -> Result<PutOutcome, StoreError> {
+        timed(&self.url, self.call_timeout, self.put_inner(req)).await
+    }
+
+    async fn get(&self, resource: &Name, key: &Name) -> Result<Option<StoredValue>, StoreError> {
+        timed(&self.url, self.call_timeout, async {
+            let row = sqlx::query(GET)
+                .bind(resource.as_str())
+                .bind(key.as_str())
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(|e| self.err(e))?;
+            row.map(|r| {
+                Ok(StoredValue {
+                    resource: resource.to_string(),
+                    key: key.to_string(),
+                    value: r.try_get("value")?,
+                    token: r.try_get("token")?,
+                    owner_id: r.try_get("owner_id")?,
+                    written_at: StoreTime(r.try_get("written_at_ms")?),
+                })
+            })
+            .transpose()
+            .map_err(|e: sqlx::Error| self.err(e))
+        })
+        .await
+    }
+
+    async fn record_stale(&self, rec: &NewStaleRecord<'_>) -> Result<StaleRecord, StoreError> {
+        timed(&self.url, self.call_timeout, async {
+            let at = insert_stale(&self.pool, rec).await.map_err(|e| self.err(e))?;
+            Ok(stored(rec, at))
+        })
+        .await
+    }
+
+    async fn stale(&self, since: Option<StoreTime>) -> Result<Vec<StaleRecord>, StoreError> {
+        timed(&self.url, self.call_timeout, async {
+            let rows = sqlx::query(STALE)
+                .bind(since.map_or(i64::MIN, |s| s.0))
+                .fetch_all(&self.pool)
+                .await
+                .map_err(|e| self.err(e))?;
+            rows.iter()
+                .map(|r| {
+                    Ok(stale_record(
+                        r.try_get("at_ms")?,
+                        r.try_get("kind")?,
+                        r.try_get("reason")?,
+                        r.try_get("resource")?,
+                        r.try_get("key")?,
+                        r.try_get("owner_id")?,
+                        r.try_get("token")?,
+                        r.try_get("accepted_token")?,
+                        r.try_get("node")?,
+                        r.try_get("job")?,
+                        r.try_get("stage")?,
+                        r.try_get("operation_id")?,
+                    ))
+                })
+                .collect::<Result<Vec<_>, sqlx::Error>>()
+                .map_err(|e| self.err(e))
+        })
+        .await
+    }
+
+    async fn now(&self) -> Result<StoreTime, StoreError> {
+        timed(&self.url, self.call_timeout, async {
+            let now: i64 = sqlx::query_scalar(concat!("SELECT ", now_ms!()))
+                .fetch_one(&self.pool)
+                .await
+                .map_err(|e| self.err(e))?;
+            Ok(StoreTime(now))
+        })
+        .await
+    }
+
+    async fn raw(
+        &self,
+        op: RawOp,
+        resource: &Name,
+        owner_id: &str,
+        token: Token,
+    ) -> Result<Option<Token>, StoreError> {
+        let lease = millis(MIN_LEASE);
+        let r = resource.as_str();
+        let res = match op {
+            RawOp::Ping => sqlx::query("SELECT 1")
+                .execute(&self.pool)
+                .await
+                .map(|_| None),
+            RawOp::AcquireFree | RawOp::AcquireHeld => sqlx::query(ACQUIRE)
+                .bind(r)
+                .bind(owner_id)
+                .bind("bench")
+                .bind(lease)
+                .bind(None::<i64>)
+                .fetch_all(&self.pool)
+                .await
+                .map(|rows| {
+                    rows.first()
+                        .and_then(|row| row.try_get::<i64, _>("fence").ok())
+                }),
+            RawOp::Renew => sqlx::query(RENEW)
+                .bind(r)
+                .bind(owner_id)
+                .bind(token)
+                .bind(lease)
+                .execute(&self.pool)
+                .await
+                .map(|_| None),
+            RawOp::Release => sqlx::query(RELEASE)
+                .bind(r)
+                .bind(owner_id)
+                .bind(token)
+                .execute(&self.pool)
+                .await
+                .map(|_| None),
+            RawOp::Put => {
+                // The same statement `put` sends, in the same kind of
+                // transaction.
+                let mut tx = self.pool.begin().await.map_err(|e| self.err(e))?;
+                sqlx::query(PUT)
+                    .bind(r)
+                    .bind("bench")
+                    .bind(&b"bench"[..])
+                    .bind(token)
+                    .bind(owner_id)
+                    .bind(owner_id)
+                    .bind(false)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(|e| self.err(e))?;
+                tx.commit().await.map(|_| None)
+            }
+            RawOp::Get => sqlx::query(GET)
+                .bind(r)
+                .bind("bench")
+                .fetch_optional(&self.pool)
+                .await
+                .map(|_| None),
+        };
+        res.map_err(|e| self.err(e))
+    }
+
+    async fn purge_prefix(&self, prefix: &str) -> Result<u64, StoreError> {
+        let pattern = format!("{}%", like_escape(prefix));
+        let mut n = 0;
+        for sql in [
+            "DELETE FROM fencecron_values WHERE resource LIKE $1 ESCAPE '\\'",
+            "DELETE FROM fencecron_stale WHERE resource LIKE $1 ESCAPE '\\'",
+            "DELETE FROM fencecron_leases WHERE resource LIKE $1 ESCAPE '\\'",
+        ] {
+            n += sqlx::query(sql)
+                .bind(&pattern)
+                .execute(&self.pool)
+                .await
+                .map_err(|e| self.err(e))?
+                .rows_affected();
+        }
+        Ok(n)
+    }
+}
+
+/// Escapes `%`, `_` and `\` for a `LIKE … ESCAPE '\'` pattern.
+pub(super) fn like_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if matches!(c, '%' | '_' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}

@@ -1,0 +1,647 @@
+//! SQLite: the embedded default, for several instances on one host.
+//!
+//! Clock: SQLite runs inside each process, so "the store's clock" is the
+//! host's kernel clock. We read it with a direct `clock_gettime` system call
+//! rather than through libc, so that a per-process clock override
+//! (libfaketime, some container time namespaces set up by LD_PRELOAD) cannot
+//! make one instance disagree with another about expiry. The time is read
+//! *after* the write lock is taken (`BEGIN IMMEDIATE`), so a call that waited
+//! seconds on `busy_timeout` still decides with the current time.
+//!
+//! Writes take the write lock up front with `BEGIN IMMEDIATE` and hold it
+//! for a couple of statements; the database runs in WAL mode with
+//! `synchronous = FULL`, because losing a committed fence increment on power
+//! loss could hand out the same token twice.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use nix::fcntl::{Flock, FlockArg};
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+};
+use sqlx::{Row, Sqlite, Transaction};
+
+use super::postgres::{like_escape, stored};
+use super::*;
+
+/// How long one SQLite call may wait for another process's write lock.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The host kernel's real-time clock in milliseconds, bypassing libc.
+pub(crate) fn kernel_now_ms() -> i64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec into the pointer we pass,
+    // which points at a live, properly aligned local.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_clock_gettime,
+            libc::CLOCK_REALTIME,
+            &mut ts as *mut libc::timespec,
+        )
+    };
+    if rc != 0 {
+        // Cannot happen for CLOCK_REALTIME on Linux; fall back to libc.
+        return chrono::Utc::now().timestamp_millis();
+    }
+    ts.tv_sec * 1000 + ts.tv_nsec / 1_000_000
+}
+
+const ACQUIRE: &str = "UPDATE fencecron_leases
+    SET fence = fence + 1, owner_id = ?2, node = ?3, acquired_at_ms = ?4,
+        expires_at_ms = ?4 + ?5, last_occurrence_ms = COALESCE(?6, last_occurrence_ms)
+  WHERE resource = ?1 AND expires_at_ms <= ?4
+    AND (?6 IS NULL OR last_occurrence_ms IS NULL OR last_occurrence_ms < ?6)
+RETURNING fence, expires_at_ms";
+
+const RENEW: &str = "UPDATE fencecron_leases SET expires_at_ms = ?4 + ?5
+  WHERE resource = ?1 AND owner_id = ?2 AND fence = ?3 AND expires_at_ms > ?4
+RETURNING expires_at_ms";
+
+const RELEASE: &str = "UPDATE fencecron_leases SET expires_at_ms = MIN(expires_at_ms, ?4)
+  WHERE resource = ?1 AND owner_id = ?2 AND fence = ?3";
+
+/// The conditional write; the `WHERE` before `ON CONFLICT` (which SQLite's
+/// grammar needs for INSERT … SELECT … ON CONFLICT) is the forgery check.
+const PUT: &str = "INSERT INTO fencecron_values AS v
+   (resource, key, value, token, owner_id, operation_id, written_at_ms)
+ SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7
+   FROM fencecron_leases l WHERE l.resource = ?1 AND l.fence >= ?4
+ ON CONFLICT (resource, key) DO UPDATE
+    SET value = excluded.value, token = excluded.token, owner_id = excluded.owner_id,
+        operation_id = excluded.operation_id, written_at_ms = excluded.written_at_ms
+  WHERE v.token < excluded.token OR (v.token = excluded.token AND NOT ?8)";
+
+const GET: &str = "SELECT value, token, owner_id, written_at_ms FROM fencecron_values
+  WHERE resource = ?1 AND key = ?2";
+
+/// The SQLite store.
+pub struct SqliteStore {
+    url: StoreUrl,
+    pool: SqlitePool,
+    path: std::path::PathBuf,
+    call_timeout: Duration,
+}
+
+impl SqliteStore {
+    /// Prepares a pool on the database file, creating it on first use.
+    pub fn open(url: StoreUrl, opts: &OpenOptions) -> Result<Self, StoreError> {
+        let connect = SqliteConnectOptions::from_str(url.expose())
+            .map_err(|e| unavailable(&url, e))?
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Full)
+            .busy_timeout(BUSY_TIMEOUT)
+            .foreign_keys(false);
+        let path = connect.get_filename().to_path_buf();
+        let pool = SqlitePoolOptions::new()
+            .max_connections(opts.max_connections)
+            .min_connections(0)
+            .acquire_timeout(opts.call_timeout)
+            .idle_timeout(Some(Duration::from_secs(60)))
+            .connect_lazy_with(connect);
+        Ok(SqliteStore {
+            url,
+            pool,
+            path,
+            call_timeout: opts.call_timeout,
+        })
+    }
+
+    fn err(&self, e: sqlx::Error) -> StoreError {
+        unavailable(&self.url, e)
+    }
+
+    /// A write transaction holding the database's write lock.
+    async fn write_tx(&self) -> Result<Transaction<'static, Sqlite>, StoreError> {
+        self.pool
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(|e| self.err(e))
+    }
+
+    async fn lease_row(
+        &self,
+        tx: &mut Transaction<'static, Sqlite>,
+        resource: &Name,
+    ) -> Result<Option<(String, Token, i64)>, StoreError> {
+        let row = sqlx::query(
+            "SELECT owner_id, fence, expires_at_ms FROM fencecron_leases WHERE resource = ?1",
+        )
+        .bind(resource.as_str())
+        .fetch_optional(&mut **tx)
+        .await
+        .map_err(|e| self.err(e))?;
+        row.map(|r| {
+            Ok((
+                r.try_get("owner_id").map_err(|e| self.err(e))?,
+                r.try_get("fence").map_err(|e| self.err(e))?,
+                r.try_get("expires_at_ms").map_err(|e| self.err(e))?,
+            ))
+        })
+        .transpose()
+    }
+
+    async fn acquire_inner(&self, req: &AcquireRequest<'_>) -> Result<AcquireOutcome, StoreError> {
+        let owner = fresh_owner();
+        let owner_s = owner.to_string();
+        let lease = millis(req.lease);
+        let occ = req.occurrence.map(|o| o.0);
+        let mut tx = self.write_tx().await?;
+        let now = kernel_now_ms();
+        let won = sqlx::query(ACQUIRE)
+        .bind(req.resource.as_str())
+        .bind(&owner_s)
+        .bind(req.node)
+        .bind(now)
+        .bind(lease)
+        .bind(occ)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(|e| self.err(e))?;
+        let row = match won {
+            Some(row) => row,
+            None => {
+                let existing = sqlx::query(
+                    "SELECT fence, owner_id, node, expires_at_ms, last_occurrence_ms
+                       FROM fencecron_leases WHERE resource = ?1",
+                )
+                .bind(req.resource.as_str())
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(|e| self.err(e))?;
+                if let Some(r) = existing {
+                    let loss = LossRow {
+                        fence: r.try_get("fence").map_err(|e| self.err(e))?,
+                        owner_id: r.try_get("owner_id").map_err(|e| self.err(e))?,
+                        node: r.try_get("node").map_err(|e| self.err(e))?,
+                        expires_at: r.try_get("expires_at_ms").map_err(|e| self.err(e))?,
+                        last_occurrence: r.try_get("last_occurrence_ms").map_err(|e| self.err(e))?,
+                        now,
+                    };
+                    tx.rollback().await.map_err(|e| self.err(e))?;
+                    return Ok(classify_loss(loss, req.occurrence));
+                }
+                sqlx::query(
+                    "INSERT INTO fencecron_leases
+                       (resource, fence, owner_id, node, acquired_at_ms, expires_at_ms, last_occurrence_ms)
+                     VALUES (?1, 1, ?2, ?3, ?4, ?4 + ?5, ?6)
+                     RETURNING fence, expires_at_ms",
+                )
+                .bind(req.resource.as_str())
+                .bind(&owner_s)
+                .bind(req.node)
+                .bind(now)
+                .bind(lease)
+                .bind(occ)
+                .fetch_one(&mut *tx)
+                .await
+                .map_err(|e| self.err(e))?
+            }
+        };
+        let token: i64 = row.try_get("fence").map_err(|e| self.err(e))?;
+        let expires_at: i64 = row.try_get("expires_at_ms").map_err(|e| self.err(e))?;
+        tx.commit().await.map_err(|e| self.err(e))?;
+        Ok(AcquireOutcome::Acquired(Lease {
+            resource: req.resource.to_string(),
+            owner_id: owner,
+            token,
+            expires_at: StoreTime(expires_at),
+        }))
+    }
+
+    async fn renew_inner(
+        &self,
+        resource: &Name,
+        owner_id: &str,
+        token: Token,
+        lease: Duration,
+    ) -> Result<RenewOutcome, StoreError> {
+        let mut tx = self.write_tx().await?;
+        let now = kernel_now_ms();
+        let renewed: Option<i64> = sqlx::query_scalar(
+            RENEW,
+        )
+        .bind(resource.as_str())
+        .bind(owner_id)
+        .bind(token)
+        .bind(now)
+        .bind(millis(lease))
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(|e| self.err(e))?;
+        let outcome = match renewed {
+            Some(at) => RenewOutcome::Renewed {
+                expires_at: StoreTime(at),
+            },
+            None => RenewOutcome::Refused(classify_refusal(
+                self.lease_row(&mut tx, resource).await?,
+                owner_id,
+                token,
+            )),
+        };
+        tx.commit().await.map_err(|e| self.err(e))?;
+        Ok(outcome)
+    }
+
+    async fn release_inner(
+        &self,
+        resource: &Name,
+        owner_id: &str,
+        token: Token,
+    ) -> Result<ReleaseOutcome, StoreError> {
+        let mut tx = self.write_tx().await?;
+        let now = kernel_now_ms();
+        let released = sqlx::query(
+            RELEASE,
+        )
+        .bind(resource.as_str())
+        .bind(owner_id)
+        .bind(token)
+        .bind(now)
+        .execute(&mut *tx)
+        .await
+        .map_err(|e| self.err(e))?
+        .rows_affected();
+        let outcome = if released == 1 {
+            ReleaseOutcome::Released
+        } else {
+            ReleaseOutcome::Refused(classify_refusal(
+                self.lease_row(&mut tx, resource).await?,
+                owner_id,
+                token,
+            ))
+        };
+        tx.commit().await.map_err(|e| self.err(e))?;
+        Ok(outcome)
+    }
+
+    async fn put_inner(&self, req: &PutRequest<'_>) -> Result<PutOutcome, StoreError> {
+        let mut tx = self.write_tx().await?;
+        let now = kernel_now_ms();
+        let op = req.operation_id.to_string();
+        let written = sqlx::query(PUT)
+        .bind(req.resource.as_str())
+        .bind(req.key.as_str())
+        .bind(req.value)
+        .bind(req.token)
+        .bind(req.owner_id)
+        .bind(&op)
+        .bind(now)
+        .bind(req.once)
+        .execute(&mut *tx)
+        .await
+        .map_err(|e| self.err(e))?
+        .rows_affected();
+        if written == 1 {
+            tx.commit().await.map_err(|e| self.err(e))?;
+            return Ok(PutOutcome::Accepted {
+                written_at: StoreTime(now),
+            });
+        }
+        let state = sqlx::query(
+            "SELECT (SELECT token FROM fencecron_values WHERE resource = ?1 AND key = ?2) AS accepted,
+                    (SELECT fence FROM fencecron_leases WHERE resource = ?1) AS issued",
+        )
+        .bind(req.resource.as_str())
+        .bind(req.key.as_str())
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(|e| self.err(e))?;
+        let accepted: Option<i64> = state.try_get("accepted").map_err(|e| self.err(e))?;
+        let issued: Option<i64> = state.try_get("issued").map_err(|e| self.err(e))?;
+        let Some(reason) = classify_rejection(req.token, req.once, accepted, issued) else {
+            tx.rollback().await.map_err(|e| self.err(e))?;
+            return Ok(PutOutcome::AlreadyApplied);
+        };
+        let rec = NewStaleRecord {
+            kind: StaleKind::WriteRejected,
+            reason: reason.as_str(),
+            resource: req.resource.as_str(),
+            key: Some(req.key.as_str()),
+            owner_id: req.owner_id,
+            token: req.token,
+            accepted_token: accepted,
+            node: req.node,
+            job: req.job,
+            stage: req.stage,
+            operation_id: &op,
+        };
+        insert_stale(&mut tx, &rec, now).await.map_err(|e| self.err(e))?;
+        tx.commit().await.map_err(|e| self.err(e))?;
+        Ok(PutOutcome::Rejected(stored(&rec, now)))
+    }
+}
+
+async fn insert_stale(
+    tx: &mut Transaction<'static, Sqlite>,
+    rec: &NewStaleRecord<'_>,
+    now: i64,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO fencecron_stale
+           (at_ms, kind, reason, resource, key, owner_id, token, accepted_token, node, job, stage, operation_id)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+    )
+    .bind(now)
+    .bind(rec.kind.as_str())
+    .bind(rec.reason)
+    .bind(rec.resource)
+    .bind(rec.key)
+    .bind(rec.owner_id)
+    .bind(rec.token)
+    .bind(rec.accepted_token)
+    .bind(rec.node)
+    .bind(rec.job)
+    .bind(rec.stage)
+    .bind(rec.operation_id)
+    .execute(&mut **tx)
+    .await
+    .map(|_| ())
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    fn backend(&self) -> Backend {
+        Backend::Sqlite
+    }
+
+    fn url(&self) -> &StoreUrl {
+        &self.url
+    }
+
+    async fn migrate(&self) -> Result<(), StoreError> {
+        // sqlx does not lock SQLite migrations across processes; an exclusive
+        // lock on a sidecar file makes concurrent starts apply them once.
+        let lock_path = {
+            let mut p = self.path.clone().into_os_string();
+            p.push(".migrate-lock");
+            std::path::PathBuf::from(p)
+        };
+        let url = self.url.clone();
+        let lock = tokio::task::spawn_blocking(move || {
+            let file = std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(&lock_path)
+                .map_err(|e| unavailable(&url, sqlx::Error::Io(e)))?;
+            Flock::lock(file, FlockArg::LockExclusive)
+                .map_err(|(_, errno)| unavailable(&url, sqlx::Error::Io(errno.into())))
+        })
+        .await
+        .map_err(|e| StoreError::Corrupt {
+            url: self.url.to_string(),
+            detail: format!("migration lock task failed: {e}"),
+        })??;
+        let result = timed(&self.url, self.call_timeout * 3, async {
+            sqlx::migrate!("migrations/sqlite")
+                .run(&self.pool)
+                .await
+                .map_err(|source| StoreError::Migrate {
+                    backend: Backend::Sqlite,
+                    url: self.url.to_string(),
+                    source,
+                })
+        })
+        .await;
+        drop(lock);
+        result
+    }
+
+    async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<AcquireOutcome, StoreError> {
+        timed(&self.url, self.call_timeout, self.acquire_inner(req)).await
+    }
+
+    async fn renew(
+        &self,
+        resource: &Name,
+        owner_id: &str,
+        token: Token,
+        lease: Duration,
+    ) -> Result<RenewOutcome, StoreError> {
+        timed(
+            &self.url,
+            self.call_timeout,
+            self.renew_inner(resource, owner_id, token, lease),
+        )
+        .await
+    }
+
+    async fn release(
+        &self,
+        resource: &Name,
+        owner_id: &str,
+        token: Token,
+    ) -> Result<ReleaseOutcome, StoreError> {
+        timed(
+            &self.url,
+            self.call_timeout,
+            self.release_inner(resource, owner_id, token),
+        )
+        .await
+    }
+
+    async fn list(&self) -> Result<Vec<LeaseInfo>, StoreError> {
+        timed(&self.url, self.call_timeout, async {
+            let rows = sqlx::query(
+                "SELECT resource, owner_id, node, fence, expires_at_ms, last_occurrence_ms
+                   FROM fencecron_leases ORDER BY resource",
+            )
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| self.err(e))?;
+            let now = kernel_now_ms();
+            rows.iter()
+                .map(|r| {
+                    let expires_at: i64 = r.try_get("expires_at_ms")?;
+                    Ok(LeaseInfo {
+                        resource: r.try_get("resource")?,
+                        owner_id: r.try_get("owner_id")?,
+                        node: r.try_get("node")?,
+                        token: r.try_get("fence")?,
+                        expires_at: StoreTime(expires_at),
+                        held: expires_at > now,
+                        last_occurrence: r
+                            .try_get::<Option<i64>, _>("last_occurrence_ms")?
+                            .map(StoreTime),
+                    })
+                })
+                .collect::<Result<Vec<_>, sqlx::Error>>()
+                .map_err(|e| self.err(e))
+        })
+        .await
+    }
+
+    async fn put(&self, req: &PutRequest<'_>) -> Result<PutOutcome, StoreError> {
+        timed(&self.url, self.call_timeout, self.put_inner(req)).await
+    }
+
+    async fn get(&self, resource: &Name, key: &Name) -> Result<Option<StoredValue>, StoreError> {
+        timed(&self.url, self.call_timeout, async {
+            let row = sqlx::query(
+                GET,
+            )
+            .bind(resource.as_str())
+            .bind(key.as_str())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(|e| self.err(e))?;
+            row.map(|r| {
+                Ok(StoredValue {
+                    resource: resource.to_string(),
+                    key: key.to_string(),
+                    value: r.try_get("value")?,
+                    token: r.try_get("token")?,
+                    owner_id: r.try_get("owner_id")?,
+                    written_at: StoreTime(r.try_get("written_at_ms")?),
+                })
+            })
+            .transpose()
+            .map_err(|e: sqlx::Error| self.err(e))
+        })
+        .await
+    }
+
+    async fn record_stale(&self, rec: &NewStaleRecord<'_>) -> Result<StaleRecord, StoreError> {
+        timed(&self.url, self.call_timeout, async {
+            let mut tx = self.write_tx().await?;
+            let now = kernel_now_ms();
+            insert_stale(&mut tx, rec, now).await.map_err(|e| self.err(e))?;
+            tx.commit().await.map_err(|e| self.err(e))?;
+            Ok(stored(rec, now))
+        })
+        .await
+    }
+
+    async fn stale(&self, since: Option<StoreTime>) -> Result<Vec<StaleRecord>, StoreError> {
+        timed(&self.url, self.call_timeout, async {
+            let rows = sqlx::query(
+                "SELECT at_ms, kind, reason, resource, key, owner_id, token, accepted_token,
+                        node, job, stage, operation_id
+                   FROM fencecron_stale WHERE at_ms >= ?1 ORDER BY at_ms, id",
+            )
+            .bind(since.map_or(i64::MIN, |s| s.0))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| self.err(e))?;
+            rows.iter()
+                .map(|r| {
+                    Ok(stale_record(
+                        r.try_get("at_ms")?,
+                        r.try_get("kind")?,
+                        r.try_get("reason")?,
+                        r.try_get("resource")?,
+                        r.try_get("key")?,
+                        r.try_get("owner_id")?,
+                        r.try_get("token")?,
+                        r.try_get("accepted_token")?,
+                        r.try_get("node")?,
+                        r.try_get("job")?,
+                        r.try_get("stage")?,
+                        r.try_get("operation_id")?,
+                    ))
+                })
+                .collect::<Result<Vec<_>, sqlx::Error>>()
+                .map_err(|e| self.err(e))
+        })
+        .await
+    }
+
+    async fn now(&self) -> Result<StoreTime, StoreError> {
+        Ok(StoreTime(kernel_now_ms()))
+    }
+
+    async fn raw(
+        &self,
+        op: RawOp,
+        resource: &Name,
+        owner_id: &str,
+        token: Token,
+    ) -> Result<Option<Token>, StoreError> {
+        let r = resource.as_str();
+        let lease = millis(MIN_LEASE);
+        match op {
+            RawOp::Ping => {
+                sqlx::query("SELECT 1")
+                    .execute(&self.pool)
+                    .await
+                    .map_err(|e| self.err(e))?;
+                return Ok(None);
+            }
+            RawOp::Get => {
+                sqlx::query(GET)
+                    .bind(r)
+                    .bind("bench")
+                    .fetch_optional(&self.pool)
+                    .await
+                    .map_err(|e| self.err(e))?;
+                return Ok(None);
+            }
+            _ => {}
+        }
+        // Every write is the statement the store sends, inside the same
+        // BEGIN IMMEDIATE transaction.
+        let mut tx = self.write_tx().await?;
+        let now = kernel_now_ms();
+        let query = match op {
+            RawOp::AcquireFree | RawOp::AcquireHeld => sqlx::query(ACQUIRE)
+                .bind(r)
+                .bind(owner_id)
+                .bind("bench")
+                .bind(now)
+                .bind(lease)
+                .bind(None::<i64>),
+            RawOp::Renew => sqlx::query(RENEW)
+                .bind(r)
+                .bind(owner_id)
+                .bind(token)
+                .bind(now)
+                .bind(lease),
+            RawOp::Release => sqlx::query(RELEASE)
+                .bind(r)
+                .bind(owner_id)
+                .bind(token)
+                .bind(now),
+            RawOp::Put | RawOp::Ping | RawOp::Get => sqlx::query(PUT)
+                .bind(r)
+                .bind("bench")
+                .bind(&b"bench"[..])
+                .bind(token)
+                .bind(owner_id)
+                .bind(owner_id)
+                .bind(now)
+                .bind(false),
+        };
+        let row = query.fetch_optional(&mut *tx).await.map_err(|e| self.err(e))?;
+        tx.commit().await.map_err(|e| self.err(e))?;
+        Ok(match op {
+            RawOp::AcquireFree | RawOp::AcquireHeld => row.and_then(|r| r.try_get("fence").ok()),
+            _ => None,
+        })
+    }
+
+    async fn purge_prefix(&self, prefix: &str) -> Result<u64, StoreError> {
+        let pattern = format!("{}%", like_escape(prefix));
+        let mut tx = self.write_tx().await?;
+        let mut n = 0;
+        for sql in [
+            "DELETE FROM fencecron_values WHERE resource LIKE ?1 ESCAPE '\\'",
+            "DELETE FROM fencecron_stale WHERE resource LIKE ?1 ESCAPE '\\'",
+            "DELETE FROM fencecron_leases WHERE resource LIKE ?1 ESCAPE '\\'",
+        ] {
+            n += sqlx::query(sql)
+                .bind(&pattern)
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| self.err(e))?
+                .rows_affected();
+        }
+        tx.commit().await.map_err(|e| self.err(e))?;
+        Ok(n)
+    }
+}
