@@ -158,7 +158,12 @@ struct Parser<'a> {
 
 impl Parser<'_> {
     /// An error at a span of the file.
-    fn at(&self, span: Range<usize>, key: impl Into<String>, message: impl Into<String>) -> ConfigError {
+    fn at(
+        &self,
+        span: Range<usize>,
+        key: impl Into<String>,
+        message: impl Into<String>,
+    ) -> ConfigError {
         let (line, column) = line_col(self.text, span.start);
         ConfigError {
             path: self.path.to_path_buf(),
@@ -193,8 +198,7 @@ impl Parser<'_> {
         };
         let node_id = match raw.node.as_ref().and_then(|n| n.id.as_ref()) {
             Some(id) => {
-                Name::parse("node", id.get_ref())
-                    .map_err(|m| self.at(id.span(), "node.id", m))?;
+                Name::parse("node", id.get_ref()).map_err(|m| self.at(id.span(), "node.id", m))?;
                 Some(id.get_ref().clone())
             }
             None => None,
@@ -258,7 +262,9 @@ impl Parser<'_> {
                     self.at(
                         env.span(),
                         "store.url_env",
-                        format!("environment variable `{var}` is not set; export it or use store.url"),
+                        format!(
+                            "environment variable `{var}` is not set; export it or use store.url"
+                        ),
                     )
                 })?;
                 StoreUrl::parse(&value).map(Some).map_err(|m| {
@@ -278,7 +284,10 @@ impl Parser<'_> {
             self.at(
                 d.span(),
                 key,
-                format!("`{}` is not a duration like 30s, 5m or 1h ({e})", d.get_ref()),
+                format!(
+                    "`{}` is not a duration like 30s, 5m or 1h ({e})",
+                    d.get_ref()
+                ),
             )
         })
     }
@@ -308,7 +317,9 @@ impl Parser<'_> {
 
         let (tz_value, tz_key) = pick(&raw.timezone, &defaults.timezone, "timezone");
         let tz = match &tz_value {
-            Some(v) => Schedule::parse_tz(v.get_ref()).map_err(|m| self.at(v.span(), &tz_key, m))?,
+            Some(v) => {
+                Schedule::parse_tz(v.get_ref()).map_err(|m| self.at(v.span(), &tz_key, m))?
+            }
             None => chrono_tz::Tz::UTC,
         };
         let schedule = Schedule::parse(raw.schedule.get_ref(), tz)
@@ -331,9 +342,8 @@ impl Parser<'_> {
         }
 
         let resource = match &raw.resource {
-            Some(r) => {
-                Name::parse("resource", r.get_ref()).map_err(|m| self.at(r.span(), key("resource"), m))?
-            }
+            Some(r) => Name::parse("resource", r.get_ref())
+                .map_err(|m| self.at(r.span(), key("resource"), m))?,
             None => name.clone(),
         };
 
@@ -341,7 +351,11 @@ impl Parser<'_> {
             Some(t) => {
                 let d = self.duration(t, &key("timeout"))?;
                 if d.is_zero() {
-                    return Err(self.at(t.span(), key("timeout"), "timeout must be longer than 0s"));
+                    return Err(self.at(
+                        t.span(),
+                        key("timeout"),
+                        "timeout must be longer than 0s",
+                    ));
                 }
                 Some(d)
             }
@@ -371,7 +385,11 @@ impl Parser<'_> {
 
         let workdir = match &raw.workdir {
             Some(w) if w.get_ref().is_empty() => {
-                return Err(self.at(w.span(), key("workdir"), "workdir is empty; remove it or give a directory"))
+                return Err(self.at(
+                    w.span(),
+                    key("workdir"),
+                    "workdir is empty; remove it or give a directory",
+                ))
             }
             Some(w) => Some(PathBuf::from(w.get_ref())),
             None => None,
@@ -384,8 +402,14 @@ impl Parser<'_> {
             Some(v) => self.duration(v, &lease_k)?,
             None => DEFAULT_LEASE,
         };
-        let renew_every = renew_v.as_ref().map(|v| self.duration(v, &renew_k)).transpose()?;
-        let kill_grace = grace_v.as_ref().map(|v| self.duration(v, &grace_k)).transpose()?;
+        let renew_every = renew_v
+            .as_ref()
+            .map(|v| self.duration(v, &renew_k))
+            .transpose()?;
+        let kill_grace = grace_v
+            .as_ref()
+            .map(|v| self.duration(v, &grace_k))
+            .transpose()?;
         let timing = LeaseTiming::new(lease, renew_every, kill_grace).map_err(|e| {
             let (v, k) = match &e {
                 TimingError::Lease(_) => (&lease_v, &lease_k),
@@ -469,7 +493,8 @@ mod tests {
 
     #[test]
     fn bad_cron_names_job() {
-        let e = err("[[job]]\nname = \"nightly\"\nschedule = \"61 * * * *\"\ncommand = [\"true\"]\n");
+        let e =
+            err("[[job]]\nname = \"nightly\"\nschedule = \"61 * * * *\"\ncommand = [\"true\"]\n");
         assert_eq!(e.line, Some(3));
         assert_eq!(e.key.as_deref(), Some("job `nightly`.schedule"));
     }

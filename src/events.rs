@@ -91,8 +91,10 @@ pub fn lease_released(job: Option<&str>, lease: &Lease) {
     );
 }
 
-/// Ownership can no longer be proven. A stale-owner event.
-pub fn lease_lost(job: Option<&str>, lease: &Lease, node: &str, reason: &str) {
+/// Ownership can no longer be proven. A stale-owner event. `reason` is a
+/// stable code (`renew_refused`, `deadline_passed`, `release_refused`);
+/// `detail` says what happened in words.
+pub fn lease_lost(job: Option<&str>, lease: &Lease, node: &str, reason: &str, detail: &str) {
     warn!(
         event = "lease_lost",
         job,
@@ -101,6 +103,7 @@ pub fn lease_lost(job: Option<&str>, lease: &Lease, node: &str, reason: &str) {
         token = lease.token,
         node,
         reason,
+        detail,
         "lease lost"
     );
 }
@@ -109,12 +112,7 @@ pub fn lease_lost(job: Option<&str>, lease: &Lease, node: &str, reason: &str) {
 pub fn job_started(job: &str, resource: &str, token: Token, pid: Option<u32>, scheduled_at: &str) {
     info!(
         event = "job_started",
-        job,
-        resource,
-        token,
-        pid,
-        scheduled_at,
-        "job started"
+        job, resource, token, pid, scheduled_at, "job started"
     );
 }
 
@@ -146,28 +144,23 @@ pub fn job_finished(
 pub fn job_cancelled(job: &str, token: Token, reason: &str, signal: &str) {
     warn!(
         event = "job_cancelled",
-        job,
-        token,
-        reason,
-        signal,
-        "job cancelled"
+        job, token, reason, signal, "job cancelled"
     );
 }
 
 /// The command could not be started at all.
 pub fn job_spawn_failed(job: &str, token: Token, error: &str) {
-    error!(event = "job_spawn_failed", job, token, error, "job could not be started");
+    error!(
+        event = "job_spawn_failed",
+        job, token, error, "job could not be started"
+    );
 }
 
 /// An occurrence was not run here.
 pub fn occurrence_skipped(job: &str, scheduled_at: &str, reason: &str, detail: &str) {
     info!(
         event = "occurrence_skipped",
-        job,
-        scheduled_at,
-        reason,
-        detail,
-        "occurrence skipped"
+        job, scheduled_at, reason, detail, "occurrence skipped"
     );
 }
 
@@ -175,9 +168,7 @@ pub fn occurrence_skipped(job: &str, scheduled_at: &str, reason: &str, detail: &
 pub fn occurrence_taken(job: &str, scheduled_at: &str) {
     debug!(
         event = "occurrence_taken",
-        job,
-        scheduled_at,
-        "occurrence taken by another instance"
+        job, scheduled_at, "occurrence taken by another instance"
     );
 }
 
@@ -200,7 +191,12 @@ pub fn stale_write_rejected(rec: &StaleRecord) {
 }
 
 /// A store call failed; the caller will retry.
-pub fn store_unavailable(operation: &str, job: Option<&str>, error: &str, retry_in: Option<Duration>) {
+pub fn store_unavailable(
+    operation: &str,
+    job: Option<&str>,
+    error: &str,
+    retry_in: Option<Duration>,
+) {
     warn!(
         event = "store_unavailable",
         operation,
@@ -215,20 +211,24 @@ pub fn store_unavailable(operation: &str, job: Option<&str>, error: &str, retry_
 pub fn stale_record_failed(resource: &str, error: &str) {
     error!(
         event = "stale_record_failed",
-        resource,
-        error,
-        "could not record a stale-owner event in the store"
+        resource, error, "could not record a stale-owner event in the store"
     );
 }
 
 /// The daemon is up and scheduling.
 pub fn daemon_started(node: &str, jobs: usize, store: &str, config: &str) {
-    info!(event = "daemon_started", node, jobs, store, config, "daemon started");
+    info!(
+        event = "daemon_started",
+        node, jobs, store, config, "daemon started"
+    );
 }
 
 /// The daemon is shutting down.
 pub fn daemon_stopping(reason: &str, running: usize) {
-    info!(event = "daemon_stopping", reason, running, "daemon stopping");
+    info!(
+        event = "daemon_stopping",
+        reason, running, "daemon stopping"
+    );
 }
 
 /// The daemon has stopped.
@@ -240,11 +240,7 @@ pub fn daemon_stopped() {
 pub fn config_reloaded(added: usize, removed: usize, changed: usize, jobs: usize) {
     info!(
         event = "config_reloaded",
-        added,
-        removed,
-        changed,
-        jobs,
-        "configuration reloaded"
+        added, removed, changed, jobs, "configuration reloaded"
     );
 }
 
@@ -252,12 +248,14 @@ pub fn config_reloaded(added: usize, removed: usize, changed: usize, jobs: usize
 pub fn config_invalid(error: &str) {
     error!(
         event = "config_invalid",
-        error,
-        "configuration reload failed; keeping the previous configuration"
+        error, "configuration reload failed; keeping the previous configuration"
     );
 }
 
 /// The config asks for something this daemon cannot change on reload.
 pub fn config_ignored(key: &str, detail: &str) {
-    warn!(event = "config_ignored", key, detail, "configuration change needs a restart");
+    warn!(
+        event = "config_ignored",
+        key, detail, "configuration change needs a restart"
+    );
 }

@@ -9,7 +9,7 @@
 pub mod cli;
 pub mod commands;
 pub mod config;
-
+pub mod daemon;
 pub mod error;
 pub mod events;
 pub mod fence;

@@ -65,7 +65,9 @@ mod tests {
             .unwrap_err()
             .contains("at most 200"));
         assert!(Name::parse("resource", "").is_err());
-        assert!(Name::parse("resource", "a\nb").unwrap_err().contains("control"));
+        assert!(Name::parse("resource", "a\nb")
+            .unwrap_err()
+            .contains("control"));
         assert!(Name::parse("resource", "a\u{7f}").is_err());
     }
 }

@@ -10,7 +10,7 @@
 
 use std::fmt;
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, Timelike, Utc};
 use chrono_tz::Tz;
 use croner::parser::{CronParser, Seconds};
 use croner::Cron;
@@ -52,16 +52,23 @@ impl Schedule {
     /// Parses a time zone name such as `UTC` or `Europe/Berlin`.
     pub fn parse_tz(name: &str) -> Result<Tz, String> {
         name.parse::<Tz>().map_err(|_| {
-            format!("`{name}` is not a known time zone; use an IANA name such as UTC or Europe/Berlin")
+            format!(
+                "`{name}` is not a known time zone; use an IANA name such as UTC or Europe/Berlin"
+            )
         })
     }
 
-    /// The first instant strictly after `t`.
+    /// The first instant strictly after `t`. Instants are whole seconds:
+    /// the sub-second part of `t` is dropped before searching (croner would
+    /// otherwise carry it into the result), so every host names an
+    /// occurrence by exactly the same instant.
     pub fn next_after(&self, t: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        let whole = t.with_nanosecond(0).unwrap_or(t);
         self.cron
-            .find_next_occurrence(&t.with_timezone(&self.tz), false)
+            .find_next_occurrence(&whole.with_timezone(&self.tz), false)
             .ok()
             .map(|d| d.with_timezone(&Utc))
+            .and_then(|d| d.with_nanosecond(0))
     }
 
     /// The next `n` instants strictly after `t`.
@@ -130,6 +137,22 @@ mod tests {
     }
 
     #[test]
+    fn instants_are_whole_seconds() {
+        let s = Schedule::parse("*/2 * * * * *", Tz::UTC).unwrap();
+        let t = Utc.with_ymd_and_hms(2026, 1, 1, 10, 0, 1).unwrap()
+            + chrono::Duration::milliseconds(217);
+        assert_eq!(
+            s.next_after(t),
+            Some(Utc.with_ymd_and_hms(2026, 1, 1, 10, 0, 2).unwrap())
+        );
+        let exact = Utc.with_ymd_and_hms(2026, 1, 1, 10, 0, 2).unwrap();
+        assert_eq!(
+            s.next_after(exact),
+            Some(Utc.with_ymd_and_hms(2026, 1, 1, 10, 0, 4).unwrap())
+        );
+    }
+
+    #[test]
     fn time_zones() {
         let tz = Schedule::parse_tz("Europe/Berlin").unwrap();
         let s = Schedule::parse("0 0 2 * * *", tz).unwrap();
@@ -143,7 +166,9 @@ mod tests {
 
     #[test]
     fn errors() {
-        assert!(Schedule::parse("* * *", Tz::UTC).unwrap_err().contains("3 fields"));
+        assert!(Schedule::parse("* * *", Tz::UTC)
+            .unwrap_err()
+            .contains("3 fields"));
         assert!(Schedule::parse("99 * * * *", Tz::UTC).is_err());
         assert!(Schedule::parse("0 0 30 2 *", Tz::UTC).is_err());
     }

@@ -1,9 +1,38 @@
-//! One fenced run: acquire, spawn, renew, kill before the local deadline,
-//! release. Shared by the daemon and `fencecron exec`.
+//! One fenced run: spawn under an acquired lease, renew in the background,
+//! kill before the local deadline, release. Shared by the daemon and
+//! `fencecron exec`.
+//!
+//! The deadline rule (PRODUCT.md principle 8): from the moment the last
+//! successful acquire or renew was *sent*, measured on this host's monotonic
+//! clock, the job receives SIGTERM at `lease − margin − kill_grace` and
+//! SIGKILL at `lease − margin`. The store computed its expiry no earlier
+//! than that send, so the job is dead before the lease can expire — whether
+//! the store is slow, unreachable, or this process was paused. The deadline
+//! timer never waits for a renewal to fail: a renewal in flight and the
+//! deadline race in one `select!`.
 
+use std::collections::BTreeMap;
+use std::os::unix::process::ExitStatusExt;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::Arc;
 use std::time::Duration;
 
-use crate::store::{MAX_LEASE, MIN_LEASE};
+use chrono::{DateTime, Utc};
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, BufReader};
+use tokio::process::{Child, Command};
+use tokio::time::{sleep_until, Instant};
+use tokio_util::sync::CancellationToken;
+
+use crate::events;
+use crate::fence;
+use crate::names::Name;
+use crate::store::{
+    rfc3339, Lease, NewStaleRecord, RenewOutcome, StaleKind, Store, StoreError, MAX_LEASE,
+    MIN_LEASE,
+};
 
 /// Default lease when neither the config nor a flag gives one.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
@@ -90,6 +119,604 @@ pub enum TimingError {
     KillGrace(String),
 }
 
+/// Why the supervisor terminated a job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CancelReason {
+    /// The store refused a renewal: another owner has the lease.
+    LeaseLost,
+    /// No renewal was confirmed before the local deadline.
+    LeaseUnconfirmed,
+    /// The job ran longer than its `timeout`.
+    Timeout,
+    /// The daemon (or `exec`) is shutting down.
+    Shutdown,
+}
+
+impl CancelReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CancelReason::LeaseLost => "lease_lost",
+            CancelReason::LeaseUnconfirmed => "lease_unconfirmed",
+            CancelReason::Timeout => "timeout",
+            CancelReason::Shutdown => "shutdown",
+        }
+    }
+}
+
+/// What to run under a lease.
+#[derive(Debug, Clone)]
+pub struct RunSpec {
+    /// Job name (for `exec`, the resource).
+    pub job: String,
+    pub resource: Name,
+    pub command: Vec<String>,
+    pub env: BTreeMap<String, String>,
+    pub workdir: Option<PathBuf>,
+    pub timing: LeaseTiming,
+    pub timeout: Option<Duration>,
+    pub stale_exit_code: Option<i32>,
+    /// The scheduled occurrence; `None` for `exec`.
+    pub scheduled_at: Option<DateTime<Utc>>,
+    /// `exec` passes its terminal through; the daemon logs each line.
+    pub inherit_stdio: bool,
+}
+
+/// How a supervised run ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunResult {
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub cancelled: Option<CancelReason>,
+    /// Whether the lease was lost (refused or unconfirmed) during the run.
+    pub lease_lost: bool,
+}
+
+impl RunResult {
+    /// The shell-style exit code: the child's code, or 128 + signal.
+    pub fn shell_code(&self) -> u8 {
+        match (self.exit_code, self.signal) {
+            (Some(c), _) => u8::try_from(c & 0xff).unwrap_or(1),
+            (None, Some(s)) => u8::try_from(128 + s).unwrap_or(255),
+            (None, None) => 1,
+        }
+    }
+}
+
+/// Runs jobs under leases on one store, as one node.
+#[derive(Clone)]
+pub struct Supervisor {
+    store: Arc<dyn Store>,
+    node: String,
+    /// Variables that let `fencecron put/get` inside the job reach this store.
+    store_env: Vec<(String, String)>,
+}
+
+/// Errors before the child ran.
+#[derive(Debug, thiserror::Error)]
+pub enum SuperviseError {
+    /// The command could not be started.
+    #[error("cannot start `{program}`: {error}; check the command path and permissions")]
+    Spawn { program: String, error: String },
+    #[error("the lease was acquired too late to run safely (the store took longer than the lease allows); skipped")]
+    AcquiredTooLate,
+}
+
+impl Supervisor {
+    pub fn new(store: Arc<dyn Store>, node: String, store_env: Vec<(String, String)>) -> Self {
+        Supervisor {
+            store,
+            node,
+            store_env,
+        }
+    }
+
+    /// The store this supervisor uses.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    /// This node's id.
+    pub fn node(&self) -> &str {
+        &self.node
+    }
+
+    /// Runs `spec` under `lease`, acquired by a call sent at `sent_at`.
+    /// Returns once the child (and its process group) is gone and the lease
+    /// released (or known lost).
+    pub async fn run(
+        &self,
+        spec: &RunSpec,
+        lease: Lease,
+        sent_at: Instant,
+        shutdown: CancellationToken,
+    ) -> Result<RunResult, SuperviseError> {
+        let timing = spec.timing;
+        if Instant::now() + timing.kill_grace >= sent_at + timing.kill_by() {
+            // The acquire itself stalled for most of the lease: the job would
+            // have to be terminated the moment it started.
+            self.release(spec, &lease).await;
+            return Err(SuperviseError::AcquiredTooLate);
+        }
+        let mut child = match self.spawn(spec, &lease) {
+            Ok(c) => c,
+            Err(e) => {
+                let err = SuperviseError::Spawn {
+                    program: spec.command[0].clone(),
+                    error: e.to_string(),
+                };
+                events::job_spawn_failed(&spec.job, lease.token, &err.to_string());
+                self.release(spec, &lease).await;
+                return Err(err);
+            }
+        };
+        let pid = child.id();
+        let started = Instant::now();
+        let scheduled = spec.scheduled_at.map(rfc3339).unwrap_or_default();
+        events::job_started(
+            &spec.job,
+            spec.resource.as_str(),
+            lease.token,
+            pid,
+            &scheduled,
+        );
+        let forwarders = self.forward_output(spec, &lease, &mut child);
+
+        let mut watch = Watch::new(self, spec, &lease, sent_at, started);
+        let status = watch.supervise(&mut child, pid, &shutdown).await;
+
+        // The leader is gone; make sure nothing else of the job outlives the
+        // lease (a grandchild could still hold the token).
+        if let Some(pid) = pid {
+            let _ = killpg(Pid::from_raw(pid as i32), Signal::SIGKILL);
+        }
+        for f in forwarders {
+            let _ = f.await;
+        }
+        let (exit_code, signal) = match &status {
+            Ok(st) => (st.code(), st.signal()),
+            Err(_) => (None, None),
+        };
+        events::job_finished(&spec.job, lease.token, exit_code, signal, started.elapsed());
+
+        if let (Some(code), Some(stale_code)) = (exit_code, spec.stale_exit_code) {
+            if code == stale_code {
+                self.job_reported_stale(spec, &lease).await;
+            }
+        }
+        if !watch.lost {
+            self.release(spec, &lease).await;
+        }
+        Ok(RunResult {
+            exit_code,
+            signal,
+            cancelled: watch.cancel.map(|c| c.reason),
+            lease_lost: watch.lost,
+        })
+    }
+
+    /// Starts the child in its own process group with the fencing
+    /// environment.
+    fn spawn(&self, spec: &RunSpec, lease: &Lease) -> std::io::Result<Child> {
+        let mut cmd = Command::new(&spec.command[0]);
+        cmd.args(&spec.command[1..])
+            .envs(&spec.env)
+            .envs(self.store_env.iter().map(|(k, v)| (k, v)))
+            .env("FENCECRON_TOKEN", lease.token.to_string())
+            .env("FENCECRON_RESOURCE", spec.resource.as_str())
+            .env("FENCECRON_OWNER_ID", lease.owner_id.to_string())
+            .env("FENCECRON_EXPIRES_AT", lease.expires_at.rfc3339())
+            .env("FENCECRON_JOB", &spec.job)
+            .env("FENCECRON_NODE", &self.node)
+            .process_group(0)
+            .kill_on_drop(true);
+        match spec.scheduled_at {
+            Some(at) => cmd.env("FENCECRON_SCHEDULED_AT", rfc3339(at)),
+            None => cmd.env_remove("FENCECRON_SCHEDULED_AT"),
+        };
+        if let Some(dir) = &spec.workdir {
+            cmd.current_dir(dir);
+        }
+        if spec.inherit_stdio {
+            cmd.stdin(Stdio::inherit())
+                .stdout(Stdio::inherit())
+                .stderr(Stdio::inherit());
+        } else {
+            cmd.stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+        }
+        cmd.spawn()
+    }
+
+    /// Logs each stdout/stderr line of the child with the job's fields.
+    fn forward_output(
+        &self,
+        spec: &RunSpec,
+        lease: &Lease,
+        child: &mut Child,
+    ) -> Vec<tokio::task::JoinHandle<()>> {
+        let mut tasks = Vec::new();
+        if let Some(out) = child.stdout.take() {
+            tasks.push(tokio::spawn(forward_lines(
+                out,
+                spec.job.clone(),
+                lease.token,
+                "stdout",
+            )));
+        }
+        if let Some(err) = child.stderr.take() {
+            tasks.push(tokio::spawn(forward_lines(
+                err,
+                spec.job.clone(),
+                lease.token,
+                "stderr",
+            )));
+        }
+        tasks
+    }
+
+    /// Gives the lease back, retrying briefly: a failure only means the lease
+    /// runs out by itself.
+    async fn release(&self, spec: &RunSpec, lease: &Lease) {
+        let mut delay = Duration::from_millis(200);
+        for attempt in 0..3 {
+            match self
+                .store
+                .release(&spec.resource, &lease.owner_id.to_string(), lease.token)
+                .await
+            {
+                Ok(crate::store::ReleaseOutcome::Released) => {
+                    events::lease_released(Some(&spec.job), lease);
+                    return;
+                }
+                Ok(crate::store::ReleaseOutcome::Refused(r)) => {
+                    events::lease_lost(
+                        Some(&spec.job),
+                        lease,
+                        &self.node,
+                        "release_refused",
+                        &r.to_string(),
+                    );
+                    return;
+                }
+                Err(e) => {
+                    let retry = (attempt < 2).then_some(delay);
+                    events::store_unavailable("release", Some(&spec.job), &e.to_string(), retry);
+                    tokio::time::sleep(delay).await;
+                    delay *= 2;
+                }
+            }
+        }
+    }
+
+    /// The job exited with its configured stale code: it reports a write its
+    /// own storage rejected. Record and log it like any other.
+    async fn job_reported_stale(&self, spec: &RunSpec, lease: &Lease) {
+        let owner = lease.owner_id.to_string();
+        let op = uuid::Uuid::new_v4().to_string();
+        let rec = NewStaleRecord {
+            kind: StaleKind::WriteRejected,
+            reason: "stale",
+            resource: spec.resource.as_str(),
+            key: None,
+            owner_id: Some(&owner),
+            token: lease.token,
+            accepted_token: None,
+            node: &self.node,
+            job: Some(&spec.job),
+            stage: "job",
+            operation_id: &op,
+        };
+        match fence::record(self.store.as_ref(), &rec).await {
+            Some(stored) => events::stale_write_rejected(&stored),
+            None => events::stale_write_rejected(&crate::store::StaleRecord {
+                at: crate::store::StoreTime::from_utc(Utc::now()),
+                kind: rec.kind,
+                reason: rec.reason.to_string(),
+                resource: rec.resource.to_string(),
+                key: None,
+                owner_id: Some(owner.clone()),
+                token: rec.token,
+                accepted_token: None,
+                node: self.node.clone(),
+                job: Some(spec.job.clone()),
+                stage: rec.stage.to_string(),
+                operation_id: op.clone(),
+            }),
+        }
+    }
+
+    /// Records a lost lease in the store, retrying in the background while
+    /// the store is unreachable (the event itself is already logged).
+    fn record_lost(&self, spec: &RunSpec, lease: &Lease, reason: &str) {
+        let store = self.store.clone();
+        let node = self.node.clone();
+        let job = spec.job.clone();
+        let resource = spec.resource.to_string();
+        let owner = lease.owner_id.to_string();
+        let token = lease.token;
+        let reason = reason.to_string();
+        tokio::spawn(async move {
+            let op = uuid::Uuid::new_v4().to_string();
+            let rec = NewStaleRecord {
+                kind: StaleKind::LeaseLost,
+                reason: &reason,
+                resource: &resource,
+                key: None,
+                owner_id: Some(&owner),
+                token,
+                accepted_token: None,
+                node: &node,
+                job: Some(&job),
+                stage: "renew",
+                operation_id: &op,
+            };
+            let mut delay = Duration::from_secs(1);
+            for _ in 0..10 {
+                match store.record_stale(&rec).await {
+                    Ok(_) => return,
+                    Err(e) => {
+                        events::store_unavailable(
+                            "record_stale",
+                            Some(&job),
+                            &e.to_string(),
+                            Some(delay),
+                        );
+                        tokio::time::sleep(delay).await;
+                        delay = (delay * 2).min(Duration::from_secs(30));
+                    }
+                }
+            }
+            events::stale_record_failed(&resource, "gave up after 10 attempts");
+        });
+    }
+}
+
+/// A termination in progress.
+#[derive(Debug, Clone, Copy)]
+struct Cancel {
+    reason: CancelReason,
+    /// When SIGKILL goes out unless the job is gone.
+    kill_at: Instant,
+}
+
+/// The state of one supervised run: the renewal loop and the deadlines.
+struct Watch<'a> {
+    sup: &'a Supervisor,
+    spec: &'a RunSpec,
+    lease: &'a Lease,
+    /// Send time of the last successful acquire/renew.
+    confirmed: Instant,
+    next_renew: Instant,
+    timeout_at: Option<Instant>,
+    cancel: Option<Cancel>,
+    lost: bool,
+    killed: bool,
+}
+
+type RenewCall = std::pin::Pin<
+    Box<
+        dyn std::future::Future<Output = (Instant, Result<RenewOutcome, StoreError>)>
+            + Send
+            + 'static,
+    >,
+>;
+
+impl<'a> Watch<'a> {
+    fn new(
+        sup: &'a Supervisor,
+        spec: &'a RunSpec,
+        lease: &'a Lease,
+        sent_at: Instant,
+        started: Instant,
+    ) -> Self {
+        let w = Watch {
+            sup,
+            spec,
+            lease,
+            confirmed: sent_at,
+            next_renew: sent_at + spec.timing.renew_every,
+            timeout_at: spec.timeout.map(|t| started + t),
+            cancel: None,
+            lost: false,
+            killed: false,
+        };
+        w.log_deadline();
+        w
+    }
+
+    /// SIGKILL deadline: the job must be dead by then.
+    fn kill_deadline(&self) -> Instant {
+        self.confirmed + self.spec.timing.kill_by()
+    }
+
+    /// SIGTERM deadline when no renewal is confirmed.
+    fn term_deadline(&self) -> Instant {
+        self.kill_deadline() - self.spec.timing.kill_grace
+    }
+
+    fn log_deadline(&self) {
+        let now = Instant::now();
+        events::lease_deadline(
+            Some(&self.spec.job),
+            self.lease,
+            self.kill_deadline().saturating_duration_since(now),
+            self.term_deadline().saturating_duration_since(now),
+        );
+    }
+
+    fn renew_call(&self) -> RenewCall {
+        let store = self.sup.store.clone();
+        let resource = self.spec.resource.clone();
+        let owner = self.lease.owner_id.to_string();
+        let token = self.lease.token;
+        let lease = self.spec.timing.lease;
+        // Abandon a call that outlives one renewal interval and try again.
+        let limit = self.spec.timing.renew_every;
+        Box::pin(async move {
+            let sent = Instant::now();
+            let r = match tokio::time::timeout(limit, store.renew(&resource, &owner, token, lease))
+                .await
+            {
+                Ok(r) => r,
+                Err(_) => Err(StoreError::Timeout {
+                    url: store.url().to_string(),
+                    limit,
+                }),
+            };
+            (sent, r)
+        })
+    }
+
+    /// Sends SIGTERM (or SIGKILL when already past the kill deadline) to the
+    /// job's process group.
+    fn start_cancel(&mut self, reason: CancelReason, pid: Option<u32>) {
+        if self.cancel.is_some() {
+            return;
+        }
+        let now = Instant::now();
+        let kill_at = (now + self.spec.timing.kill_grace).min(self.kill_deadline());
+        self.cancel = Some(Cancel { reason, kill_at });
+        if now >= kill_at {
+            events::job_cancelled(&self.spec.job, self.lease.token, reason.as_str(), "SIGKILL");
+            self.signal(pid, Signal::SIGKILL);
+            self.killed = true;
+        } else {
+            events::job_cancelled(&self.spec.job, self.lease.token, reason.as_str(), "SIGTERM");
+            self.signal(pid, Signal::SIGTERM);
+        }
+    }
+
+    fn signal(&self, pid: Option<u32>, sig: Signal) {
+        if let Some(pid) = pid {
+            let _ = killpg(Pid::from_raw(pid as i32), sig);
+        }
+    }
+
+    fn mark_lost(&mut self, reason: &str, detail: &str) {
+        if self.lost {
+            return;
+        }
+        self.lost = true;
+        events::lease_lost(
+            Some(&self.spec.job),
+            self.lease,
+            &self.sup.node,
+            reason,
+            detail,
+        );
+        self.sup.record_lost(self.spec, self.lease, reason);
+    }
+
+    /// Waits for the child while renewing and enforcing every deadline.
+    async fn supervise(
+        &mut self,
+        child: &mut Child,
+        pid: Option<u32>,
+        shutdown: &CancellationToken,
+    ) -> std::io::Result<std::process::ExitStatus> {
+        let mut renewal: Option<RenewCall> = None;
+        let far = || Instant::now() + Duration::from_secs(86_400 * 365);
+        loop {
+            let kill_at = match self.cancel {
+                Some(c) if !self.killed => c.kill_at.min(self.kill_deadline()),
+                None if !self.killed => self.kill_deadline(),
+                _ => far(),
+            };
+            let term_at = if self.cancel.is_none() {
+                self.term_deadline()
+            } else {
+                far()
+            };
+            let renew_at = if renewal.is_none() && !self.lost {
+                self.next_renew
+            } else {
+                far()
+            };
+            let timeout_at = match (self.timeout_at, self.cancel) {
+                (Some(t), None) => t,
+                _ => far(),
+            };
+            tokio::select! {
+                biased;
+                status = child.wait() => return status,
+                _ = sleep_until(kill_at) => {
+                    // Past the point where the lease may have expired, or the
+                    // grace is over: nothing of the job may keep running.
+                    if self.cancel.is_none() {
+                        self.mark_lost("deadline_passed", "no renewal confirmed before the local deadline (store unreachable or this process was paused)");
+                        self.cancel = Some(Cancel { reason: CancelReason::LeaseUnconfirmed, kill_at: Instant::now() });
+                    }
+                    let reason = self.cancel.map_or(CancelReason::LeaseUnconfirmed, |c| c.reason);
+                    events::job_cancelled(&self.spec.job, self.lease.token, reason.as_str(), "SIGKILL");
+                    self.signal(pid, Signal::SIGKILL);
+                    self.killed = true;
+                }
+                _ = sleep_until(term_at) => {
+                    self.mark_lost("deadline_passed", "no renewal confirmed before the local deadline (store unreachable or this process was paused)");
+                    self.start_cancel(CancelReason::LeaseUnconfirmed, pid);
+                }
+                _ = sleep_until(timeout_at) => {
+                    self.start_cancel(CancelReason::Timeout, pid);
+                }
+                _ = shutdown.cancelled(), if self.cancel.is_none() => {
+                    self.start_cancel(CancelReason::Shutdown, pid);
+                }
+                (sent, result) = async { renewal.as_mut().expect("guarded").await }, if renewal.is_some() => {
+                    renewal = None;
+                    match result {
+                        Ok(RenewOutcome::Renewed { expires_at }) => {
+                            if !self.lost {
+                                self.confirmed = sent;
+                                self.next_renew = sent + self.spec.timing.renew_every;
+                                events::lease_renewed(Some(&self.spec.job), self.lease, expires_at);
+                                self.log_deadline();
+                            }
+                        }
+                        Ok(RenewOutcome::Refused(refusal)) => {
+                            self.mark_lost("renew_refused", &refusal.to_string());
+                            self.start_cancel(CancelReason::LeaseLost, pid);
+                        }
+                        Err(e) => {
+                            let retry = (self.spec.timing.renew_every / 4).max(Duration::from_millis(250));
+                            events::store_unavailable("renew", Some(&self.spec.job), &e.to_string(), Some(retry));
+                            self.next_renew = Instant::now() + retry;
+                        }
+                    }
+                }
+                _ = sleep_until(renew_at) => {
+                    renewal = Some(self.renew_call());
+                }
+            }
+        }
+    }
+}
+
+/// Forwards one output stream line by line (lines longer than 64 KiB are
+/// split) until EOF.
+async fn forward_lines(
+    stream: impl AsyncRead + Unpin,
+    job: String,
+    token: i64,
+    name: &'static str,
+) {
+    const LIMIT: u64 = 64 * 1024;
+    let mut reader = BufReader::new(stream);
+    let mut buf = Vec::new();
+    loop {
+        buf.clear();
+        match (&mut reader).take(LIMIT).read_until(b'\n', &mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {
+                while buf.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
+                    buf.pop();
+                }
+                events::job_output(&job, token, name, &String::from_utf8_lossy(&buf));
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod timing_tests {
     use super::*;
@@ -107,8 +734,14 @@ mod timing_tests {
     #[test]
     fn rejects_bad_values() {
         let s = Duration::from_secs;
-        assert!(matches!(LeaseTiming::new(s(4), None, None), Err(TimingError::Lease(_))));
-        assert!(matches!(LeaseTiming::new(s(301), None, None), Err(TimingError::Lease(_))));
+        assert!(matches!(
+            LeaseTiming::new(s(4), None, None),
+            Err(TimingError::Lease(_))
+        ));
+        assert!(matches!(
+            LeaseTiming::new(s(301), None, None),
+            Err(TimingError::Lease(_))
+        ));
         assert!(matches!(
             LeaseTiming::new(s(30), Some(s(20)), None),
             Err(TimingError::RenewEvery(_))

@@ -42,9 +42,8 @@ pub async fn put(cli: &Cli, args: &PutArgs) -> Result<u8> {
     let stage = Name::parse("stage", &args.stage).map_err(Error::Usage)?;
     let value = match (&args.value, &args.file) {
         (Some(v), _) => v.clone().into_bytes(),
-        (None, Some(f)) => std::fs::read(f).map_err(|e| {
-            Error::Usage(format!("cannot read --file {}: {e}", f.display()))
-        })?,
+        (None, Some(f)) => std::fs::read(f)
+            .map_err(|e| Error::Usage(format!("cannot read --file {}: {e}", f.display())))?,
         (None, None) => {
             let mut buf = Vec::new();
             std::io::stdin()

@@ -1,7 +1,9 @@
 //! The subcommands. Each takes a [`Context`] (config, store URL, node id)
 //! and returns the process exit code or an [`Error`].
 
+mod bench;
 mod check;
+mod exec;
 mod fenced;
 mod lease;
 
@@ -56,6 +58,7 @@ impl Context {
             .filter(|n| !n.is_empty())
             .or_else(|| config.as_ref().and_then(|c| c.node_id.clone()))
             .unwrap_or_else(hostname);
+        let store_url = store_url.absolutize();
         Ok(Context {
             config,
             config_path,
@@ -63,6 +66,27 @@ impl Context {
             store_from_flag,
             node,
         })
+    }
+
+    /// The variables a job needs so that `fencecron put/get` inside it reach
+    /// this store: the config path, and the store URL when it was given on the
+    /// command line or is an (absolute) SQLite file. A PostgreSQL or MySQL
+    /// URL from the config file is not copied into every job's environment;
+    /// the job finds it through the config.
+    pub fn child_store_env(&self) -> Vec<(String, String)> {
+        let mut env = Vec::new();
+        if self.config.is_some() {
+            let path =
+                std::path::absolute(&self.config_path).unwrap_or_else(|_| self.config_path.clone());
+            env.push(("FENCECRON_CONFIG".to_string(), path.display().to_string()));
+        }
+        if self.store_from_flag || self.store_url.backend() == store::Backend::Sqlite {
+            env.push((
+                "FENCECRON_STORE".to_string(),
+                self.store_url.expose().to_string(),
+            ));
+        }
+        env
     }
 
     /// Opens the store and applies migrations (every command does, so any
@@ -86,19 +110,21 @@ pub fn hostname() -> String {
 /// Runs the parsed command line; returns the exit code.
 pub async fn dispatch(cli: Cli) -> Result<u8> {
     match &cli.command {
+        Command::Run { node_id } => crate::daemon::run(&cli, node_id.clone()).await,
         Command::Check => check::run(&cli),
+        Command::Exec(args) => exec::run(&cli, args).await,
         Command::Lease(cmd) => lease::run(&cli, cmd).await,
         Command::Put(args) => fenced::put(&cli, args).await,
         Command::Get(args) => fenced::get(&cli, args).await,
         Command::Stale(args) => fenced::stale(&cli, args).await,
-        _ => todo_compile(),
+        Command::Bench(args) => bench::run(&cli, args).await,
     }
 }
 
 /// Prints a value as one line of JSON.
 pub(crate) fn print_json<T: serde::Serialize>(v: &T) -> Result<()> {
-    let s = serde_json::to_string(v).map_err(|e| Error::Runtime(format!("cannot encode JSON: {e}")))?;
+    let s =
+        serde_json::to_string(v).map_err(|e| Error::Runtime(format!("cannot encode JSON: {e}")))?;
     println!("{s}");
     Ok(())
 }
-fn todo_compile() -> Result<u8> { Err(Error::Runtime("x".into())) }

@@ -125,7 +125,11 @@ impl StoreUrl {
         if backend != Backend::Sqlite {
             url::Url::parse(raw)
                 .map_err(|e| format!("store URL `{}` is not a valid URL: {e}", redact(raw)))?;
-        } else if raw.trim_start_matches("sqlite:").trim_start_matches("//").is_empty() {
+        } else if raw
+            .trim_start_matches("sqlite:")
+            .trim_start_matches("//")
+            .is_empty()
+        {
             return Err("store URL `sqlite://` names no file; use sqlite://PATH".to_string());
         }
         let raw = if let Some(rest) = raw.strip_prefix("mariadb://") {
@@ -150,6 +154,39 @@ impl StoreUrl {
         };
         StoreUrl {
             raw: format!("sqlite://{path}"),
+            backend: Backend::Sqlite,
+        }
+    }
+
+    /// For SQLite, the same URL with a relative path made absolute against
+    /// the current directory, so that a job running in another `workdir`
+    /// reaches the same file. Other URLs are returned unchanged.
+    pub fn absolutize(self) -> StoreUrl {
+        if self.backend != Backend::Sqlite {
+            return self;
+        }
+        let rest = self
+            .raw
+            .strip_prefix("sqlite://")
+            .or_else(|| self.raw.strip_prefix("sqlite:"))
+            .unwrap_or(&self.raw);
+        let (path, query) = match rest.split_once('?') {
+            Some((p, q)) => (p, Some(q)),
+            None => (rest, None),
+        };
+        if path.starts_with('/') || path == ":memory:" || path.is_empty() {
+            return self;
+        }
+        let Ok(abs) = std::path::absolute(path) else {
+            return self;
+        };
+        let mut raw = format!("sqlite://{}", abs.display());
+        if let Some(q) = query {
+            raw.push('?');
+            raw.push_str(q);
+        }
+        StoreUrl {
+            raw,
             backend: Backend::Sqlite,
         }
     }
@@ -182,7 +219,9 @@ impl fmt::Debug for StoreUrl {
 /// `***`, for every message and log line that mentions a store.
 pub fn redact(raw: &str) -> String {
     match url::Url::parse(raw) {
-        Ok(mut u) if u.password().is_some() || u.query().is_some_and(|q| q.contains("password")) => {
+        Ok(mut u)
+            if u.password().is_some() || u.query().is_some_and(|q| q.contains("password")) =>
+        {
             if u.password().is_some() {
                 let _ = u.set_password(Some("***"));
             }
@@ -382,7 +421,9 @@ impl RejectReason {
 /// The outcome of a fenced write.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PutOutcome {
-    Accepted { written_at: StoreTime },
+    Accepted {
+        written_at: StoreTime,
+    },
     /// `--once` and the same token already wrote: nothing changed.
     AlreadyApplied,
     /// Refused; the rejection is recorded in the store (same transaction).
@@ -608,10 +649,7 @@ pub fn millis(d: Duration) -> i64 {
 
 /// Classifies a losing acquisition from the row as the caller's snapshot saw
 /// it. Shared by every backend so they report the same reasons.
-pub(crate) fn classify_loss(
-    row: LossRow,
-    occurrence: Option<StoreTime>,
-) -> AcquireOutcome {
+pub(crate) fn classify_loss(row: LossRow, occurrence: Option<StoreTime>) -> AcquireOutcome {
     if let (Some(occ), Some(last)) = (occurrence, row.last_occurrence) {
         if last >= occ.0 {
             return AcquireOutcome::OccurrenceTaken {
@@ -728,10 +766,7 @@ mod tests {
 
     #[test]
     fn redacts_passwords() {
-        assert_eq!(
-            redact("postgres://u:secret@db/x"),
-            "postgres://u:***@db/x"
-        );
+        assert_eq!(redact("postgres://u:secret@db/x"), "postgres://u:***@db/x");
         assert_eq!(
             redact("mysql://root@127.0.0.1:3306/test"),
             "mysql://root@127.0.0.1:3306/test"
@@ -750,16 +785,27 @@ mod tests {
             StoreUrl::parse("mariadb://root@h/db").unwrap().expose(),
             "mysql://root@h/db"
         );
-        assert!(StoreUrl::parse("redis://h").unwrap_err().contains("unsupported"));
+        assert!(StoreUrl::parse("redis://h")
+            .unwrap_err()
+            .contains("unsupported"));
         let u = StoreUrl::parse("postgres://u:pw@h/db").unwrap();
         assert!(!format!("{u} {u:?}").contains("pw"));
     }
 
     #[test]
     fn rejection_reasons() {
-        assert_eq!(classify_rejection(5, false, Some(6), Some(9)), Some(RejectReason::Stale));
-        assert_eq!(classify_rejection(10, false, Some(6), Some(9)), Some(RejectReason::Forged));
-        assert_eq!(classify_rejection(1, false, None, None), Some(RejectReason::Forged));
+        assert_eq!(
+            classify_rejection(5, false, Some(6), Some(9)),
+            Some(RejectReason::Stale)
+        );
+        assert_eq!(
+            classify_rejection(10, false, Some(6), Some(9)),
+            Some(RejectReason::Forged)
+        );
+        assert_eq!(
+            classify_rejection(1, false, None, None),
+            Some(RejectReason::Forged)
+        );
         assert_eq!(classify_rejection(6, true, Some(6), Some(9)), None);
     }
 }

@@ -116,7 +116,8 @@ const INSERT_STALE: &str = concat!(
 const GET: &str = "SELECT value, token, owner_id, written_at_ms FROM fencecron_values
                     WHERE resource = ? AND key_name = ?";
 
-const STALE: &str = "SELECT at_ms, kind, reason, resource, key_name, owner_id, token, accepted_token,
+const STALE: &str =
+    "SELECT at_ms, kind, reason, resource, key_name, owner_id, token, accepted_token,
                             node, job, stage, operation_id
                        FROM fencecron_stale WHERE at_ms >= ? ORDER BY at_ms, id";
 
@@ -144,10 +145,8 @@ pub struct MySqlStore {
 impl MySqlStore {
     /// Prepares a lazily connecting pool.
     pub fn open(url: StoreUrl, opts: &OpenOptions) -> Result<Self, StoreError> {
-        let connect: MySqlConnectOptions = url
-            .expose()
-            .parse()
-            .map_err(|e| unavailable(&url, e))?;
+        let connect: MySqlConnectOptions =
+            url.expose().parse().map_err(|e| unavailable(&url, e))?;
         let connect = connect.timezone(Some("+00:00".to_string()));
         let pool = MySqlPoolOptions::new()
             .max_connections(opts.max_connections)
@@ -184,10 +183,11 @@ impl MySqlStore {
                 .await
                 .map_err(|e| self.err(e))?;
             if done.rows_affected() == 1 {
-                let token = i64::try_from(done.last_insert_id()).map_err(|_| StoreError::Corrupt {
-                    url: self.url.to_string(),
-                    detail: "fence out of range".to_string(),
-                })?;
+                let token =
+                    i64::try_from(done.last_insert_id()).map_err(|_| StoreError::Corrupt {
+                        url: self.url.to_string(),
+                        detail: "fence out of range".to_string(),
+                    })?;
                 return self.won(req, owner, token).await;
             }
             let row = sqlx::query(LOSS_ROW)

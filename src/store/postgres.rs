@@ -142,10 +142,7 @@ pub struct PostgresStore {
 impl PostgresStore {
     /// Prepares a lazily connecting pool.
     pub fn open(url: StoreUrl, opts: &OpenOptions) -> Result<Self, StoreError> {
-        let connect: PgConnectOptions = url
-            .expose()
-            .parse()
-            .map_err(|e| unavailable(&url, e))?;
+        let connect: PgConnectOptions = url.expose().parse().map_err(|e| unavailable(&url, e))?;
         let connect = connect.application_name("fencecron");
         let pool = PgPoolOptions::new()
             .max_connections(opts.max_connections)
@@ -295,7 +292,9 @@ impl PostgresStore {
             stage: req.stage,
             operation_id: &req.operation_id.to_string(),
         };
-        let at = insert_stale(&mut *tx, &rec).await.map_err(|e| self.err(e))?;
+        let at = insert_stale(&mut *tx, &rec)
+            .await
+            .map_err(|e| self.err(e))?;
         tx.commit().await.map_err(|e| self.err(e))?;
         Ok(PutOutcome::Rejected(stored(&rec, at)))
     }
@@ -484,7 +483,9 @@ impl Store for PostgresStore {
 
     async fn record_stale(&self, rec: &NewStaleRecord<'_>) -> Result<StaleRecord, StoreError> {
         timed(&self.url, self.call_timeout, async {
-            let at = insert_stale(&self.pool, rec).await.map_err(|e| self.err(e))?;
+            let at = insert_stale(&self.pool, rec)
+                .await
+                .map_err(|e| self.err(e))?;
             Ok(stored(rec, at))
         })
         .await

@@ -154,15 +154,15 @@ impl SqliteStore {
         let mut tx = self.write_tx().await?;
         let now = kernel_now_ms();
         let won = sqlx::query(ACQUIRE)
-        .bind(req.resource.as_str())
-        .bind(&owner_s)
-        .bind(req.node)
-        .bind(now)
-        .bind(lease)
-        .bind(occ)
-        .fetch_optional(&mut *tx)
-        .await
-        .map_err(|e| self.err(e))?;
+            .bind(req.resource.as_str())
+            .bind(&owner_s)
+            .bind(req.node)
+            .bind(now)
+            .bind(lease)
+            .bind(occ)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(|e| self.err(e))?;
         let row = match won {
             Some(row) => row,
             None => {
@@ -180,7 +180,9 @@ impl SqliteStore {
                         owner_id: r.try_get("owner_id").map_err(|e| self.err(e))?,
                         node: r.try_get("node").map_err(|e| self.err(e))?,
                         expires_at: r.try_get("expires_at_ms").map_err(|e| self.err(e))?,
-                        last_occurrence: r.try_get("last_occurrence_ms").map_err(|e| self.err(e))?,
+                        last_occurrence: r
+                            .try_get("last_occurrence_ms")
+                            .map_err(|e| self.err(e))?,
                         now,
                     };
                     tx.rollback().await.map_err(|e| self.err(e))?;
@@ -223,17 +225,15 @@ impl SqliteStore {
     ) -> Result<RenewOutcome, StoreError> {
         let mut tx = self.write_tx().await?;
         let now = kernel_now_ms();
-        let renewed: Option<i64> = sqlx::query_scalar(
-            RENEW,
-        )
-        .bind(resource.as_str())
-        .bind(owner_id)
-        .bind(token)
-        .bind(now)
-        .bind(millis(lease))
-        .fetch_optional(&mut *tx)
-        .await
-        .map_err(|e| self.err(e))?;
+        let renewed: Option<i64> = sqlx::query_scalar(RENEW)
+            .bind(resource.as_str())
+            .bind(owner_id)
+            .bind(token)
+            .bind(now)
+            .bind(millis(lease))
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(|e| self.err(e))?;
         let outcome = match renewed {
             Some(at) => RenewOutcome::Renewed {
                 expires_at: StoreTime(at),
@@ -256,17 +256,15 @@ impl SqliteStore {
     ) -> Result<ReleaseOutcome, StoreError> {
         let mut tx = self.write_tx().await?;
         let now = kernel_now_ms();
-        let released = sqlx::query(
-            RELEASE,
-        )
-        .bind(resource.as_str())
-        .bind(owner_id)
-        .bind(token)
-        .bind(now)
-        .execute(&mut *tx)
-        .await
-        .map_err(|e| self.err(e))?
-        .rows_affected();
+        let released = sqlx::query(RELEASE)
+            .bind(resource.as_str())
+            .bind(owner_id)
+            .bind(token)
+            .bind(now)
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| self.err(e))?
+            .rows_affected();
         let outcome = if released == 1 {
             ReleaseOutcome::Released
         } else {
@@ -285,18 +283,18 @@ impl SqliteStore {
         let now = kernel_now_ms();
         let op = req.operation_id.to_string();
         let written = sqlx::query(PUT)
-        .bind(req.resource.as_str())
-        .bind(req.key.as_str())
-        .bind(req.value)
-        .bind(req.token)
-        .bind(req.owner_id)
-        .bind(&op)
-        .bind(now)
-        .bind(req.once)
-        .execute(&mut *tx)
-        .await
-        .map_err(|e| self.err(e))?
-        .rows_affected();
+            .bind(req.resource.as_str())
+            .bind(req.key.as_str())
+            .bind(req.value)
+            .bind(req.token)
+            .bind(req.owner_id)
+            .bind(&op)
+            .bind(now)
+            .bind(req.once)
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| self.err(e))?
+            .rows_affected();
         if written == 1 {
             tx.commit().await.map_err(|e| self.err(e))?;
             return Ok(PutOutcome::Accepted {
@@ -331,7 +329,9 @@ impl SqliteStore {
             stage: req.stage,
             operation_id: &op,
         };
-        insert_stale(&mut tx, &rec, now).await.map_err(|e| self.err(e))?;
+        insert_stale(&mut tx, &rec, now)
+            .await
+            .map_err(|e| self.err(e))?;
         tx.commit().await.map_err(|e| self.err(e))?;
         Ok(PutOutcome::Rejected(stored(&rec, now)))
     }
@@ -483,14 +483,12 @@ impl Store for SqliteStore {
 
     async fn get(&self, resource: &Name, key: &Name) -> Result<Option<StoredValue>, StoreError> {
         timed(&self.url, self.call_timeout, async {
-            let row = sqlx::query(
-                GET,
-            )
-            .bind(resource.as_str())
-            .bind(key.as_str())
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(|e| self.err(e))?;
+            let row = sqlx::query(GET)
+                .bind(resource.as_str())
+                .bind(key.as_str())
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(|e| self.err(e))?;
             row.map(|r| {
                 Ok(StoredValue {
                     resource: resource.to_string(),
@@ -511,7 +509,9 @@ impl Store for SqliteStore {
         timed(&self.url, self.call_timeout, async {
             let mut tx = self.write_tx().await?;
             let now = kernel_now_ms();
-            insert_stale(&mut tx, rec, now).await.map_err(|e| self.err(e))?;
+            insert_stale(&mut tx, rec, now)
+                .await
+                .map_err(|e| self.err(e))?;
             tx.commit().await.map_err(|e| self.err(e))?;
             Ok(stored(rec, now))
         })
@@ -617,7 +617,10 @@ impl Store for SqliteStore {
                 .bind(now)
                 .bind(false),
         };
-        let row = query.fetch_optional(&mut *tx).await.map_err(|e| self.err(e))?;
+        let row = query
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(|e| self.err(e))?;
         tx.commit().await.map_err(|e| self.err(e))?;
         Ok(match op {
             RawOp::AcquireFree | RawOp::AcquireHeld => row.and_then(|r| r.try_get("fence").ok()),

@@ -1,0 +1,80 @@
+//! `fencecron exec RESOURCE -- CMD…`: one command under a fenced lease,
+//! supervised exactly like a daemon job (same renewal, same deadlines).
+
+use futures::StreamExt;
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+use signal_hook_tokio::Signals;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::cli::{Cli, ExecArgs};
+use crate::error::{Error, Result};
+use crate::events;
+use crate::names::Name;
+use crate::store::{AcquireOutcome, AcquireRequest, OpenOptions};
+use crate::supervise::{LeaseTiming, RunSpec, Supervisor, DEFAULT_LEASE};
+
+use super::lease::held_error;
+use super::Context;
+
+pub async fn run(cli: &Cli, args: &ExecArgs) -> Result<u8> {
+    let ctx = Context::load(cli, false)?;
+    let resource = Name::parse("resource", &args.resource).map_err(Error::Usage)?;
+    let timing = LeaseTiming::new(
+        args.lease.map_or(DEFAULT_LEASE, |l| l.0),
+        args.renew_every.map(|d| d.0),
+        args.kill_grace.map(|d| d.0),
+    )
+    .map_err(|e| Error::Usage(e.to_string()))?;
+    // Signals are caught before anything else so that a SIGTERM during the
+    // acquire still ends in an orderly release.
+    let mut signals = Signals::new([SIGTERM, SIGINT, SIGHUP])
+        .map_err(|e| Error::Runtime(format!("cannot install signal handlers: {e}")))?;
+    let shutdown = CancellationToken::new();
+    let on_signal = shutdown.clone();
+    let signal_task = tokio::spawn(async move {
+        if signals.next().await.is_some() {
+            on_signal.cancel();
+        }
+    });
+
+    let store = ctx
+        .store(&OpenOptions {
+            max_connections: 2,
+            call_timeout: timing.renew_every.min(std::time::Duration::from_secs(10)),
+        })
+        .await?;
+    let sent = Instant::now();
+    let outcome = store
+        .acquire(&AcquireRequest {
+            resource: &resource,
+            lease: timing.lease,
+            node: &ctx.node,
+            occurrence: None,
+        })
+        .await?;
+    let lease = match outcome {
+        AcquireOutcome::Acquired(l) => l,
+        other => return Err(held_error(&resource, &other)),
+    };
+    events::lease_acquired(Some(resource.as_str()), &lease, &ctx.node);
+    let spec = RunSpec {
+        job: resource.to_string(),
+        resource,
+        command: args.command.clone(),
+        env: Default::default(),
+        workdir: None,
+        timing,
+        timeout: None,
+        stale_exit_code: None,
+        scheduled_at: None,
+        inherit_stdio: true,
+    };
+    let supervisor = Supervisor::new(store, ctx.node.clone(), ctx.child_store_env());
+    let result = supervisor
+        .run(&spec, lease, sent, shutdown)
+        .await
+        .map_err(|e| Error::Runtime(e.to_string()))?;
+    signal_task.abort();
+    Ok(result.shell_code())
+}

@@ -1,0 +1,424 @@
+//! `fencecron run`: ties the scheduler, the supervisor, signals and systemd
+//! together.
+//!
+//! One scheduler task owns a min-heap of (next instant, job) and sleeps until
+//! the earliest instant; each due occurrence becomes its own task that
+//! competes for the lease and, on winning, runs the job under the
+//! [`Supervisor`]. Signals arrive through signal-hook: SIGTERM/SIGINT cancel
+//! one [`CancellationToken`] that every task watches, SIGHUP sends a new job
+//! list to the scheduler. Shutdown waits for every task in the
+//! [`TaskTracker`], so leases are released before the process exits.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use futures::StreamExt;
+use sd_notify::NotifyState;
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+use signal_hook_tokio::Signals;
+use tokio::sync::{mpsc, OnceCell};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::cli::Cli;
+use crate::commands::Context;
+use crate::config::{self, Job};
+use crate::error::{Error, Result};
+use crate::events;
+use crate::names::Name;
+use crate::store::{self, rfc3339, AcquireOutcome, AcquireRequest, OpenOptions, Store, StoreTime};
+use crate::supervise::{RunSpec, SuperviseError, Supervisor};
+
+/// The longest the scheduler sleeps before re-reading the wall clock, so a
+/// stepped clock (NTP, manual change) shifts firings by at most this much.
+const MAX_SLEEP: Duration = Duration::from_secs(30);
+
+/// Time limit for one store call made by the daemon.
+const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Runs the daemon until SIGTERM/SIGINT; returns exit code 0 after a clean
+/// shutdown.
+pub async fn run(cli: &Cli, node_flag: Option<String>) -> Result<u8> {
+    let ctx = Context::load(cli, true)?;
+    let config = ctx
+        .config
+        .clone()
+        .ok_or_else(|| Error::Usage("fencecron run needs a config file".to_string()))?;
+    let node = node_flag.unwrap_or_else(|| ctx.node.clone());
+    Name::parse("node", &node).map_err(|m| Error::Usage(format!("--node-id: {m}")))?;
+
+    let mut signals = Signals::new([SIGTERM, SIGINT, SIGHUP])
+        .map_err(|e| Error::Runtime(format!("cannot install signal handlers: {e}")))?;
+    let store = store::open(
+        &ctx.store_url,
+        &OpenOptions {
+            max_connections: 8,
+            call_timeout: CALL_TIMEOUT,
+        },
+    )?;
+    let supervisor = Supervisor::new(store.clone(), node.clone(), ctx.child_store_env());
+    let shutdown = CancellationToken::new();
+    let tracker = TaskTracker::new();
+    let ready = Arc::new(OnceCell::new());
+
+    // Apply migrations now if the store answers; if not, the first firing
+    // retries, and the daemon keeps running either way.
+    {
+        let store = store.clone();
+        let ready = ready.clone();
+        tracker.spawn(async move {
+            if let Err(e) = ensure_ready(&ready, store.as_ref()).await {
+                events::store_unavailable("migrate", None, &e.to_string(), None);
+            }
+        });
+    }
+
+    let (reload_tx, reload_rx) = mpsc::channel(4);
+    let scheduler = Scheduler {
+        supervisor,
+        jobs: HashMap::new(),
+        heap: BinaryHeap::new(),
+        generation: 0,
+        running: Arc::new(Mutex::new(HashSet::new())),
+        ready,
+        tracker: tracker.clone(),
+        shutdown: shutdown.clone(),
+    };
+    let job_count = config.jobs.len();
+    tracker.spawn(scheduler.run(config.jobs.clone(), reload_rx));
+
+    events::daemon_started(
+        &node,
+        job_count,
+        &ctx.store_url.to_string(),
+        &ctx.config_path.display().to_string(),
+    );
+    notify(&[
+        NotifyState::Ready,
+        NotifyState::Status(&format!("scheduling {job_count} job(s) as {node}")),
+    ]);
+
+    let reason = loop {
+        match signals.next().await {
+            Some(SIGHUP) => reload(&ctx, &config, &reload_tx).await,
+            Some(SIGTERM) => break "SIGTERM",
+            Some(SIGINT) => break "SIGINT",
+            Some(_) => {}
+            None => break "signal stream closed",
+        }
+    };
+    notify(&[
+        NotifyState::Stopping,
+        NotifyState::Status("stopping: terminating jobs and releasing leases"),
+    ]);
+    events::daemon_stopping(reason, tracker.len().saturating_sub(1));
+    shutdown.cancel();
+    tracker.close();
+    tracker.wait().await;
+    events::daemon_stopped();
+    Ok(0)
+}
+
+/// Sends states to systemd when run under `Type=notify`; a no-op otherwise.
+fn notify(states: &[NotifyState<'_>]) {
+    let _ = sd_notify::notify(false, states);
+}
+
+/// Reloads jobs.toml on SIGHUP. An invalid file keeps the old jobs.
+async fn reload(ctx: &Context, original: &config::Config, tx: &mpsc::Sender<Vec<Job>>) {
+    notify(&[NotifyState::Reloading]);
+    match config::load(&ctx.config_path) {
+        Err(e) => events::config_invalid(&e.to_string()),
+        Ok(new) => {
+            if !ctx.store_from_flag && new.store != original.store {
+                events::config_ignored("store", "the store cannot change while running; restart the daemon to use the new store");
+            }
+            if new.node_id != original.node_id {
+                events::config_ignored(
+                    "node.id",
+                    "the node id cannot change while running; restart the daemon",
+                );
+            }
+            let count = new.jobs.len();
+            let _ = tx.send(new.jobs).await;
+            notify(&[NotifyState::Status(&format!("scheduling {count} job(s)"))]);
+        }
+    }
+    notify(&[NotifyState::Ready]);
+}
+
+/// Applies migrations once per process; retried by later callers on failure.
+async fn ensure_ready(ready: &OnceCell<()>, store: &dyn Store) -> Result<(), store::StoreError> {
+    ready.get_or_try_init(|| store.migrate()).await.map(|_| ())
+}
+
+/// One job as the scheduler knows it.
+struct Entry {
+    job: Arc<Job>,
+    generation: u64,
+}
+
+/// The timer: fires each job's occurrences at their instants.
+struct Scheduler {
+    supervisor: Supervisor,
+    jobs: HashMap<String, Entry>,
+    /// Next instant per job; entries of replaced or removed jobs are
+    /// recognised by their generation and dropped when they surface.
+    heap: BinaryHeap<Reverse<(DateTime<Utc>, u64, String)>>,
+    generation: u64,
+    /// Resources with a run in progress on this node.
+    running: Arc<Mutex<HashSet<String>>>,
+    ready: Arc<OnceCell<()>>,
+    tracker: TaskTracker,
+    shutdown: CancellationToken,
+}
+
+impl Scheduler {
+    async fn run(mut self, jobs: Vec<Job>, mut reloads: mpsc::Receiver<Vec<Job>>) {
+        self.apply(jobs, false);
+        loop {
+            let now = Utc::now();
+            let sleep_for = self
+                .heap
+                .peek()
+                .map(|Reverse((at, _, _))| (*at - now).to_std().unwrap_or(Duration::ZERO))
+                .unwrap_or(MAX_SLEEP)
+                .min(MAX_SLEEP);
+            tokio::select! {
+                biased;
+                _ = self.shutdown.cancelled() => return,
+                Some(jobs) = reloads.recv() => self.apply(jobs, true),
+                _ = tokio::time::sleep(sleep_for) => self.fire_due(),
+            }
+        }
+    }
+
+    /// Installs a job list: unchanged jobs keep their timers, changed and
+    /// new ones start from now, removed ones stop firing. Runs in progress
+    /// are not touched.
+    fn apply(&mut self, jobs: Vec<Job>, is_reload: bool) {
+        let now = Utc::now();
+        let names: HashSet<String> = jobs.iter().map(|j| j.name.to_string()).collect();
+        let before = self.jobs.len();
+        self.jobs.retain(|name, _| names.contains(name));
+        let removed = before - self.jobs.len();
+        let (mut added, mut changed) = (0, 0);
+        for job in jobs {
+            let name = job.name.to_string();
+            match self.jobs.get(&name) {
+                Some(e) if *e.job == job => continue,
+                Some(_) => changed += 1,
+                None => added += 1,
+            }
+            self.generation += 1;
+            if let Some(next) = job.schedule.next_after(now) {
+                self.heap
+                    .push(Reverse((next, self.generation, name.clone())));
+            }
+            self.jobs.insert(
+                name,
+                Entry {
+                    job: Arc::new(job),
+                    generation: self.generation,
+                },
+            );
+        }
+        if is_reload {
+            events::config_reloaded(added, removed, changed, self.jobs.len());
+        }
+    }
+
+    /// Fires every occurrence that is due.
+    fn fire_due(&mut self) {
+        let now = Utc::now();
+        while let Some(Reverse((at, generation, name))) = self.heap.peek().cloned() {
+            if at > now {
+                break;
+            }
+            self.heap.pop();
+            let Some(entry) = self.jobs.get(&name) else {
+                continue;
+            };
+            if entry.generation != generation {
+                continue;
+            }
+            let job = entry.job.clone();
+            let next = job.schedule.next_after(at);
+            if let Some(n) = next {
+                self.heap.push(Reverse((n, generation, name.clone())));
+            }
+            if next.is_some_and(|n| n <= now) {
+                // A later instant is already due (this host was paused or
+                // overloaded): only the newest due occurrence is attempted.
+                events::occurrence_skipped(
+                    &name,
+                    &rfc3339(at),
+                    "missed",
+                    "a later occurrence is already due on this node",
+                );
+                continue;
+            }
+            let occurrence = Occurrence {
+                supervisor: self.supervisor.clone(),
+                job,
+                at,
+                running: self.running.clone(),
+                ready: self.ready.clone(),
+                shutdown: self.shutdown.clone(),
+            };
+            self.tracker.spawn(occurrence.run());
+        }
+    }
+}
+
+/// One scheduled occurrence on this node: compete, and run if we win.
+struct Occurrence {
+    supervisor: Supervisor,
+    job: Arc<Job>,
+    at: DateTime<Utc>,
+    running: Arc<Mutex<HashSet<String>>>,
+    ready: Arc<OnceCell<()>>,
+    shutdown: CancellationToken,
+}
+
+/// Removes a resource from the node's running set when the run ends.
+struct RunningGuard {
+    running: Arc<Mutex<HashSet<String>>>,
+    resource: String,
+}
+
+impl Drop for RunningGuard {
+    fn drop(&mut self) {
+        if let Ok(mut r) = self.running.lock() {
+            r.remove(&self.resource);
+        }
+    }
+}
+
+impl Occurrence {
+    async fn run(self) {
+        let job = &self.job;
+        let name = job.name.as_str();
+        let at = rfc3339(self.at);
+        let resource = job.resource.to_string();
+        {
+            let mut running = self.running.lock().unwrap_or_else(|p| p.into_inner());
+            if !running.insert(resource.clone()) {
+                // Known locally; no need to ask the store.
+                events::occurrence_skipped(
+                    name,
+                    &at,
+                    "held",
+                    "the previous run on this node is still running",
+                );
+                return;
+            }
+        }
+        let _guard = RunningGuard {
+            running: self.running.clone(),
+            resource,
+        };
+
+        // Retry a failing store until the occurrence is no longer worth
+        // starting: the next occurrence is due or a lease length has passed.
+        let mut give_up =
+            self.at + chrono::Duration::from_std(job.timing.lease).unwrap_or_default();
+        if let Some(next) = job.schedule.next_after(self.at) {
+            give_up = give_up.min(next);
+        }
+        let store = self.supervisor.store().clone();
+        let mut delay = Duration::from_millis(100);
+        loop {
+            let sent = Instant::now();
+            let attempt = async {
+                ensure_ready(&self.ready, store.as_ref()).await?;
+                store
+                    .acquire(&AcquireRequest {
+                        resource: &job.resource,
+                        lease: job.timing.lease,
+                        node: self.supervisor.node(),
+                        occurrence: Some(StoreTime::from_utc(self.at)),
+                    })
+                    .await
+            };
+            let outcome = tokio::select! {
+                r = attempt => r,
+                _ = self.shutdown.cancelled() => return,
+            };
+            match outcome {
+                Ok(AcquireOutcome::Acquired(lease)) => {
+                    events::lease_acquired(Some(name), &lease, self.supervisor.node());
+                    let spec = spec_for(job, self.at);
+                    match self
+                        .supervisor
+                        .run(&spec, lease, sent, self.shutdown.clone())
+                        .await
+                    {
+                        Ok(_) => {}
+                        Err(SuperviseError::AcquiredTooLate) => events::occurrence_skipped(
+                            name,
+                            &at,
+                            "acquired_too_late",
+                            "the store answered too late to run the job safely within the lease",
+                        ),
+                        // Already logged as job_spawn_failed.
+                        Err(SuperviseError::Spawn { .. }) => {}
+                    }
+                    return;
+                }
+                Ok(AcquireOutcome::Held {
+                    owner_id,
+                    node,
+                    token,
+                    ..
+                }) => {
+                    let detail = format!(
+                        "lease held by {} on {} with token {token}",
+                        owner_id.as_deref().unwrap_or("another owner"),
+                        node.as_deref().unwrap_or("another node"),
+                    );
+                    events::occurrence_skipped(name, &at, "held", &detail);
+                    return;
+                }
+                Ok(AcquireOutcome::OccurrenceTaken { .. }) => {
+                    events::occurrence_taken(name, &at);
+                    return;
+                }
+                Err(e) => {
+                    if Utc::now() + chrono::Duration::from_std(delay).unwrap_or_default() >= give_up
+                    {
+                        events::store_unavailable("acquire", Some(name), &e.to_string(), None);
+                        events::occurrence_skipped(name, &at, "store_unavailable", &e.to_string());
+                        return;
+                    }
+                    events::store_unavailable("acquire", Some(name), &e.to_string(), Some(delay));
+                    tokio::select! {
+                        _ = tokio::time::sleep(delay) => {}
+                        _ = self.shutdown.cancelled() => return,
+                    }
+                    delay = (delay * 2).min(Duration::from_secs(5));
+                }
+            }
+        }
+    }
+}
+
+/// The supervisor's view of a job occurrence.
+fn spec_for(job: &Job, at: DateTime<Utc>) -> RunSpec {
+    RunSpec {
+        job: job.name.to_string(),
+        resource: job.resource.clone(),
+        command: job.command.clone(),
+        env: job.env.clone(),
+        workdir: job.workdir.clone(),
+        timing: job.timing,
+        timeout: job.timeout,
+        stale_exit_code: job.stale_exit_code,
+        scheduled_at: Some(at),
+        inherit_stdio: false,
+    }
+}
