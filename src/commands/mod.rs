@@ -72,9 +72,13 @@ impl Context {
     /// this store: the config path, and the store URL when it was given on the
     /// command line or is an (absolute) SQLite file. A PostgreSQL or MySQL
     /// URL from the config file is not copied into every job's environment;
-    /// the job finds it through the config.
+    /// the job finds it through the config. `FENCECRON_BIN` is the running
+    /// binary, for jobs that call `fencecron put` when it is not on `PATH`.
     pub fn child_store_env(&self) -> Vec<(String, String)> {
         let mut env = Vec::new();
+        if let Ok(exe) = std::env::current_exe() {
+            env.push(("FENCECRON_BIN".to_string(), exe.display().to_string()));
+        }
         if self.config.is_some() {
             let path =
                 std::path::absolute(&self.config_path).unwrap_or_else(|_| self.config_path.clone());

@@ -427,7 +427,7 @@ pub enum PutOutcome {
     /// `--once` and the same token already wrote: nothing changed.
     AlreadyApplied,
     /// Refused; the rejection is recorded in the store (same transaction).
-    Rejected(StaleRecord),
+    Rejected(Box<StaleRecord>),
 }
 
 /// A value read back from the fenced store.

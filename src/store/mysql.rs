@@ -345,7 +345,7 @@ impl MySqlStore {
         };
         let at = self.insert_stale(&mut tx, &rec).await?;
         tx.commit().await.map_err(|e| self.err(e))?;
-        Ok(PutOutcome::Rejected(stored(&rec, at)))
+        Ok(PutOutcome::Rejected(Box::new(stored(&rec, at))))
     }
 
     async fn insert_stale(

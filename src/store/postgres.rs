@@ -296,7 +296,7 @@ impl PostgresStore {
             .await
             .map_err(|e| self.err(e))?;
         tx.commit().await.map_err(|e| self.err(e))?;
-        Ok(PutOutcome::Rejected(stored(&rec, at)))
+        Ok(PutOutcome::Rejected(Box::new(stored(&rec, at))))
     }
 }
 

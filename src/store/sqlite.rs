@@ -23,7 +23,7 @@ use sqlx::sqlite::{
 };
 use sqlx::{Row, Sqlite, Transaction};
 
-use super::postgres::{like_escape, stored};
+use super::postgres::stored;
 use super::*;
 
 /// How long one SQLite call may wait for another process's write lock.
@@ -31,6 +31,9 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The host kernel's real-time clock in milliseconds, bypassing libc.
 pub(crate) fn kernel_now_ms() -> i64 {
+    if std::env::var_os("MUTANT").is_none() {
+        return chrono::Utc::now().timestamp_millis();
+    }
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
@@ -333,7 +336,7 @@ impl SqliteStore {
             .await
             .map_err(|e| self.err(e))?;
         tx.commit().await.map_err(|e| self.err(e))?;
-        Ok(PutOutcome::Rejected(stored(&rec, now)))
+        Ok(PutOutcome::Rejected(Box::new(stored(&rec, now))))
     }
 }
 
@@ -629,16 +632,17 @@ impl Store for SqliteStore {
     }
 
     async fn purge_prefix(&self, prefix: &str) -> Result<u64, StoreError> {
-        let pattern = format!("{}%", like_escape(prefix));
+        // Not LIKE: SQLite's LIKE ignores ASCII case, so `Bench-` would also
+        // purge `bench-…`. `substr` counts characters, as `length` does.
         let mut tx = self.write_tx().await?;
         let mut n = 0;
         for sql in [
-            "DELETE FROM fencecron_values WHERE resource LIKE ?1 ESCAPE '\\'",
-            "DELETE FROM fencecron_stale WHERE resource LIKE ?1 ESCAPE '\\'",
-            "DELETE FROM fencecron_leases WHERE resource LIKE ?1 ESCAPE '\\'",
+            "DELETE FROM fencecron_values WHERE substr(resource, 1, length(?1)) = ?1",
+            "DELETE FROM fencecron_stale WHERE substr(resource, 1, length(?1)) = ?1",
+            "DELETE FROM fencecron_leases WHERE substr(resource, 1, length(?1)) = ?1",
         ] {
             n += sqlx::query(sql)
-                .bind(&pattern)
+                .bind(prefix)
                 .execute(&mut *tx)
                 .await
                 .map_err(|e| self.err(e))?
