@@ -80,3 +80,8 @@ pub fn bin() -> PathBuf {
 pub fn unique(prefix: &str) -> String {
     format!("{prefix}-{}", uuid::Uuid::new_v4().simple())
 }
+
+pub mod harness;
+
+pub mod daemon;
+pub mod proxy;
