@@ -627,6 +627,29 @@ pub(crate) fn unavailable(url: &StoreUrl, source: sqlx::Error) -> StoreError {
     }
 }
 
+/// Wraps a migration failure. Not reaching the database at all is
+/// `Unavailable` ("check that it is running"), not a migration problem
+/// ("check that the user may create tables").
+pub(crate) fn migrate_error(
+    backend: Backend,
+    url: &StoreUrl,
+    source: sqlx::migrate::MigrateError,
+) -> StoreError {
+    match source {
+        sqlx::migrate::MigrateError::Execute(
+            e @ (sqlx::Error::PoolTimedOut
+            | sqlx::Error::PoolClosed
+            | sqlx::Error::Io(_)
+            | sqlx::Error::Tls(_)),
+        ) => unavailable(url, e),
+        source => StoreError::Migrate {
+            backend,
+            url: url.to_string(),
+            source,
+        },
+    }
+}
+
 /// Runs a store future under the per-call time limit.
 pub(crate) async fn timed<T>(
     url: &StoreUrl,

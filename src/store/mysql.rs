@@ -397,11 +397,7 @@ impl Store for MySqlStore {
             sqlx::migrate!("migrations/mysql")
                 .run(&self.pool)
                 .await
-                .map_err(|source| StoreError::Migrate {
-                    backend: Backend::MySql,
-                    url: self.url.to_string(),
-                    source,
-                })
+                .map_err(|source| migrate_error(Backend::MySql, &self.url, source))
         })
         .await
     }

@@ -360,11 +360,7 @@ impl Store for PostgresStore {
             sqlx::migrate!("migrations/postgres")
                 .run(&self.pool)
                 .await
-                .map_err(|source| StoreError::Migrate {
-                    backend: Backend::Postgres,
-                    url: self.url.to_string(),
-                    source,
-                })
+                .map_err(|source| migrate_error(Backend::Postgres, &self.url, source))
         })
         .await
     }

@@ -406,11 +406,7 @@ impl Store for SqliteStore {
             sqlx::migrate!("migrations/sqlite")
                 .run(&self.pool)
                 .await
-                .map_err(|source| StoreError::Migrate {
-                    backend: Backend::Sqlite,
-                    url: self.url.to_string(),
-                    source,
-                })
+                .map_err(|source| migrate_error(Backend::Sqlite, &self.url, source))
         })
         .await;
         drop(lock);

@@ -1,0 +1,940 @@
+//! The `lease`, `put`, `get` and `stale` commands of the real binary, their
+//! output shapes and exit codes, run against every backend by the
+//! `cli_tests!` macro at the bottom (`--store URL` on every call).
+//!
+//! PostgreSQL and MySQL cases need `FENCECRON_TEST_POSTGRES_URL` and
+//! `FENCECRON_TEST_MYSQL_URL` (see `tests/common/mod.rs`).
+
+mod common;
+
+use std::collections::HashMap;
+use std::process::{Command, Output};
+
+use base64::Engine as _;
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+
+use common::harness::{clean, code, describe, fencecron, run};
+use common::{unique, Backend, TestStore};
+
+const EXIT_RUNTIME: i32 = 1;
+const EXIT_USAGE: i32 = 2;
+const EXIT_STALE: i32 = 3;
+const EXIT_HELD: i32 = 75;
+
+// ---------------------------------------------------------------- fixture
+
+/// One case's store and scratch directory (the binary's working directory).
+struct Fx {
+    backend: Backend,
+    ts: TestStore,
+    dir: tempfile::TempDir,
+}
+
+/// A lease as `lease acquire --json` printed it.
+struct Acquired {
+    resource: String,
+    owner_id: String,
+    token: i64,
+    expires_at: DateTime<Utc>,
+}
+
+impl Fx {
+    fn url(&self) -> &str {
+        &self.ts.url
+    }
+
+    /// `fencecron ARGS --store URL`.
+    fn cmd(&self, args: &[&str]) -> Command {
+        let mut cmd = fencecron(self.dir.path());
+        cmd.args(args).arg("--store").arg(self.url());
+        cmd
+    }
+
+    /// Runs `fencecron ARGS --store URL` and checks the exit code.
+    fn expect(&self, args: &[&str], want: i32) -> Output {
+        expect_code(run(self.cmd(args), None), want, args)
+    }
+
+    fn acquire(&self, resource: &str, lease: &str) -> Acquired {
+        let out = self.expect(
+            &["lease", "acquire", resource, "--lease", lease, "--json"],
+            0,
+        );
+        let v = json_line(&out);
+        let obj = v.as_object().expect("acquire --json prints an object");
+        for field in ["resource", "owner_id", "token", "expires_at"] {
+            assert!(obj.contains_key(field), "acquire --json lacks {field}: {v}");
+        }
+        Acquired {
+            resource: v["resource"]
+                .as_str()
+                .expect("resource is a string")
+                .to_string(),
+            owner_id: v["owner_id"]
+                .as_str()
+                .expect("owner_id is a string")
+                .to_string(),
+            token: v["token"].as_i64().expect("token is a JSON integer"),
+            expires_at: rfc3339_utc(&v["expires_at"]),
+        }
+    }
+
+    fn release(&self, l: &Acquired) {
+        let token = l.token.to_string();
+        self.expect(
+            &[
+                "lease",
+                "release",
+                &l.resource,
+                "--owner-id",
+                &l.owner_id,
+                "--token",
+                &token,
+            ],
+            0,
+        );
+    }
+
+    /// The `lease list --json` entry of one resource.
+    fn listed(&self, resource: &str) -> Option<Value> {
+        let out = self.expect(&["lease", "list", "--json"], 0);
+        let all = json_line(&out);
+        let rows = all.as_array().expect("lease list --json prints an array");
+        let mine: Vec<&Value> = rows.iter().filter(|r| r["resource"] == resource).collect();
+        assert!(mine.len() <= 1, "one row per resource: {mine:?}");
+        mine.first().map(|v| (*v).clone())
+    }
+
+    /// The `stale --json [--since D]` records of one resource.
+    fn stale(&self, resource: &str, since: Option<&str>) -> Vec<Value> {
+        let mut args = vec!["stale", "--json"];
+        if let Some(s) = since {
+            args.extend(["--since", s]);
+        }
+        let out = self.expect(&args, 0);
+        json_line(&out)
+            .as_array()
+            .expect("stale --json prints an array")
+            .iter()
+            .filter(|r| r["resource"] == resource)
+            .cloned()
+            .collect()
+    }
+
+    fn get_json(&self, resource: &str, key: &str) -> Value {
+        json_line(&self.expect(&["get", key, "--resource", resource, "--json"], 0))
+    }
+}
+
+fn expect_code(out: Output, want: i32, what: &[&str]) -> Output {
+    assert_eq!(code(&out), want, "fencecron {what:?}: {}", describe(&out));
+    out
+}
+
+/// Stdout as exactly one line of JSON.
+fn json_line(out: &Output) -> Value {
+    let text = String::from_utf8(out.stdout.clone()).expect("JSON output is UTF-8");
+    assert_eq!(text.trim_end().lines().count(), 1, "one JSON line: {text}");
+    serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
+}
+
+/// A JSON string holding an RFC 3339 UTC time.
+fn rfc3339_utc(v: &Value) -> DateTime<Utc> {
+    let s = v
+        .as_str()
+        .unwrap_or_else(|| panic!("time is not a string: {v}"));
+    assert!(s.ends_with('Z'), "time {s} is not UTC (`Z`)");
+    DateTime::parse_from_rfc3339(s)
+        .unwrap_or_else(|e| panic!("time {s} is not RFC 3339: {e}"))
+        .with_timezone(&Utc)
+}
+
+/// Stderr is exactly one non-empty line, the error sentence; returns it.
+fn one_sentence(out: &Output) -> String {
+    let err = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(
+        lines.len(),
+        1,
+        "stderr should be one line: {}",
+        describe(out)
+    );
+    assert!(lines[0].starts_with("fencecron: "), "{}", lines[0]);
+    lines[0].to_string()
+}
+
+/// The last stderr line, which must be the `fencecron: …` error sentence.
+fn last_sentence(out: &Output) -> String {
+    let err = String::from_utf8_lossy(&out.stderr);
+    let last = err
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("");
+    assert!(last.starts_with("fencecron: "), "{}", describe(out));
+    last.to_string()
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// `key=value` lines of the text output.
+fn text_fields(out: &Output) -> HashMap<String, String> {
+    stdout(out)
+        .lines()
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// A store URL of the backend's kind that cannot be opened: any command
+/// that touches the store with it fails with exit 1, not 2.
+fn poisoned_url(fx: &Fx) -> String {
+    match fx.backend {
+        Backend::Sqlite => format!(
+            "sqlite://{}",
+            fx.dir
+                .path()
+                .join("no-such-dir")
+                .join("fencecron.db")
+                .display()
+        ),
+        Backend::Postgres => "postgres://postgres@127.0.0.1:1/test".to_string(),
+        Backend::MySql => "mysql://root@127.0.0.1:1/test".to_string(),
+    }
+}
+
+// ------------------------------------------------------------------ lease
+
+/// `lease acquire` text and JSON shapes, then exit 75 with a one-sentence
+/// stderr while it is held.
+fn case_lease_acquire_shapes(fx: &Fx) {
+    let r = unique("cli-acquire");
+    let out = fx.expect(&["lease", "acquire", &r, "--lease", "5s"], 0);
+    let f = text_fields(&out);
+    assert_eq!(f.get("resource"), Some(&r), "{}", describe(&out));
+    let owner = f.get("owner_id").expect("owner_id line");
+    uuid::Uuid::parse_str(owner).expect("owner_id is a UUID");
+    assert_eq!(f.get("token").map(String::as_str), Some("1"));
+    rfc3339_utc(&Value::String(
+        f.get("expires_at").expect("expires_at line").clone(),
+    ));
+    let token = f["token"].clone();
+    fx.expect(
+        &[
+            "lease",
+            "release",
+            &r,
+            "--owner-id",
+            owner,
+            "--token",
+            &token,
+        ],
+        0,
+    );
+
+    let before = Utc::now();
+    let l = fx.acquire(&r, "30s");
+    assert_eq!(l.resource, r);
+    assert_eq!(l.token, 2, "the token survives release");
+    assert_ne!(&l.owner_id, owner, "a fresh owner id per acquisition");
+    uuid::Uuid::parse_str(&l.owner_id).expect("owner_id is a UUID");
+    let ahead = l.expires_at - before;
+    assert!(
+        ahead > chrono::Duration::seconds(20) && ahead <= chrono::Duration::seconds(40),
+        "a 30s lease expires about 30s from now, not {ahead}"
+    );
+
+    let out = fx.expect(&["lease", "acquire", &r], EXIT_HELD);
+    assert!(stdout(&out).is_empty(), "nothing on stdout when held");
+    let msg = one_sentence(&out);
+    assert!(msg.contains(&r) && msg.contains("held"), "{msg}");
+    assert!(msg.contains(&l.owner_id), "names the holder: {msg}");
+    let out = fx.expect(&["lease", "acquire", &r, "--json"], EXIT_HELD);
+    assert!(stdout(&out).is_empty(), "nothing on stdout when held");
+}
+
+/// `lease renew` 0 (same token, later expiry) / 3 for a wrong owner or
+/// token; `lease release` 0 / 3; `lease list --json` keeps released leases
+/// with `held: false`.
+fn case_lease_renew_release_list(fx: &Fx) {
+    let r = unique("cli-renew");
+    let l = fx.acquire(&r, "5s");
+    let token = l.token.to_string();
+    let stranger = uuid::Uuid::new_v4().to_string();
+    let wrong_token = (l.token + 1).to_string();
+
+    let out = fx.expect(
+        &[
+            "lease",
+            "renew",
+            &r,
+            "--owner-id",
+            &l.owner_id,
+            "--token",
+            &token,
+            "--lease",
+            "60s",
+            "--json",
+        ],
+        0,
+    );
+    let v = json_line(&out);
+    assert_eq!(
+        v["token"].as_i64(),
+        Some(l.token),
+        "renew keeps the token: {v}"
+    );
+    assert_eq!(v["owner_id"], l.owner_id.as_str());
+    let renewed = rfc3339_utc(&v["expires_at"]);
+    assert!(
+        renewed > l.expires_at,
+        "renew extends: {renewed} > {}",
+        l.expires_at
+    );
+    let out = fx.expect(
+        &[
+            "lease",
+            "renew",
+            &r,
+            "--owner-id",
+            &l.owner_id,
+            "--token",
+            &token,
+        ],
+        0,
+    );
+    rfc3339_utc(&Value::String(
+        text_fields(&out)
+            .get("expires_at")
+            .expect("expires_at=")
+            .clone(),
+    ));
+
+    for (owner, tok) in [(&stranger, &token), (&l.owner_id, &wrong_token)] {
+        let out = fx.expect(
+            &["lease", "renew", &r, "--owner-id", owner, "--token", tok],
+            EXIT_STALE,
+        );
+        assert!(one_sentence(&out).contains(&r));
+        let out = fx.expect(
+            &["lease", "release", &r, "--owner-id", owner, "--token", tok],
+            EXIT_STALE,
+        );
+        assert!(one_sentence(&out).contains(&r));
+    }
+    let held = fx.listed(&r).expect("listed");
+    assert_eq!(
+        held["held"], true,
+        "refused calls leave the lease held: {held}"
+    );
+    assert_eq!(held["owner_id"], l.owner_id.as_str());
+
+    let out = fx.expect(
+        &[
+            "lease",
+            "release",
+            &r,
+            "--owner-id",
+            &l.owner_id,
+            "--token",
+            &token,
+        ],
+        0,
+    );
+    assert!(out.stderr.is_empty(), "{}", describe(&out));
+    // Renewing a released lease is refused.
+    fx.expect(
+        &[
+            "lease",
+            "renew",
+            &r,
+            "--owner-id",
+            &l.owner_id,
+            "--token",
+            &token,
+        ],
+        EXIT_STALE,
+    );
+    // A resource never leased cannot be renewed or released.
+    let never = unique("cli-never");
+    fx.expect(
+        &[
+            "lease",
+            "renew",
+            &never,
+            "--owner-id",
+            &stranger,
+            "--token",
+            "1",
+        ],
+        EXIT_STALE,
+    );
+    fx.expect(
+        &[
+            "lease",
+            "release",
+            &never,
+            "--owner-id",
+            &stranger,
+            "--token",
+            "1",
+        ],
+        EXIT_STALE,
+    );
+
+    let other = unique("cli-list-held");
+    let o = fx.acquire(&other, "30s");
+    let released = fx.listed(&r).expect("a released lease stays listed");
+    for field in [
+        "resource",
+        "owner_id",
+        "node",
+        "token",
+        "expires_at",
+        "held",
+    ] {
+        assert!(
+            released.get(field).is_some(),
+            "lease list lacks {field}: {released}"
+        );
+    }
+    assert_eq!(released["held"], false, "{released}");
+    assert_eq!(released["token"].as_i64(), Some(l.token), "{released}");
+    assert_eq!(released["owner_id"], l.owner_id.as_str());
+    assert!(released["node"].as_str().is_some_and(|n| !n.is_empty()));
+    rfc3339_utc(&released["expires_at"]);
+    let held = fx.listed(&other).expect("listed");
+    assert_eq!(held["held"], true, "{held}");
+    assert_eq!(held["token"].as_i64(), Some(o.token));
+    assert!(fx.listed(&never).is_none(), "refused calls create no lease");
+}
+
+/// Bad lease lengths and names exit 2 before the store is touched: with a
+/// store URL that cannot be opened they still exit 2, not 1.
+fn case_usage_errors_do_not_touch_store(fx: &Fx) {
+    let poisoned = poisoned_url(fx);
+    let owner = uuid::Uuid::new_v4().to_string();
+    let long = "r".repeat(201);
+    let ok = unique("cli-usage");
+    let bad: Vec<Vec<&str>> = vec![
+        vec!["lease", "acquire", &ok, "--lease", "4s"],
+        vec!["lease", "acquire", &ok, "--lease", "301s"],
+        vec!["lease", "acquire", &ok, "--lease", "4s", "--json"],
+        vec![
+            "lease",
+            "renew",
+            &ok,
+            "--owner-id",
+            &owner,
+            "--token",
+            "1",
+            "--lease",
+            "301s",
+        ],
+        vec!["lease", "acquire", &long],
+        vec!["lease", "acquire", "bad\u{1}name"],
+        vec!["lease", "acquire", "bad\nname"],
+        vec!["lease", "acquire", ""],
+        vec![
+            "lease",
+            "release",
+            &long,
+            "--owner-id",
+            &owner,
+            "--token",
+            "1",
+        ],
+        vec![
+            "put",
+            &long,
+            "--resource",
+            &ok,
+            "--token",
+            "1",
+            "--value",
+            "v",
+        ],
+        vec![
+            "put",
+            "k",
+            "--resource",
+            "tab\there",
+            "--token",
+            "1",
+            "--value",
+            "v",
+        ],
+        vec!["put", "k", "--resource", &ok, "--value", "v"], // no token at all
+        vec![
+            "put",
+            "k",
+            "--resource",
+            &ok,
+            "--token",
+            "0",
+            "--value",
+            "v",
+        ],
+        vec!["put", "k", "--token", "1", "--value", "v"], // no resource at all
+        vec!["get", "bad\u{7f}key", "--resource", &ok],
+    ];
+    for args in &bad {
+        let mut cmd = fencecron(fx.dir.path());
+        cmd.args(args).arg("--store").arg(&poisoned);
+        let out = expect_code(run(cmd, None), EXIT_USAGE, args);
+        let msg = one_sentence(&out);
+        assert!(!msg.contains("store"), "rejected before the store: {msg}");
+    }
+    let mut cmd = fencecron(fx.dir.path());
+    cmd.args(["lease", "acquire", &ok, "--lease", "4s"])
+        .arg("--store")
+        .arg(&poisoned);
+    let msg = one_sentence(&run(cmd, None));
+    assert!(
+        msg.contains("4s") && msg.contains("5s") && msg.contains("300s"),
+        "{msg}"
+    );
+
+    if fx.backend == Backend::Sqlite {
+        // The poisoned URL is noticed by a command that does touch it.
+        let mut cmd = fencecron(fx.dir.path());
+        cmd.args(["lease", "list"]).arg("--store").arg(&poisoned);
+        expect_code(run(cmd, None), EXIT_RUNTIME, &["lease", "list"]);
+    }
+    // With the real store, the refused names left no lease behind.
+    assert!(fx.listed(&ok).is_none());
+}
+
+/// Expiry is decided by the store's clock: a process whose clock is an hour
+/// ahead still sees a 30 s lease as held, on every backend.
+fn case_store_clock_decides_expiry(fx: &Fx) {
+    let faketime = std::path::Path::new("/usr/bin/faketime");
+    let faketime = if faketime.exists() {
+        faketime.to_path_buf()
+    } else {
+        match which("faketime") {
+            Some(p) => p,
+            None => {
+                if std::env::var("CI").as_deref() == Ok("true") {
+                    panic!("faketime is not installed; .ci/run must install it (apt-get install faketime)");
+                }
+                eprintln!(
+                    "\n*** SKIPPED store-clock test on {:?}: faketime is not installed \
+                     (apt-get install faketime). ***\n",
+                    fx.backend
+                );
+                return;
+            }
+        }
+    };
+    // First prove faketime really moves this process's clock.
+    let mut date = clean(Command::new(&faketime), fx.dir.path());
+    date.args(["-f", "+1h", "date", "+%s"]);
+    let out = run(date, None);
+    assert_eq!(code(&out), 0, "faketime date: {}", describe(&out));
+    let faked: i64 = stdout(&out)
+        .trim()
+        .parse()
+        .expect("date +%s prints seconds");
+    let skew = faked - Utc::now().timestamp();
+    assert!(
+        (3500..=3700).contains(&skew),
+        "faketime moved the clock by {skew}s"
+    );
+
+    let r = unique("cli-clock");
+    let l = fx.acquire(&r, "30s");
+    let mut cmd = clean(Command::new(&faketime), fx.dir.path());
+    cmd.args(["-f", "+1h"])
+        .arg(common::bin())
+        .args(["lease", "acquire", &r, "--store", fx.url()]);
+    let out = expect_code(
+        run(cmd, None),
+        EXIT_HELD,
+        &["faketime", "-f", "+1h", "lease", "acquire"],
+    );
+    assert!(one_sentence(&out).contains(&l.owner_id));
+    let row = fx.listed(&r).expect("listed");
+    assert_eq!(
+        row["token"].as_i64(),
+        Some(l.token),
+        "the fence did not move"
+    );
+    assert_eq!(row["owner_id"], l.owner_id.as_str());
+}
+
+fn which(program: &str) -> Option<std::path::PathBuf> {
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|d| d.join(program))
+            .find(|p| p.is_file())
+    })
+}
+
+// ------------------------------------------------------------ put and get
+
+/// `put` takes resource, token and owner from the job's environment with
+/// no flags; `--value`, `--file` and stdin all work; `get` prints the raw
+/// bytes, or JSON with `value` / `value_base64`.
+fn case_put_sources_and_get(fx: &Fx) {
+    let r = unique("cli-put");
+    let l = fx.acquire(&r, "30s");
+    let token = l.token.to_string();
+
+    let mut cmd = fencecron(fx.dir.path());
+    cmd.args(["put", "result", "--value", "from env", "--store", fx.url()])
+        .env("FENCECRON_RESOURCE", &r)
+        .env("FENCECRON_TOKEN", &token)
+        .env("FENCECRON_OWNER_ID", &l.owner_id);
+    let out = expect_code(run(cmd, None), 0, &["put", "result", "(env)"]);
+    assert!(stdout(&out).contains("accepted"), "{}", describe(&out));
+    let v = fx.get_json(&r, "result");
+    assert_eq!(v["value"], "from env", "{v}");
+    assert_eq!(v["resource"], r.as_str());
+    assert_eq!(v["key"], "result");
+    assert_eq!(v["token"].as_i64(), Some(l.token), "{v}");
+    assert_eq!(
+        v["owner_id"],
+        l.owner_id.as_str(),
+        "owner from the env: {v}"
+    );
+    rfc3339_utc(&v["written_at"]);
+    assert!(v.get("value_base64").is_none(), "{v}");
+
+    // `get` reads the resource from the environment too, and prints raw.
+    let mut cmd = fencecron(fx.dir.path());
+    cmd.args(["get", "result", "--store", fx.url()])
+        .env("FENCECRON_RESOURCE", &r);
+    let out = expect_code(run(cmd, None), 0, &["get", "result", "(env)"]);
+    assert_eq!(out.stdout, b"from env");
+
+    // --file with bytes that are not UTF-8.
+    let bytes: Vec<u8> = vec![0xff, 0xfe, 0x00, b'a', 0x80, b'\n'];
+    let file = fx.dir.path().join("value.bin");
+    std::fs::write(&file, &bytes).unwrap();
+    let file_s = file.to_str().unwrap();
+    fx.expect(
+        &[
+            "put",
+            "bin",
+            "--resource",
+            &r,
+            "--token",
+            &token,
+            "--file",
+            file_s,
+        ],
+        0,
+    );
+    let v = fx.get_json(&r, "bin");
+    assert!(v.get("value").is_none(), "no `value` for non-UTF-8: {v}");
+    let decoded = base64::engine::general_purpose::STANDARD
+        .decode(v["value_base64"].as_str().expect("value_base64"))
+        .expect("valid base64");
+    assert_eq!(decoded, bytes);
+    assert!(v["owner_id"].is_null(), "no owner given: {v}");
+    let out = fx.expect(&["get", "bin", "--resource", &r], 0);
+    assert_eq!(out.stdout, bytes, "get prints the exact bytes");
+
+    // stdin, larger than a pipe buffer.
+    let big: Vec<u8> = (0..200_000u32)
+        .map(|i| b"fencecron\n"[i as usize % 10])
+        .collect();
+    let out = run(
+        fx.cmd(&["put", "stdin", "--resource", &r, "--token", &token]),
+        Some(&big),
+    );
+    expect_code(out, 0, &["put", "stdin"]);
+    let out = fx.expect(&["get", "stdin", "--resource", &r], 0);
+    assert!(out.stdout == big, "stdin value round-trips");
+
+    // A missing key: exit 1, one sentence, nothing on stdout.
+    for json in [false, true] {
+        let mut args = vec!["get", "nothing-here", "--resource", &r];
+        if json {
+            args.push("--json");
+        }
+        let out = fx.expect(&args, EXIT_RUNTIME);
+        assert!(out.stdout.is_empty());
+        assert!(one_sentence(&out).contains("nothing-here"));
+    }
+}
+
+/// Stale and forged writes exit 3 with a one-sentence error and a
+/// `stale_write_rejected` event; `--once` with an equal token exits 0
+/// "already applied" and changes nothing; `stale --json` lists the
+/// rejections with every documented field, and `--since` filters them.
+fn case_put_stale_forged_once_and_stale_list(fx: &Fx) {
+    let r = unique("cli-stale");
+    let first = fx.acquire(&r, "5s");
+    fx.release(&first);
+    let second = fx.acquire(&r, "30s");
+    let (t1, t2) = (first.token.to_string(), second.token.to_string());
+    fx.expect(
+        &[
+            "put",
+            "k",
+            "--resource",
+            &r,
+            "--token",
+            &t2,
+            "--value",
+            "new",
+        ],
+        0,
+    );
+
+    // The old owner writes from inside its (stale) job.
+    let mut cmd = fencecron(fx.dir.path());
+    cmd.args(["put", "k", "--value", "old", "--stage", "upload"])
+        .args(["--log-format", "json", "--store", fx.url()])
+        .env("FENCECRON_RESOURCE", &r)
+        .env("FENCECRON_TOKEN", &t1)
+        .env("FENCECRON_OWNER_ID", &first.owner_id)
+        .env("FENCECRON_NODE", "node-old")
+        .env("FENCECRON_JOB", "job-old");
+    let out = expect_code(run(cmd, None), EXIT_STALE, &["put", "(stale)"]);
+    let msg = last_sentence(&out);
+    assert!(msg.contains("stale") && msg.contains(&r), "{msg}");
+    let events: Vec<Value> = String::from_utf8_lossy(&out.stderr)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|e| e["event"] == "stale_write_rejected")
+        .collect();
+    assert_eq!(
+        events.len(),
+        1,
+        "one stale_write_rejected event: {}",
+        describe(&out)
+    );
+    assert_eq!(events[0]["resource"], r.as_str());
+    assert_eq!(events[0]["token"].as_i64(), Some(first.token));
+    assert_eq!(events[0]["accepted_token"].as_i64(), Some(second.token));
+
+    let out = fx.expect(
+        &[
+            "put",
+            "k",
+            "--resource",
+            &r,
+            "--token",
+            "99",
+            "--value",
+            "forged",
+        ],
+        EXIT_STALE,
+    );
+    let msg = last_sentence(&out);
+    assert!(msg.contains("forged"), "{msg}");
+    assert_eq!(
+        fx.get_json(&r, "k")["value"],
+        "new",
+        "rejections change nothing"
+    );
+
+    let out = fx.expect(
+        &[
+            "put",
+            "k",
+            "--resource",
+            &r,
+            "--token",
+            &t2,
+            "--once",
+            "--value",
+            "again",
+        ],
+        0,
+    );
+    assert!(
+        stdout(&out).contains("already applied"),
+        "{}",
+        describe(&out)
+    );
+    let v = fx.get_json(&r, "k");
+    assert_eq!(
+        (v["value"].as_str(), v["token"].as_i64()),
+        (Some("new"), Some(second.token))
+    );
+    fx.expect(
+        &[
+            "put",
+            "k",
+            "--resource",
+            &r,
+            "--token",
+            &t1,
+            "--once",
+            "--value",
+            "x",
+        ],
+        EXIT_STALE,
+    );
+
+    let recs = fx.stale(&r, None);
+    assert_eq!(recs.len(), 3, "stale, forged, stale(--once): {recs:?}");
+    for rec in &recs {
+        for field in [
+            "at",
+            "kind",
+            "resource",
+            "key",
+            "owner_id",
+            "token",
+            "accepted_token",
+            "node",
+            "job",
+            "stage",
+            "operation_id",
+        ] {
+            assert!(
+                rec.get(field).is_some(),
+                "stale --json lacks {field}: {rec}"
+            );
+        }
+        rfc3339_utc(&rec["at"]);
+        assert_eq!(rec["kind"], "write_rejected");
+        assert_eq!(rec["key"], "k");
+        assert!(
+            rec["token"].is_i64() && rec["accepted_token"].is_i64(),
+            "{rec}"
+        );
+        assert!(rec["operation_id"].as_str().is_some_and(|o| !o.is_empty()));
+    }
+    let old = &recs[0];
+    assert_eq!(old["owner_id"], first.owner_id.as_str());
+    assert_eq!(old["token"].as_i64(), Some(first.token));
+    assert_eq!(old["accepted_token"].as_i64(), Some(second.token));
+    assert_eq!(old["node"], "node-old");
+    assert_eq!(old["job"], "job-old");
+    assert_eq!(old["stage"], "upload");
+    assert_eq!(recs[1]["token"].as_i64(), Some(99));
+    assert!(recs[1]["owner_id"].is_null() && recs[1]["job"].is_null());
+    assert_eq!(recs[1]["stage"], "put", "the default stage");
+
+    // --since: a wide window has them all; a window that began after they
+    // were recorded has none.
+    assert_eq!(fx.stale(&r, Some("1h")).len(), 3);
+    let newest = rfc3339_utc(&recs[2]["at"]);
+    let wait = (newest + chrono::Duration::milliseconds(1_300)) - Utc::now();
+    if let Ok(wait) = wait.to_std() {
+        std::thread::sleep(wait);
+    }
+    assert!(fx.stale(&r, Some("1s")).is_empty(), "--since 1s after 1.3s");
+    let out = fx.expect(&["stale"], 0);
+    assert!(stdout(&out).contains(&r), "text listing names the resource");
+}
+
+// ------------------------------------------------- store URLs and failures
+
+/// An unreachable store with a password in its URL: exit 1, and the
+/// password never reaches stderr.
+fn unreachable_store_hides_password(url: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let r = unique("cli-unreachable");
+    let mut cmd = fencecron(dir.path());
+    cmd.args(["lease", "acquire", &r, "--store", url]);
+    let out = expect_code(run(cmd, None), EXIT_RUNTIME, &["lease", "acquire", url]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("sekret"), "password leaked: {err}");
+    assert!(!stdout(&out).contains("sekret"));
+    let msg = one_sentence(&out);
+    assert!(msg.contains("127.0.0.1:1"), "names the store: {msg}");
+    assert!(
+        msg.contains("unreachable") && msg.contains("running"),
+        "says the store is unreachable and what to check: {msg}"
+    );
+
+    // The same through $FENCECRON_STORE, with a URL that does not parse.
+    let broken = url.replace(":1/", ":99999/");
+    let mut cmd = fencecron(dir.path());
+    cmd.args(["lease", "list"]).env("FENCECRON_STORE", &broken);
+    let out = expect_code(run(cmd, None), EXIT_USAGE, &["lease", "list", &broken]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("sekret"), "password leaked: {err}");
+    one_sentence(&out);
+}
+
+#[test]
+fn postgres_unreachable_store_hides_password() {
+    unreachable_store_hides_password("postgres://postgres:sekret@127.0.0.1:1/test");
+}
+
+#[test]
+fn mysql_unreachable_store_hides_password() {
+    unreachable_store_hides_password("mysql://root:sekret@127.0.0.1:1/test");
+}
+
+#[test]
+fn unsupported_scheme_is_a_usage_error() {
+    let dir = tempfile::tempdir().unwrap();
+    for url in [
+        "redis://user:sekret@127.0.0.1/0",
+        "fencecron.db",
+        "http://h/x",
+    ] {
+        let mut cmd = fencecron(dir.path());
+        cmd.args(["lease", "list", "--store", url]);
+        let out = expect_code(run(cmd, None), EXIT_USAGE, &["--store", url]);
+        let msg = one_sentence(&out);
+        assert!(msg.contains("unsupported"), "{msg}");
+        assert!(!msg.contains("sekret"), "password leaked: {msg}");
+    }
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        0,
+        "no default SQLite file was created"
+    );
+}
+
+// --------------------------------------------------------------- the macro
+
+fn run_case(backend: Backend, test: &str, case: fn(&Fx)) {
+    let Some(ts) = TestStore::new(backend, test) else {
+        return;
+    };
+    let fx = Fx {
+        backend,
+        ts,
+        dir: tempfile::tempdir().expect("temp dir"),
+    };
+    case(&fx);
+}
+
+macro_rules! backend_tests {
+    ($module:ident, $backend:expr, [$($case:ident),* $(,)?]) => {
+        mod $module {
+            use super::*;
+            $(
+                #[test]
+                fn $case() {
+                    run_case(
+                        $backend,
+                        concat!(stringify!($module), "::", stringify!($case)),
+                        super::$case,
+                    );
+                }
+            )*
+        }
+    };
+}
+
+macro_rules! cli_tests {
+    ($($case:ident),* $(,)?) => {
+        backend_tests!(sqlite, Backend::Sqlite, [$($case),*]);
+        backend_tests!(postgres, Backend::Postgres, [$($case),*]);
+        backend_tests!(mysql, Backend::MySql, [$($case),*]);
+    };
+}
+
+cli_tests!(
+    case_lease_acquire_shapes,
+    case_lease_renew_release_list,
+    case_usage_errors_do_not_touch_store,
+    case_store_clock_decides_expiry,
+    case_put_sources_and_get,
+    case_put_stale_forged_once_and_stale_list,
+);

@@ -1,0 +1,1042 @@
+//! The store conformance suite: every case is written once against
+//! `Arc<dyn Store>` and run against every backend (SQLite, PostgreSQL,
+//! MySQL/MariaDB) by the `conformance!` macro at the bottom.
+//!
+//! PostgreSQL and MySQL cases need `FENCECRON_TEST_POSTGRES_URL` and
+//! `FENCECRON_TEST_MYSQL_URL` (see `tests/common/mod.rs`). Cases share one
+//! database per server and run in parallel, so every resource name is
+//! unique to its case.
+
+mod common;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use fencecron::names::Name;
+use fencecron::store::{
+    AcquireOutcome, AcquireRequest, Lease, LeaseInfo, NewStaleRecord, PutOutcome, PutRequest,
+    Refusal, ReleaseOutcome, RenewOutcome, StaleKind, StaleRecord, Store, StoreTime, Token,
+};
+use tokio::sync::Barrier;
+use uuid::Uuid;
+
+use common::harness::open_store;
+use common::{unique, Backend, TestStore};
+
+const LEASE: Duration = Duration::from_secs(5);
+const NODE: &str = "conformance-node";
+
+// ---------------------------------------------------------------- helpers
+
+fn name(kind: &str, s: &str) -> Name {
+    Name::parse(kind, s).unwrap_or_else(|e| panic!("{s:?} should be a valid {kind}: {e}"))
+}
+
+fn resource(prefix: &str) -> Name {
+    name("resource", &unique(prefix))
+}
+
+async fn acquire_at(
+    store: &dyn Store,
+    r: &Name,
+    lease: Duration,
+    occurrence: Option<StoreTime>,
+) -> AcquireOutcome {
+    store
+        .acquire(&AcquireRequest {
+            resource: r,
+            lease,
+            node: NODE,
+            occurrence,
+        })
+        .await
+        .expect("acquire reaches the store")
+}
+
+async fn try_acquire(store: &dyn Store, r: &Name) -> AcquireOutcome {
+    acquire_at(store, r, LEASE, None).await
+}
+
+async fn must_acquire(store: &dyn Store, r: &Name) -> Lease {
+    match try_acquire(store, r).await {
+        AcquireOutcome::Acquired(l) => l,
+        other => panic!("expected to acquire {r}, got {other:?}"),
+    }
+}
+
+async fn must_release(store: &dyn Store, l: &Lease) {
+    let r = name("resource", &l.resource);
+    let out = store
+        .release(&r, &l.owner_id.to_string(), l.token)
+        .await
+        .expect("release reaches the store");
+    assert_eq!(out, ReleaseOutcome::Released, "releasing {l:?}");
+}
+
+/// Acquires and releases `n` generations of a fresh resource; returns the
+/// tokens (1..=n) and the resource.
+async fn generations(store: &dyn Store, prefix: &str, n: usize) -> (Name, Vec<Lease>) {
+    let r = resource(prefix);
+    let mut leases = Vec::new();
+    for _ in 0..n {
+        let l = must_acquire(store, &r).await;
+        must_release(store, &l).await;
+        leases.push(l);
+    }
+    (r, leases)
+}
+
+/// The one `list()` row of a resource.
+async fn row(store: &dyn Store, r: &Name) -> LeaseInfo {
+    let rows: Vec<LeaseInfo> = store
+        .list()
+        .await
+        .expect("list reaches the store")
+        .into_iter()
+        .filter(|l| l.resource == r.as_str())
+        .collect();
+    assert_eq!(rows.len(), 1, "exactly one lease row for {r}: {rows:?}");
+    rows.into_iter().next().unwrap()
+}
+
+/// A fenced write with everything a rejection records filled in.
+struct Put<'a> {
+    resource: &'a Name,
+    key: &'a Name,
+    value: &'a [u8],
+    token: Token,
+    owner_id: Option<&'a str>,
+    once: bool,
+    job: Option<&'a str>,
+    stage: &'a str,
+    operation_id: Uuid,
+}
+
+impl<'a> Put<'a> {
+    fn new(resource: &'a Name, key: &'a Name, value: &'a [u8], token: Token) -> Self {
+        Put {
+            resource,
+            key,
+            value,
+            token,
+            owner_id: None,
+            once: false,
+            job: None,
+            stage: "conformance",
+            operation_id: Uuid::new_v4(),
+        }
+    }
+
+    fn once(mut self) -> Self {
+        self.once = true;
+        self
+    }
+
+    fn owner(mut self, owner: &'a str) -> Self {
+        self.owner_id = Some(owner);
+        self
+    }
+
+    async fn send(&self, store: &dyn Store) -> PutOutcome {
+        store
+            .put(&PutRequest {
+                resource: self.resource,
+                key: self.key,
+                value: self.value,
+                token: self.token,
+                owner_id: self.owner_id,
+                once: self.once,
+                node: NODE,
+                job: self.job,
+                stage: self.stage,
+                operation_id: self.operation_id,
+            })
+            .await
+            .expect("put reaches the store")
+    }
+}
+
+fn assert_accepted(out: &PutOutcome, what: &str) {
+    assert!(
+        matches!(out, PutOutcome::Accepted { .. }),
+        "{what}: expected Accepted, got {out:?}"
+    );
+}
+
+fn rejection(out: PutOutcome, what: &str) -> StaleRecord {
+    match out {
+        PutOutcome::Rejected(rec) => *rec,
+        other => panic!("{what}: expected Rejected, got {other:?}"),
+    }
+}
+
+async fn value_of(store: &dyn Store, r: &Name, k: &Name) -> Option<(Vec<u8>, Token)> {
+    store
+        .get(r, k)
+        .await
+        .expect("get reaches the store")
+        .map(|v| (v.value, v.token))
+}
+
+async fn stale_of(store: &dyn Store, since: Option<StoreTime>, r: &Name) -> Vec<StaleRecord> {
+    store
+        .stale(since)
+        .await
+        .expect("stale reaches the store")
+        .into_iter()
+        .filter(|s| s.resource == r.as_str())
+        .collect()
+}
+
+/// Waits until the store's own clock has passed `t`.
+async fn wait_until_store_time(store: &dyn Store, t: StoreTime) {
+    loop {
+        let now = store.now().await.expect("now reaches the store");
+        if now > t {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(
+            (t.0 - now.0 + 20).clamp(10, 6_000) as u64
+        ))
+        .await;
+    }
+}
+
+// ------------------------------------------------------- lease: fence/token
+
+/// The token grows by one per generation across release, the row stays
+/// listed with `held: false` and its fence after release, and every
+/// acquisition has a fresh owner id.
+async fn case_token_increases_across_release(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let r = resource("release");
+    let before = s.now().await.unwrap();
+    let a = must_acquire(s, &r).await;
+    let after = s.now().await.unwrap();
+    assert_eq!(a.token, 1, "first acquisition of a new resource");
+    assert_eq!(a.resource, r.as_str());
+    // Expiry is the store's clock plus the lease.
+    assert!(
+        a.expires_at.0 >= before.0 + 5_000 && a.expires_at.0 <= after.0 + 5_000,
+        "expires_at {} should be store now + 5s (now was {}..{})",
+        a.expires_at.0,
+        before.0,
+        after.0
+    );
+
+    // Held while unexpired: the loser learns who holds it, and nothing moves.
+    match try_acquire(s, &r).await {
+        AcquireOutcome::Held {
+            owner_id,
+            token,
+            expires_at,
+            node,
+        } => {
+            assert_eq!(owner_id.as_deref(), Some(a.owner_id.to_string().as_str()));
+            assert_eq!(node.as_deref(), Some(NODE));
+            assert_eq!(token, a.token);
+            assert_eq!(expires_at, Some(a.expires_at));
+        }
+        other => panic!("second acquire while held: {other:?}"),
+    }
+    let listed = row(s, &r).await;
+    assert_eq!(
+        (listed.token, listed.held, listed.owner_id.as_str()),
+        (1, true, a.owner_id.to_string().as_str())
+    );
+    assert_eq!(listed.node, NODE);
+    assert_eq!(listed.expires_at, a.expires_at);
+
+    must_release(s, &a).await;
+    // Releasing again is idempotent for the owner and changes nothing.
+    must_release(s, &a).await;
+    let listed = row(s, &r).await;
+    assert_eq!(
+        (listed.token, listed.held),
+        (1, false),
+        "released: {listed:?}"
+    );
+
+    let b = must_acquire(s, &r).await;
+    assert_eq!(b.token, 2, "token after release");
+    assert_ne!(
+        b.owner_id, a.owner_id,
+        "each acquisition has a fresh owner id"
+    );
+    must_release(s, &b).await;
+    let c = must_acquire(s, &r).await;
+    assert_eq!(c.token, 3);
+    assert!(c.expires_at >= b.expires_at);
+    let listed = row(s, &r).await;
+    assert_eq!((listed.token, listed.held), (3, true));
+}
+
+/// Expiry is decided by the store: after it, the owner can no longer renew
+/// (Expired), a new owner takes over with a greater token, and the old
+/// owner's renew and release are refused as NotOwner without touching the
+/// new owner's lease.
+async fn case_token_increases_across_expiry(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let r = resource("expiry");
+    let a = must_acquire(s, &r).await;
+    let a_owner = a.owner_id.to_string();
+    wait_until_store_time(s, a.expires_at).await;
+    assert!(!row(s, &r).await.held, "listed as not held after expiry");
+
+    // The owner itself cannot renew an expired lease.
+    match s.renew(&r, &a_owner, a.token, LEASE).await.unwrap() {
+        RenewOutcome::Refused(Refusal::Expired { expired_at }) => {
+            assert_eq!(expired_at, a.expires_at)
+        }
+        other => panic!("renewing an expired lease: {other:?}"),
+    }
+
+    let b = must_acquire(s, &r).await;
+    assert!(
+        b.token > a.token,
+        "token across expiry: {} > {}",
+        b.token,
+        a.token
+    );
+    assert_eq!(b.token, a.token + 1);
+    let b_owner = b.owner_id.to_string();
+
+    let not_owner = Refusal::NotOwner {
+        current_owner: b_owner.clone(),
+        current_token: b.token,
+    };
+    assert_eq!(
+        s.renew(&r, &a_owner, a.token, LEASE).await.unwrap(),
+        RenewOutcome::Refused(not_owner.clone())
+    );
+    assert_eq!(
+        s.release(&r, &a_owner, a.token).await.unwrap(),
+        ReleaseOutcome::Refused(not_owner)
+    );
+    let listed = row(s, &r).await;
+    assert_eq!(listed.owner_id, b_owner);
+    assert_eq!(listed.token, b.token);
+    assert_eq!(listed.expires_at, b.expires_at);
+    assert!(listed.held);
+}
+
+/// Renew keeps the token and owner and returns a later, store-computed
+/// expiry; a renew with the right owner but wrong token, or of a resource
+/// never leased, is refused.
+async fn case_renew_keeps_token(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let r = resource("renew");
+    let a = must_acquire(s, &r).await;
+    let owner = a.owner_id.to_string();
+    tokio::time::sleep(Duration::from_millis(30)).await;
+
+    let first = match s.renew(&r, &owner, a.token, LEASE).await.unwrap() {
+        RenewOutcome::Renewed { expires_at } => expires_at,
+        other => panic!("renew: {other:?}"),
+    };
+    assert!(
+        first > a.expires_at,
+        "same lease length renewed later must expire later: {first:?} > {:?}",
+        a.expires_at
+    );
+    let second = match s
+        .renew(&r, &owner, a.token, Duration::from_secs(60))
+        .await
+        .unwrap()
+    {
+        RenewOutcome::Renewed { expires_at } => expires_at,
+        other => panic!("renew: {other:?}"),
+    };
+    assert!(
+        second.0 >= first.0 + 55_000,
+        "a longer lease: {second:?} vs {first:?}"
+    );
+    let listed = row(s, &r).await;
+    assert_eq!(
+        (
+            listed.owner_id.as_str(),
+            listed.token,
+            listed.expires_at,
+            listed.held
+        ),
+        (owner.as_str(), a.token, second, true),
+        "renew keeps token and owner"
+    );
+
+    // Right owner, wrong token: refused, lease untouched.
+    assert_eq!(
+        s.renew(&r, &owner, a.token + 1, LEASE).await.unwrap(),
+        RenewOutcome::Refused(Refusal::NotOwner {
+            current_owner: owner.clone(),
+            current_token: a.token,
+        })
+    );
+    assert_eq!(
+        s.release(&r, &owner, a.token + 1).await.unwrap(),
+        ReleaseOutcome::Refused(Refusal::NotOwner {
+            current_owner: owner.clone(),
+            current_token: a.token,
+        })
+    );
+    assert_eq!(row(s, &r).await.expires_at, second);
+
+    // Never leased.
+    let never = resource("never");
+    assert_eq!(
+        s.renew(&never, &owner, 1, LEASE).await.unwrap(),
+        RenewOutcome::Refused(Refusal::Missing)
+    );
+    assert_eq!(
+        s.release(&never, &owner, 1).await.unwrap(),
+        ReleaseOutcome::Refused(Refusal::Missing)
+    );
+    assert!(
+        store
+            .list()
+            .await
+            .unwrap()
+            .iter()
+            .all(|l| l.resource != never.as_str()),
+        "a refused renew/release must not create a row"
+    );
+}
+
+/// After a release and a new acquisition, the old owner's renew and release
+/// (and mixes of old/new owner id and token) are refused and leave the new
+/// owner's lease intact.
+async fn case_old_owner_refused(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let r = resource("old-owner");
+    let a = must_acquire(s, &r).await;
+    must_release(s, &a).await;
+    let b = must_acquire(s, &r).await;
+    let (a_owner, b_owner) = (a.owner_id.to_string(), b.owner_id.to_string());
+    let not_owner = Refusal::NotOwner {
+        current_owner: b_owner.clone(),
+        current_token: b.token,
+    };
+    for (owner, token) in [
+        (&a_owner, a.token),
+        (&a_owner, b.token),
+        (&b_owner, a.token),
+    ] {
+        assert_eq!(
+            s.renew(&r, owner, token, Duration::from_secs(300))
+                .await
+                .unwrap(),
+            RenewOutcome::Refused(not_owner.clone()),
+            "renew as {owner}/{token}"
+        );
+        assert_eq!(
+            s.release(&r, owner, token).await.unwrap(),
+            ReleaseOutcome::Refused(not_owner.clone()),
+            "release as {owner}/{token}"
+        );
+    }
+    let listed = row(s, &r).await;
+    assert_eq!(listed.owner_id, b_owner);
+    assert_eq!(listed.token, b.token);
+    assert_eq!(
+        listed.expires_at, b.expires_at,
+        "the new owner's expiry is untouched"
+    );
+    assert!(listed.held, "the new owner still holds the lease");
+    // And the new owner can still renew it.
+    assert!(matches!(
+        s.renew(&r, &b_owner, b.token, LEASE).await.unwrap(),
+        RenewOutcome::Renewed { .. }
+    ));
+}
+
+/// 16 concurrent first-time acquisitions of a new resource: exactly one
+/// winner with token 1, exactly one row.
+async fn case_concurrent_first_acquire(store: Arc<dyn Store>) {
+    const N: usize = 16;
+    for round in 0..3 {
+        let r = resource(&format!("race{round}"));
+        let barrier = Arc::new(Barrier::new(N));
+        let tasks: Vec<_> = (0..N)
+            .map(|_| {
+                let (store, r, barrier) = (store.clone(), r.clone(), barrier.clone());
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    try_acquire(store.as_ref(), &r).await
+                })
+            })
+            .collect();
+        let mut winners = Vec::new();
+        for t in tasks {
+            match t.await.expect("acquire task") {
+                AcquireOutcome::Acquired(l) => winners.push(l),
+                AcquireOutcome::Held { token, .. } => {
+                    assert_eq!(token, 1, "losers see the winner's token")
+                }
+                other => panic!("unexpected outcome: {other:?}"),
+            }
+        }
+        assert_eq!(winners.len(), 1, "exactly one winner: {winners:?}");
+        assert_eq!(winners[0].token, 1);
+        let listed = row(store.as_ref(), &r).await;
+        assert_eq!(listed.token, 1);
+        assert_eq!(listed.owner_id, winners[0].owner_id.to_string());
+    }
+}
+
+/// Occurrence dedup: an occurrence runs at most once; older and equal ones
+/// are refused after release, a newer one while held is Held, a newer one
+/// when free wins; refused attempts do not move the fence, and an ad-hoc
+/// acquisition does not forget the last occurrence.
+async fn case_occurrence_dedup(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let r = resource("occurrence");
+    let t = StoreTime(s.now().await.unwrap().0 / 1000 * 1000);
+    let next = StoreTime(t.0 + 60_000);
+    let older = StoreTime(t.0 - 60_000);
+
+    let a = match acquire_at(s, &r, LEASE, Some(t)).await {
+        AcquireOutcome::Acquired(l) => l,
+        other => panic!("first occurrence: {other:?}"),
+    };
+    assert_eq!(row(s, &r).await.last_occurrence, Some(t));
+    match acquire_at(s, &r, LEASE, Some(next)).await {
+        AcquireOutcome::Held { token, .. } => assert_eq!(token, a.token),
+        other => panic!("newer occurrence while held: {other:?}"),
+    }
+    must_release(s, &a).await;
+
+    for occ in [t, older] {
+        assert_eq!(
+            acquire_at(s, &r, LEASE, Some(occ)).await,
+            AcquireOutcome::OccurrenceTaken { last_occurrence: t },
+            "occurrence {occ:?} after {t:?} was taken"
+        );
+    }
+    let listed = row(s, &r).await;
+    assert_eq!(
+        (listed.token, listed.held),
+        (a.token, false),
+        "refused attempts change nothing"
+    );
+
+    let b = match acquire_at(s, &r, LEASE, Some(next)).await {
+        AcquireOutcome::Acquired(l) => l,
+        other => panic!("newer occurrence when free: {other:?}"),
+    };
+    assert_eq!(b.token, a.token + 1);
+    assert_eq!(row(s, &r).await.last_occurrence, Some(next));
+    must_release(s, &b).await;
+
+    // An ad-hoc lease (no occurrence) neither needs nor resets it.
+    let c = must_acquire(s, &r).await;
+    assert_eq!(c.token, b.token + 1);
+    assert_eq!(row(s, &r).await.last_occurrence, Some(next));
+    must_release(s, &c).await;
+    assert_eq!(
+        acquire_at(s, &r, LEASE, Some(next)).await,
+        AcquireOutcome::OccurrenceTaken {
+            last_occurrence: next
+        }
+    );
+}
+
+/// Names at the limit (200 characters, many bytes each) work on every
+/// backend as resource and key, in leases, values and stale records.
+async fn case_longest_names_round_trip(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let base = unique("long");
+    let pad = 200 - base.chars().count();
+    let r = name("resource", &format!("{base}{}", "𝄞".repeat(pad)));
+    let k = name("key", &format!("{}{base}", "é".repeat(pad)));
+    assert_eq!(r.as_str().chars().count(), 200);
+    let l = must_acquire(s, &r).await;
+    assert_eq!(l.resource, r.as_str());
+    assert_eq!(row(s, &r).await.token, 1);
+    assert_accepted(&Put::new(&r, &k, b"v", 1).send(s).await, "long put");
+    assert_eq!(value_of(s, &r, &k).await, Some((b"v".to_vec(), 1)));
+    let rec = rejection(Put::new(&r, &k, b"w", 2).send(s).await, "forged");
+    assert_eq!(stale_of(s, None, &r).await, vec![rec]);
+}
+
+/// Name validation happens before any store is involved.
+#[test]
+fn names_are_validated() {
+    assert!(Name::parse("resource", &"a".repeat(200)).is_ok());
+    let long = Name::parse("resource", &"a".repeat(201)).unwrap_err();
+    assert!(long.contains("201") && long.contains("200"), "{long}");
+    assert!(Name::parse("resource", &"é".repeat(201)).is_err());
+    for bad in [
+        "a\nb",
+        "tab\there",
+        "nul\0",
+        "del\u{7f}",
+        "esc\u{1b}[0m",
+        "\u{85}",
+    ] {
+        let e = Name::parse("key", bad).unwrap_err();
+        assert!(e.contains("control"), "{bad:?}: {e}");
+    }
+    let e = Name::parse("resource", "").unwrap_err();
+    assert!(e.contains("empty"), "{e}");
+}
+
+// ------------------------------------------------------------ fenced writes
+
+/// `>=` semantics: an equal token is accepted (several writes per
+/// generation), a newer generation wins, an older one is rejected as stale.
+async fn case_put_accepts_equal_token(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let (r, ls) = generations(s, "put-ge", 1).await;
+    let k = name("key", "result");
+    let owner1 = ls[0].owner_id.to_string();
+    assert_eq!(value_of(s, &r, &k).await, None);
+    assert_accepted(
+        &Put::new(&r, &k, b"a", 1).owner(&owner1).send(s).await,
+        "first",
+    );
+    assert_accepted(
+        &Put::new(&r, &k, b"b", 1).owner(&owner1).send(s).await,
+        "again",
+    );
+    assert_accepted(
+        &Put::new(&r, &k, b"c", 1).owner(&owner1).send(s).await,
+        "third",
+    );
+    let v = s.get(&r, &k).await.unwrap().expect("value");
+    assert_eq!((v.value.as_slice(), v.token), (&b"c"[..], 1));
+    assert_eq!(v.owner_id.as_deref(), Some(owner1.as_str()));
+    assert_eq!(
+        (v.resource.as_str(), v.key.as_str()),
+        (r.as_str(), "result")
+    );
+
+    let l2 = must_acquire(s, &r).await;
+    assert_accepted(&Put::new(&r, &k, b"d", 2).send(s).await, "newer generation");
+    let rec = rejection(Put::new(&r, &k, b"e", 1).send(s).await, "older generation");
+    assert_eq!(
+        (rec.reason.as_str(), rec.accepted_token),
+        ("stale", Some(2))
+    );
+    assert_eq!(value_of(s, &r, &k).await, Some((b"d".to_vec(), 2)));
+    // Another key of the same resource has its own accepted token.
+    let k2 = name("key", "other");
+    assert_accepted(
+        &Put::new(&r, &k2, b"x", 1).send(s).await,
+        "token 1 on a new key",
+    );
+    must_release(s, &l2).await;
+    // The fence outlives the lease: the released generation may still write.
+    assert_accepted(&Put::new(&r, &k, b"f", 2).send(s).await, "after release");
+}
+
+/// `once` semantics: an equal token is AlreadyApplied and changes nothing
+/// (and records nothing), a greater one is accepted.
+async fn case_put_once(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let (r, _) = generations(s, "put-once", 2).await;
+    let k = name("key", "applied");
+    assert_accepted(
+        &Put::new(&r, &k, b"first", 1).once().send(s).await,
+        "new key",
+    );
+    let before = s.get(&r, &k).await.unwrap().expect("value");
+    assert_eq!(
+        Put::new(&r, &k, b"second", 1).once().send(s).await,
+        PutOutcome::AlreadyApplied
+    );
+    let after = s.get(&r, &k).await.unwrap().expect("value");
+    assert_eq!(before, after, "already applied changes nothing");
+    assert!(
+        stale_of(s, None, &r).await.is_empty(),
+        "already applied is not a rejection"
+    );
+    assert_accepted(
+        &Put::new(&r, &k, b"third", 2).once().send(s).await,
+        "greater",
+    );
+    assert_eq!(value_of(s, &r, &k).await, Some((b"third".to_vec(), 2)));
+    let rec = rejection(
+        Put::new(&r, &k, b"x", 1).once().send(s).await,
+        "older, once",
+    );
+    assert_eq!(
+        (rec.reason.as_str(), rec.accepted_token),
+        ("stale", Some(2))
+    );
+    assert_eq!(
+        Put::new(&r, &k, b"y", 2).once().send(s).await,
+        PutOutcome::AlreadyApplied
+    );
+    assert_eq!(value_of(s, &r, &k).await, Some((b"third".to_vec(), 2)));
+}
+
+/// A token greater than the resource's fence, or any token for a resource
+/// never leased, is rejected as forged, recorded, and changes nothing.
+async fn case_put_forged(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let (r, _) = generations(s, "forged", 2).await;
+    let k = name("key", "k");
+    let rec = rejection(
+        Put::new(&r, &k, b"f", 3).send(s).await,
+        "fence+1 on new key",
+    );
+    assert_eq!((rec.reason.as_str(), rec.accepted_token), ("forged", None));
+    assert_eq!(
+        value_of(s, &r, &k).await,
+        None,
+        "a forged write creates nothing"
+    );
+    assert_accepted(
+        &Put::new(&r, &k, b"ok", 2).send(s).await,
+        "the fence itself",
+    );
+    for (token, once) in [(3, false), (3, true), (i64::MAX, false)] {
+        let rec = rejection(
+            Put::new(&r, &k, b"f", token).once_if(once).send(s).await,
+            "forged",
+        );
+        assert_eq!(
+            (rec.reason.as_str(), rec.token, rec.accepted_token),
+            ("forged", token, Some(2))
+        );
+    }
+    assert_eq!(value_of(s, &r, &k).await, Some((b"ok".to_vec(), 2)));
+    assert_eq!(stale_of(s, None, &r).await.len(), 4);
+
+    let never = resource("never-leased");
+    for token in [1, 2] {
+        let rec = rejection(
+            Put::new(&never, &k, b"f", token).send(s).await,
+            "never leased",
+        );
+        assert_eq!(rec.reason, "forged");
+    }
+    assert_eq!(value_of(s, &never, &k).await, None);
+    assert_eq!(stale_of(s, None, &never).await.len(), 2);
+}
+
+impl Put<'_> {
+    fn once_if(self, once: bool) -> Self {
+        if once {
+            self.once()
+        } else {
+            self
+        }
+    }
+}
+
+/// A stale rejection is recorded with every field, returned in the put
+/// outcome and by `stale(None)` and `stale(Some(since))`, oldest first.
+async fn case_stale_rejection_recorded(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let (r, ls) = generations(s, "stale-rec", 2).await;
+    let k = name("key", "report.csv");
+    assert_accepted(&Put::new(&r, &k, b"new", 2).send(s).await, "owner 2");
+    let old_owner = ls[0].owner_id.to_string();
+    let op = Uuid::new_v4();
+    let since = s.now().await.unwrap();
+    let mut put = Put::new(&r, &k, b"old", 1).owner(&old_owner);
+    put.job = Some("nightly-report");
+    put.stage = "upload";
+    put.operation_id = op;
+    let rec = rejection(put.send(s).await, "old owner");
+    let until = s.now().await.unwrap();
+    let expected = StaleRecord {
+        at: rec.at,
+        kind: StaleKind::WriteRejected,
+        reason: "stale".to_string(),
+        resource: r.to_string(),
+        key: Some("report.csv".to_string()),
+        owner_id: Some(old_owner.clone()),
+        token: 1,
+        accepted_token: Some(2),
+        node: NODE.to_string(),
+        job: Some("nightly-report".to_string()),
+        stage: "upload".to_string(),
+        operation_id: op.to_string(),
+    };
+    assert_eq!(rec, expected);
+    assert!(
+        since <= rec.at && rec.at <= until,
+        "stamped by the store's clock: {since:?} <= {:?} <= {until:?}",
+        rec.at
+    );
+    assert_eq!(value_of(s, &r, &k).await, Some((b"new".to_vec(), 2)));
+
+    // A second rejection, later: listing is oldest first.
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let rec2 = rejection(Put::new(&r, &k, b"older", 1).send(s).await, "again");
+    assert!(rec2.at >= rec.at);
+    assert_eq!(stale_of(s, None, &r).await, vec![rec.clone(), rec2.clone()]);
+    assert_eq!(
+        stale_of(s, Some(since), &r).await,
+        vec![rec.clone(), rec2.clone()]
+    );
+    assert_eq!(
+        stale_of(s, Some(rec.at), &r).await,
+        vec![rec.clone(), rec2.clone()]
+    );
+    assert_eq!(stale_of(s, Some(rec2.at), &r).await.last(), Some(&rec2));
+    let later = StoreTime(rec2.at.0 + 1);
+    assert!(
+        stale_of(s, Some(later), &r).await.is_empty(),
+        "since excludes older"
+    );
+}
+
+/// `record_stale` of a lost lease round-trips through `stale`.
+async fn case_record_stale_lease_lost(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let r = resource("lost");
+    let l = must_acquire(s, &r).await;
+    let owner = l.owner_id.to_string();
+    let op = Uuid::new_v4().to_string();
+    let since = s.now().await.unwrap();
+    let rec = s
+        .record_stale(&NewStaleRecord {
+            kind: StaleKind::LeaseLost,
+            reason: "renewal refused: the lease now belongs to another owner",
+            resource: r.as_str(),
+            key: None,
+            owner_id: Some(&owner),
+            token: l.token,
+            accepted_token: Some(l.token + 1),
+            node: "node-b",
+            job: Some("job-x"),
+            stage: "renew",
+            operation_id: &op,
+        })
+        .await
+        .expect("record_stale reaches the store");
+    let expected = StaleRecord {
+        at: rec.at,
+        kind: StaleKind::LeaseLost,
+        reason: "renewal refused: the lease now belongs to another owner".to_string(),
+        resource: r.to_string(),
+        key: None,
+        owner_id: Some(owner),
+        token: l.token,
+        accepted_token: Some(l.token + 1),
+        node: "node-b".to_string(),
+        job: Some("job-x".to_string()),
+        stage: "renew".to_string(),
+        operation_id: op,
+    };
+    assert_eq!(rec, expected);
+    assert!(rec.at >= since);
+    assert_eq!(stale_of(s, None, &r).await, vec![expected.clone()]);
+    assert_eq!(stale_of(s, Some(since), &r).await, vec![expected]);
+}
+
+/// Concurrent writers with tokens 1..=8 on the same keys: the highest
+/// token's value always wins, every lower one is either accepted before it
+/// or rejected as stale, and each rejection is recorded.
+async fn case_concurrent_puts(store: Arc<dyn Store>) {
+    const N: i64 = 8;
+    const KEYS: usize = 3;
+    let (r, _) = generations(store.as_ref(), "put-race", N as usize).await;
+    let keys: Vec<Name> = (0..KEYS).map(|i| name("key", &format!("k{i}"))).collect();
+    let barrier = Arc::new(Barrier::new(N as usize * KEYS));
+    let mut tasks = Vec::new();
+    for k in &keys {
+        for token in 1..=N {
+            let (store, r, k, barrier) = (store.clone(), r.clone(), k.clone(), barrier.clone());
+            tasks.push(tokio::spawn(async move {
+                barrier.wait().await;
+                let value = format!("v{token}");
+                let out = Put::new(&r, &k, value.as_bytes(), token)
+                    .send(store.as_ref())
+                    .await;
+                (token, out)
+            }));
+        }
+    }
+    let mut rejected = 0;
+    for t in tasks {
+        let (token, out) = t.await.expect("put task");
+        match out {
+            PutOutcome::Accepted { .. } => {}
+            PutOutcome::Rejected(rec) => {
+                assert_ne!(token, N, "the highest token can never be stale");
+                assert_eq!(rec.reason, "stale");
+                let accepted = rec
+                    .accepted_token
+                    .expect("a stale rejection names the winner");
+                assert!(accepted > token, "rejected {token} by {accepted}");
+                rejected += 1;
+            }
+            other => panic!("token {token}: {other:?}"),
+        }
+    }
+    for k in &keys {
+        assert_eq!(
+            value_of(store.as_ref(), &r, k).await,
+            Some((format!("v{N}").into_bytes(), N)),
+            "key {k}: the highest token's value"
+        );
+    }
+    assert_eq!(stale_of(store.as_ref(), None, &r).await.len(), rejected);
+}
+
+/// A 1 MiB value, non-UTF-8 bytes and the empty value round-trip exactly.
+async fn case_values_round_trip(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let (r, _) = generations(s, "values", 1).await;
+    // Deterministic pseudo-random bytes: every byte value, mostly not UTF-8.
+    let mut x: u32 = 0x9e37_79b9;
+    let big: Vec<u8> = (0..1 << 20)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            (x >> 24) as u8
+        })
+        .collect();
+    assert!(std::str::from_utf8(&big).is_err());
+    let cases: [(&str, &[u8]); 4] = [
+        ("big", &big),
+        ("binary", &[0xff, 0x00, 0xfe, 0x80, b'\\', b'\'', 0xc3]),
+        ("empty", b""),
+        ("text", "grüße\n".as_bytes()),
+    ];
+    for (key, value) in cases {
+        let k = name("key", key);
+        assert_accepted(&Put::new(&r, &k, value, 1).send(s).await, key);
+        let got = s.get(&r, &k).await.unwrap().expect("stored value");
+        assert_eq!(got.value.len(), value.len(), "{key}: length");
+        assert!(got.value == value, "{key}: bytes differ");
+        assert_eq!(got.token, 1);
+    }
+}
+
+/// `purge_prefix` deletes the leases, values and stale records of matching
+/// resources only: `%`, `_` and `\` in the prefix are literal, and case
+/// matters.
+async fn case_purge_prefix(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let base = unique("purge");
+    let prefix = format!("{base}-a%_\\");
+    let doomed = [prefix.clone(), format!("{prefix}z"), format!("{prefix}%")];
+    let spared = [
+        format!("{base}-aXY\\z"),  // `%_` as wildcards would match
+        format!("{base}-a%Y\\z"),  // `_` as a wildcard would match
+        format!("{base}-a%_z"),    // `\` dropped would match
+        format!("{base}-A%_\\z"),  // case-insensitive matching would match
+        format!("{base}-a%_"),     // shorter than the prefix
+        format!("x{base}-a%_\\z"), // prefix not at the start
+    ];
+    let k = name("key", "k");
+    for res in doomed.iter().chain(&spared) {
+        let r = name("resource", res);
+        let l = must_acquire(s, &r).await;
+        assert_accepted(&Put::new(&r, &k, b"v", l.token).send(s).await, res);
+        rejection(Put::new(&r, &k, b"f", l.token + 1).send(s).await, res);
+    }
+    let deleted = s
+        .purge_prefix(&prefix)
+        .await
+        .expect("purge reaches the store");
+    assert_eq!(
+        deleted,
+        3 * doomed.len() as u64,
+        "a lease, a value and a stale record each"
+    );
+
+    let leases = s.list().await.unwrap();
+    let stale = s.stale(None).await.unwrap();
+    for res in &doomed {
+        let r = name("resource", res);
+        assert!(
+            leases.iter().all(|l| &l.resource != res),
+            "{res} lease purged"
+        );
+        assert!(
+            stale.iter().all(|x| &x.resource != res),
+            "{res} stale purged"
+        );
+        assert_eq!(value_of(s, &r, &k).await, None, "{res} value purged");
+    }
+    for res in &spared {
+        let r = name("resource", res);
+        assert_eq!(
+            leases.iter().filter(|l| &l.resource == res).count(),
+            1,
+            "{res} lease spared"
+        );
+        assert_eq!(
+            stale.iter().filter(|x| &x.resource == res).count(),
+            1,
+            "{res} stale spared"
+        );
+        assert_eq!(
+            value_of(s, &r, &k).await,
+            Some((b"v".to_vec(), 1)),
+            "{res} value spared"
+        );
+    }
+}
+
+// --------------------------------------------------------------- the macro
+
+/// Opens the backend's store, migrates it, and runs one case under a time
+/// limit. Skips (loudly, or fails under CI=true) when the server is not
+/// configured.
+async fn run_case<F, Fut>(backend: Backend, test: &str, case: F)
+where
+    F: FnOnce(Arc<dyn Store>) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let Some(ts) = TestStore::new(backend, test) else {
+        return;
+    };
+    let store = open_store(&ts, 20).await;
+    tokio::time::timeout(Duration::from_secs(90), case(store))
+        .await
+        .unwrap_or_else(|_| panic!("{test} on {backend:?} did not finish within 90 s"));
+    drop(ts);
+}
+
+macro_rules! backend_tests {
+    ($module:ident, $backend:expr, [$($case:ident),* $(,)?]) => {
+        mod $module {
+            use super::*;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    run_case(
+                        $backend,
+                        concat!(stringify!($module), "::", stringify!($case)),
+                        super::$case,
+                    )
+                    .await;
+                }
+            )*
+        }
+    };
+}
+
+macro_rules! conformance {
+    ($($case:ident),* $(,)?) => {
+        backend_tests!(sqlite, Backend::Sqlite, [$($case),*]);
+        backend_tests!(postgres, Backend::Postgres, [$($case),*]);
+        backend_tests!(mysql, Backend::MySql, [$($case),*]);
+    };
+}
+
+conformance!(
+    case_token_increases_across_release,
+    case_token_increases_across_expiry,
+    case_renew_keeps_token,
+    case_old_owner_refused,
+    case_concurrent_first_acquire,
+    case_occurrence_dedup,
+    case_longest_names_round_trip,
+    case_put_accepts_equal_token,
+    case_put_once,
+    case_put_forged,
+    case_stale_rejection_recorded,
+    case_record_stale_lease_lost,
+    case_concurrent_puts,
+    case_values_round_trip,
+    case_purge_prefix,
+);
