@@ -377,6 +377,10 @@ impl Supervisor {
                         "release_refused",
                         &r.to_string(),
                     );
+                    // The job ended before we noticed the loss (it finished
+                    // while this process was paused, say): a stale-owner
+                    // event like any other, so it is stored too.
+                    self.record_lost(spec, lease, "release_refused");
                     return;
                 }
                 Err(e) => {

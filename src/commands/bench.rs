@@ -3,11 +3,33 @@
 //! measured interleaved in one run so the ratios hold on a noisy machine.
 //!
 //! It works only on resources named `fencecron-bench-<run id>-<client>` and
-//! deletes them (leases, values, stale records) when it ends.
+//! deletes them (leases, values, stale records) when it ends, also when it is
+//! interrupted with SIGINT or SIGTERM.
+//!
+//! How the measurement is kept honest:
+//! * each client runs the three paths (fencecron, raw, ping) in rounds, in a
+//!   freshly shuffled order every round, so no path always follows the same
+//!   other path (a call right after a committing write, or after an idle
+//!   gap, is slower on a loaded machine);
+//! * every fencecron sample is checked to have had the intended outcome (a
+//!   "free" acquire must win, a "held" one must lose, a renew must renew, a
+//!   put must be accepted, a get must find the value, a raw winning acquire
+//!   must be releasable with its owner and token); a sample with another
+//!   outcome is dropped and counted in the `odd` column instead of being
+//!   timed as if it were the operation;
+//! * the pool has two connections per client: sqlx 0.8 pings every
+//!   connection when it goes back to the pool (in a background task), and
+//!   with one connection per client every call would wait for the previous
+//!   call's return ping: one round trip that a daemon (a pool of eight,
+//!   sparse calls) does not pay.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::StreamExt;
+use signal_hook::consts::{SIGINT, SIGTERM};
+use signal_hook_tokio::Signals;
+use tokio::task::JoinSet;
 use tokio::time::Instant;
 use uuid::Uuid;
 
@@ -15,8 +37,8 @@ use crate::cli::{BenchArgs, Cli};
 use crate::error::{Error, Result};
 use crate::names::Name;
 use crate::store::{
-    AcquireOutcome, AcquireRequest, OpenOptions, PutRequest, RawOp, Store, StoreError, Token,
-    MIN_LEASE,
+    AcquireOutcome, AcquireRequest, OpenOptions, PutOutcome, PutRequest, RawOp, ReleaseOutcome,
+    RenewOutcome, Store, StoreError, Token, MAX_LEASE, MIN_LEASE,
 };
 
 use super::Context;
@@ -45,6 +67,8 @@ const PATHS: [Path; 3] = [Path::Fencecron, Path::Raw, Path::Ping];
 #[derive(Default)]
 struct Samples {
     by_path: [Vec<Duration>; 3],
+    /// Calls whose outcome was not the operation being measured (dropped).
+    odd: [usize; 3],
 }
 
 pub async fn run(cli: &Cli, args: &BenchArgs) -> Result<u8> {
@@ -53,10 +77,16 @@ pub async fn run(cli: &Cli, args: &BenchArgs) -> Result<u8> {
             "--clients and --resources must be at least 1".to_string(),
         ));
     }
+    if args.resources < args.clients {
+        return Err(Error::Usage(format!(
+            "--resources ({}) must be at least --clients ({}): clients sharing a resource would take each other's leases and time contention instead of the operation",
+            args.resources, args.clients
+        )));
+    }
     let ctx = Context::load(cli, false)?;
     let store = ctx
         .store(&OpenOptions {
-            max_connections: u32::try_from(args.clients).unwrap_or(u32::MAX).max(1),
+            max_connections: u32::try_from(args.clients.saturating_mul(std::env::var("FCB_POOL").ok().and_then(|v| v.parse().ok()).unwrap_or(2))).unwrap_or(u32::MAX),
             call_timeout: Duration::from_secs(30),
         })
         .await?;
@@ -64,6 +94,8 @@ pub async fn run(cli: &Cli, args: &BenchArgs) -> Result<u8> {
         "fencecron-bench-{}-",
         &Uuid::new_v4().simple().to_string()[..8]
     );
+    let mut signals = Signals::new([SIGINT, SIGTERM])
+        .map_err(|e| Error::Runtime(format!("cannot install signal handlers: {e}")))?;
     println!(
         "fencecron bench: store {} ({}), {} client(s), {} resource(s), {} per operation",
         ctx.store_url,
@@ -72,8 +104,21 @@ pub async fn run(cli: &Cli, args: &BenchArgs) -> Result<u8> {
         args.resources,
         humantime::format_duration(args.duration.0)
     );
-    let result = measure(&store, &prefix, args).await;
+    let result = tokio::select! {
+        r = measure(&store, &prefix, args) => Some(r),
+        _ = signals.next() => None,
+    };
+    if result.is_none() {
+        // The client tasks were aborted with the measuring future; give any
+        // statement already on the wire a moment to finish before purging.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
     let cleaned = store.purge_prefix(&prefix).await;
+    let Some(result) = result else {
+        cleaned?;
+        eprintln!("fencecron bench: interrupted; its rows were removed");
+        return Ok(130);
+    };
     let report = result?;
     cleaned?;
     print_report(&report);
@@ -88,21 +133,20 @@ async fn measure(
 ) -> Result<Vec<(&'static str, Vec<Samples>)>> {
     let mut report = Vec::new();
     for (label, op) in OPS {
-        let mut tasks = Vec::new();
+        // A JoinSet aborts its tasks when dropped (on SIGINT), so no client
+        // keeps writing after the purge.
+        let mut tasks = JoinSet::new();
         for client in 0..args.clients {
             let store = store.clone();
             let resource = Name::parse("resource", &format!("{prefix}{}", client % args.resources))
                 .map_err(Error::Usage)?;
             let duration = args.duration.0;
-            tasks.push(tokio::spawn(async move {
-                client_loop(store.as_ref(), op, &resource, duration).await
-            }));
+            tasks.spawn(async move { client_loop(store.as_ref(), op, &resource, duration).await });
         }
         let mut per_client = Vec::new();
-        for t in tasks {
-            let samples = t
-                .await
-                .map_err(|e| Error::Runtime(format!("bench client failed: {e}")))??;
+        while let Some(joined) = tasks.join_next().await {
+            let samples =
+                joined.map_err(|e| Error::Runtime(format!("bench client failed: {e}")))??;
             per_client.push(samples);
         }
         report.push((label, per_client));
@@ -110,81 +154,120 @@ async fn measure(
     Ok(report)
 }
 
-/// One client: rotates fencecron / raw / ping call by call, timing only the
-/// measured call (set-up calls such as the release after a measured acquire
-/// are not timed).
+/// One client: runs fencecron / raw / ping in rounds, shuffled per round,
+/// timing only the measured call (set-up calls such as the release after a
+/// measured acquire are not timed).
 async fn client_loop(
     store: &dyn Store,
     op: RawOp,
     resource: &Name,
     duration: Duration,
 ) -> Result<Samples, StoreError> {
-    let node = "bench";
     let key = Name::parse("key", "bench").expect("valid key");
     let mut samples = Samples::default();
-    // A lease to renew / a token to write with / a holder for "held".
+    // A lease to renew / a token to write with / a holder for "held". The
+    // holder of "held" must outlast the measurement, or the lease would
+    // become free half-way and the "held" samples would be wins.
+    let holder_lease = (duration + Duration::from_secs(30)).clamp(MIN_LEASE, MAX_LEASE);
     let (mut owner, mut token) = (Uuid::nil().to_string(), 0);
     if matches!(
         op,
         RawOp::AcquireHeld | RawOp::Renew | RawOp::Put | RawOp::Get
     ) {
-        let (o, t) = take(store, resource).await?;
+        let lease = if op == RawOp::AcquireHeld {
+            holder_lease
+        } else {
+            MIN_LEASE
+        };
+        let (o, t) = take(store, resource, lease).await?;
         owner = o;
         token = t;
         if op == RawOp::Get {
             put(store, resource, &key, token, &owner).await?;
         }
     }
+    let mut rng = Rng::new();
+    let mut order = PATHS;
+    let mut next = PATHS.len();
     let end = Instant::now() + duration;
-    let mut i = 0usize;
     while Instant::now() < end {
-        let path = PATHS[i % PATHS.len()];
-        i += 1;
-        let elapsed = match (path, op) {
-            (Path::Ping, _) => timed(store.raw(RawOp::Ping, resource, "", 0)).await?.1,
+        if next == PATHS.len() {
+            rng.shuffle(&mut order);
+            next = 0;
+        }
+        let path = order[next];
+        next += 1;
+        // `None`: the call did not have the outcome being measured.
+        let sample: Option<Duration> = match (path, op) {
+            (Path::Ping, _) => Some(timed(store.raw(RawOp::Ping, resource, "", 0)).await?.1),
             (Path::Fencecron, RawOp::AcquireFree) => {
-                let (outcome, d) = timed(store.acquire(&request(resource, node))).await?;
-                if let AcquireOutcome::Acquired(l) = outcome {
-                    store
-                        .release(resource, &l.owner_id.to_string(), l.token)
-                        .await?;
+                let (outcome, d) = timed(store.acquire(&request(resource, MIN_LEASE))).await?;
+                match outcome {
+                    AcquireOutcome::Acquired(l) => {
+                        store
+                            .release(resource, &l.owner_id.to_string(), l.token)
+                            .await?;
+                        Some(d)
+                    }
+                    _ => None,
                 }
-                d
             }
             (Path::Raw, RawOp::AcquireFree) => {
                 let owner = Uuid::new_v4().to_string();
                 let (t, d) = timed(store.raw(RawOp::AcquireFree, resource, &owner, 0)).await?;
-                if let Some(t) = t {
-                    store.release(resource, &owner, t).await?;
+                match t {
+                    // Releasing with this owner and token proves it won.
+                    Some(t) => match store.release(resource, &owner, t).await? {
+                        ReleaseOutcome::Released => Some(d),
+                        ReleaseOutcome::Refused(_) => None,
+                    },
+                    None => None,
                 }
-                d
             }
             (Path::Fencecron, RawOp::AcquireHeld) => {
-                timed(store.acquire(&request(resource, node))).await?.1
+                let (outcome, d) = timed(store.acquire(&request(resource, holder_lease))).await?;
+                match outcome {
+                    AcquireOutcome::Held { .. } => Some(d),
+                    AcquireOutcome::Acquired(l) => {
+                        // The holder's lease ran out: this call is the holder now.
+                        owner = l.owner_id.to_string();
+                        token = l.token;
+                        None
+                    }
+                    AcquireOutcome::OccurrenceTaken { .. } => None,
+                }
             }
             (Path::Fencecron, RawOp::Renew) => {
-                timed(store.renew(resource, &owner, token, MIN_LEASE))
-                    .await?
-                    .1
+                let (outcome, d) = timed(store.renew(resource, &owner, token, MIN_LEASE)).await?;
+                match outcome {
+                    RenewOutcome::Renewed { .. } => Some(d),
+                    RenewOutcome::Refused(_) => None,
+                }
             }
             (Path::Fencecron, RawOp::Release) | (Path::Raw, RawOp::Release) => {
-                let (o, t) = take(store, resource).await?;
+                let (o, t) = take(store, resource, MIN_LEASE).await?;
                 if path == Path::Raw {
-                    timed(store.raw(RawOp::Release, resource, &o, t)).await?.1
+                    Some(timed(store.raw(RawOp::Release, resource, &o, t)).await?.1)
                 } else {
-                    timed(store.release(resource, &o, t)).await?.1
+                    let (outcome, d) = timed(store.release(resource, &o, t)).await?;
+                    (outcome == ReleaseOutcome::Released).then_some(d)
                 }
             }
             (Path::Fencecron, RawOp::Put) => {
-                let start = Instant::now();
-                put(store, resource, &key, token, &owner).await?;
-                start.elapsed()
+                let (outcome, d) = timed(put(store, resource, &key, token, &owner)).await?;
+                matches!(outcome, PutOutcome::Accepted { .. }).then_some(d)
             }
-            (Path::Fencecron, RawOp::Get) => timed(store.get(resource, &key)).await?.1,
-            (Path::Raw, other) => timed(store.raw(other, resource, &owner, token)).await?.1,
-            (Path::Fencecron, RawOp::Ping) => Duration::ZERO,
+            (Path::Fencecron, RawOp::Get) => {
+                let (value, d) = timed(store.get(resource, &key)).await?;
+                value.is_some().then_some(d)
+            }
+            (Path::Raw, other) => Some(timed(store.raw(other, resource, &owner, token)).await?.1),
+            (Path::Fencecron, RawOp::Ping) => Some(Duration::ZERO),
         };
-        samples.by_path[path as usize].push(elapsed);
+        match sample {
+            Some(d) => samples.by_path[path as usize].push(d),
+            None => samples.odd[path as usize] += 1,
+        }
     }
     // Leave nothing held behind (the purge deletes the rows anyway).
     if token > 0 {
@@ -193,19 +276,23 @@ async fn client_loop(
     Ok(samples)
 }
 
-fn request<'a>(resource: &'a Name, node: &'a str) -> AcquireRequest<'a> {
+fn request(resource: &Name, lease: Duration) -> AcquireRequest<'_> {
     AcquireRequest {
         resource,
-        lease: MIN_LEASE,
-        node,
+        lease,
+        node: "bench",
         occurrence: None,
     }
 }
 
 /// Takes the (expired or free) lease, waiting out a holder if needed.
-async fn take(store: &dyn Store, resource: &Name) -> Result<(String, Token), StoreError> {
+async fn take(
+    store: &dyn Store,
+    resource: &Name,
+    lease: Duration,
+) -> Result<(String, Token), StoreError> {
     loop {
-        match store.acquire(&request(resource, "bench")).await? {
+        match store.acquire(&request(resource, lease)).await? {
             AcquireOutcome::Acquired(l) => return Ok((l.owner_id.to_string(), l.token)),
             _ => tokio::time::sleep(Duration::from_millis(50)).await,
         }
@@ -218,7 +305,7 @@ async fn put(
     key: &Name,
     token: Token,
     owner: &str,
-) -> Result<(), StoreError> {
+) -> Result<PutOutcome, StoreError> {
     store
         .put(&PutRequest {
             resource,
@@ -233,7 +320,6 @@ async fn put(
             operation_id: Uuid::new_v4(),
         })
         .await
-        .map(|_| ())
 }
 
 async fn timed<T>(
@@ -244,9 +330,38 @@ async fn timed<T>(
     Ok((v, start.elapsed()))
 }
 
+/// A small xorshift generator for shuffling the path order (no crate needed
+/// for three elements).
+struct Rng(u64);
+
+impl Rng {
+    fn new() -> Rng {
+        // Any non-zero seed; a UUIDv4 is random enough.
+        Rng((Uuid::new_v4().as_u128() as u64) | 1)
+    }
+
+    fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.0 = x;
+        x
+    }
+
+    /// Fisher–Yates.
+    fn shuffle<T>(&mut self, v: &mut [T]) {
+        for i in (1..v.len()).rev() {
+            let j = (self.next() % (i as u64 + 1)) as usize;
+            v.swap(i, j);
+        }
+    }
+}
+
 /// Median, p99 and throughput of one path of one operation over all clients.
 struct Stats {
     n: usize,
+    odd: usize,
     median: Duration,
     p99: Duration,
     ops_per_s: f64,
@@ -278,6 +393,7 @@ fn stats(per_client: &[Samples], path: Path) -> Option<Stats> {
         .sum();
     Some(Stats {
         n: all.len(),
+        odd: per_client.iter().map(|s| s.odd[path as usize]).sum(),
         median: pct(0.5),
         p99: pct(0.99),
         ops_per_s,
@@ -286,9 +402,10 @@ fn stats(per_client: &[Samples], path: Path) -> Option<Stats> {
 
 fn print_report(report: &[(&'static str, Vec<Samples>)]) {
     println!(
-        "{:<16} {:>8} {:>11} {:>11} {:>10} {:>11} {:>11} {:>11} {:>9} {:>9}",
+        "{:<16} {:>8} {:>5} {:>11} {:>11} {:>10} {:>11} {:>11} {:>11} {:>9} {:>9}",
         "operation",
         "n",
+        "odd",
         "median_us",
         "p99_us",
         "ops/s",
@@ -298,19 +415,23 @@ fn print_report(report: &[(&'static str, Vec<Samples>)]) {
         "vs_raw",
         "vs_ping"
     );
+    let mut odd_total = 0;
     for (label, per_client) in report {
         let (Some(f), Some(r), Some(p)) = (
             stats(per_client, Path::Fencecron),
             stats(per_client, Path::Raw),
             stats(per_client, Path::Ping),
         ) else {
+            println!("{label:<16} (no complete samples)");
             continue;
         };
+        odd_total += f.odd + r.odd;
         let ratio = |a: Duration, b: Duration| a.as_secs_f64() / b.as_secs_f64().max(1e-9);
         println!(
-            "{:<16} {:>8} {:>11.1} {:>11.1} {:>10.0} {:>11.1} {:>11.1} {:>11.1} {:>8.2}x {:>8.2}x",
+            "{:<16} {:>8} {:>5} {:>11.1} {:>11.1} {:>10.0} {:>11.1} {:>11.1} {:>11.1} {:>8.2}x {:>8.2}x",
             label,
             f.n,
+            f.odd + r.odd,
             us(f.median),
             us(f.p99),
             f.ops_per_s,
@@ -325,6 +446,12 @@ fn print_report(report: &[(&'static str, Vec<Samples>)]) {
         "vs_raw: fencecron median / the same SQL sent raw through the same pool (target <= 1.30x)"
     );
     println!("vs_ping: fencecron median / a bare SELECT 1 round trip, measured interleaved");
+    println!("ops/s: per client, calls / time spent in them on this path, summed over clients");
+    if odd_total > 0 {
+        println!(
+            "odd: {odd_total} call(s) did not have the measured outcome (e.g. a `held` acquire that won) and were left out"
+        );
+    }
 }
 
 fn us(d: Duration) -> f64 {
