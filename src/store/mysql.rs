@@ -391,13 +391,35 @@ impl Store for MySqlStore {
     }
 
     async fn migrate(&self) -> Result<(), StoreError> {
-        // sqlx serialises MySQL migrations with GET_LOCK, so concurrent starts
-        // apply them once.
+        // sqlx's own MySQL lock is `GET_LOCK(name, -1)`, which MariaDB
+        // answers with NULL instead of waiting, so concurrent starts would
+        // race into "migration partially applied". Take our own named lock
+        // with a finite wait on one connection and migrate on that same
+        // connection.
         timed(&self.url, self.call_timeout * 3, async {
-            sqlx::migrate!("migrations/mysql")
-                .run(&self.pool)
+            let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
+            let wait = i64::try_from((self.call_timeout * 2).as_secs()).unwrap_or(60);
+            let locked: Option<i64> =
+                sqlx::query_scalar("SELECT GET_LOCK(CONCAT('fencecron-migrate:', DATABASE()), ?)")
+                    .bind(wait)
+                    .fetch_one(&mut *conn)
+                    .await
+                    .map_err(|e| self.err(e))?;
+            if locked != Some(1) {
+                return Err(StoreError::Timeout {
+                    url: self.url.to_string(),
+                    limit: self.call_timeout * 2,
+                });
+            }
+            let result = sqlx::migrate!("migrations/mysql")
+                .run_direct(&mut *conn)
                 .await
-                .map_err(|source| migrate_error(Backend::MySql, &self.url, source))
+                .map_err(|source| migrate_error(Backend::MySql, &self.url, source));
+            sqlx::query("SELECT RELEASE_LOCK(CONCAT('fencecron-migrate:', DATABASE()))")
+                .execute(&mut *conn)
+                .await
+                .map_err(|e| self.err(e))?;
+            result
         })
         .await
     }

@@ -1,0 +1,103 @@
+//! Migrations are applied at start-up by every command and are safe when
+//! many processes start at once on a database that has no tables yet.
+
+mod common;
+
+use std::process::{Child, Stdio};
+
+use common::harness::fencecron;
+use common::{unique, Backend, TestStore};
+use sqlx::Executor;
+
+/// Starts `n` processes at once, each taking a lease on its own resource
+/// against the fresh store at `url`; all must succeed.
+fn race(url: &str, n: usize) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let children: Vec<Child> = (0..n)
+        .map(|i| {
+            let mut cmd = fencecron(dir.path());
+            cmd.args([
+                "--store",
+                url,
+                "lease",
+                "acquire",
+                &format!("migrate-race-{i}"),
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+            cmd.spawn().expect("spawn fencecron")
+        })
+        .collect();
+    for (i, child) in children.into_iter().enumerate() {
+        let out = child.wait_with_output().expect("wait");
+        assert!(
+            out.status.success(),
+            "process {i} failed on a fresh store: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let mut list = fencecron(dir.path());
+    list.args(["--store", url, "lease", "list", "--json"]);
+    let out = list.output().expect("lease list");
+    assert!(out.status.success());
+    let leases: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(leases.as_array().map(Vec::len), Some(n), "{leases}");
+}
+
+#[test]
+fn sqlite_fresh_file_many_processes() {
+    let ts = TestStore::new(Backend::Sqlite, "sqlite_fresh_file_many_processes").expect("sqlite");
+    race(&ts.url, 8);
+}
+
+/// The URL of `base` with its database name replaced.
+fn with_database(base: &str, db: &str) -> String {
+    let mut u = url::Url::parse(base).expect("test URL parses");
+    u.set_path(&format!("/{db}"));
+    u.to_string()
+}
+
+#[tokio::test]
+async fn postgres_fresh_database_many_processes() {
+    let Some(ts) = TestStore::new(Backend::Postgres, "postgres_fresh_database_many_processes")
+    else {
+        return;
+    };
+    let db = unique("fencecron_migrate").replace('-', "_");
+    let admin = sqlx::PgPool::connect(&ts.url).await.expect("connect");
+    admin
+        .execute(format!("CREATE DATABASE {db}").as_str())
+        .await
+        .expect("create database");
+    let url = with_database(&ts.url, &db);
+    let result = std::panic::catch_unwind(|| race(&url, 8));
+    admin
+        .execute(format!("DROP DATABASE {db} WITH (FORCE)").as_str())
+        .await
+        .expect("drop database");
+    if let Err(p) = result {
+        std::panic::resume_unwind(p);
+    }
+}
+
+#[tokio::test]
+async fn mysql_fresh_database_many_processes() {
+    let Some(ts) = TestStore::new(Backend::MySql, "mysql_fresh_database_many_processes") else {
+        return;
+    };
+    let db = unique("fencecron_migrate").replace('-', "_");
+    let admin = sqlx::MySqlPool::connect(&ts.url).await.expect("connect");
+    admin
+        .execute(format!("CREATE DATABASE {db}").as_str())
+        .await
+        .expect("create database");
+    let url = with_database(&ts.url, &db);
+    let result = std::panic::catch_unwind(|| race(&url, 8));
+    admin
+        .execute(format!("DROP DATABASE {db}").as_str())
+        .await
+        .expect("drop database");
+    if let Err(p) = result {
+        std::panic::resume_unwind(p);
+    }
+}
