@@ -37,6 +37,10 @@ use crate::supervise::{RunSpec, SuperviseError, Supervisor};
 /// stepped clock (NTP, manual change) shifts firings by at most this much.
 const MAX_SLEEP: Duration = Duration::from_secs(30);
 
+/// How far ahead of the store's clock this host's clock may run before an
+/// occurrence is skipped instead of waited for.
+const MAX_CLOCK_AHEAD: Duration = Duration::from_secs(60);
+
 /// Time limit for one store call made by the daemon.
 const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -313,7 +317,7 @@ impl Occurrence {
                     name,
                     &at,
                     "held",
-                    "the previous run on this node is still running",
+                    "an earlier occurrence of this job is still being acquired or run on this node",
                 );
                 return;
             }
@@ -376,17 +380,38 @@ impl Occurrence {
                     token,
                     ..
                 }) => {
-                    let detail = format!(
-                        "lease held by {} on {} with token {token}",
-                        owner_id.as_deref().unwrap_or("another owner"),
-                        node.as_deref().unwrap_or("another node"),
-                    );
+                    let detail = match (owner_id, node) {
+                        (Some(o), Some(n)) => {
+                            format!("lease held by {o} on {n} with token {token}")
+                        }
+                        _ => "lease taken by a concurrent acquirer during this attempt".to_string(),
+                    };
                     events::occurrence_skipped(name, &at, "held", &detail);
                     return;
                 }
                 Ok(AcquireOutcome::OccurrenceTaken { .. }) => {
                     events::occurrence_taken(name, &at);
                     return;
+                }
+                Ok(AcquireOutcome::NotYetDue { store_now }) => {
+                    // This host's clock runs ahead of the store's: wait until
+                    // the store reaches the instant, then compete as usual.
+                    let ahead_ms = StoreTime::from_utc(self.at).0 - store_now.0;
+                    let ahead = Duration::from_millis(u64::try_from(ahead_ms).unwrap_or(0));
+                    if ahead > MAX_CLOCK_AHEAD {
+                        events::occurrence_skipped(
+                            name,
+                            &at,
+                            "clock_ahead",
+                            &format!("this host's clock is {ahead_ms} ms ahead of the store's; fix its time synchronisation"),
+                        );
+                        return;
+                    }
+                    events::occurrence_early(name, &at, ahead_ms);
+                    tokio::select! {
+                        _ = tokio::time::sleep(ahead + Duration::from_millis(1)) => {}
+                        _ = self.shutdown.cancelled() => return,
+                    }
                 }
                 Err(e) => {
                     if Utc::now() + chrono::Duration::from_std(delay).unwrap_or_default() >= give_up

@@ -172,6 +172,15 @@ pub fn occurrence_taken(job: &str, scheduled_at: &str) {
     );
 }
 
+/// This host's clock is ahead of the store's: the occurrence is attempted
+/// again when the store's clock reaches it (debug level).
+pub fn occurrence_early(job: &str, scheduled_at: &str, ahead_ms: i64) {
+    debug!(
+        event = "occurrence_early",
+        job, scheduled_at, ahead_ms, "occurrence not yet due by the store's clock; waiting"
+    );
+}
+
 /// A fenced write was refused. A stale-owner event.
 pub fn stale_write_rejected(rec: &StaleRecord) {
     warn!(

@@ -490,8 +490,9 @@ async fn case_concurrent_first_acquire(store: Arc<dyn Store>) {
 async fn case_occurrence_dedup(store: Arc<dyn Store>) {
     let s = store.as_ref();
     let r = resource("occurrence");
-    let t = StoreTime(s.now().await.unwrap().0 / 1000 * 1000);
-    let next = StoreTime(t.0 + 60_000);
+    // All three instants are already due by the store's clock.
+    let t = StoreTime(s.now().await.unwrap().0 / 1000 * 1000 - 60_000);
+    let next = StoreTime(t.0 + 30_000);
     let older = StoreTime(t.0 - 60_000);
 
     let a = match acquire_at(s, &r, LEASE, Some(t)).await {
@@ -537,6 +538,53 @@ async fn case_occurrence_dedup(store: Arc<dyn Store>) {
         AcquireOutcome::OccurrenceTaken {
             last_occurrence: next
         }
+    );
+}
+
+/// An occurrence still in the future by the store's clock is refused as
+/// not yet due — on a resource never leased (no row is created), on a free
+/// one and on a held one — and changes nothing; once due it is taken. This
+/// is what stops a host whose clock runs ahead from taking a later instant
+/// before the fleet could take an earlier one.
+async fn case_occurrence_not_yet_due(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let r = resource("not-yet-due");
+    let now = s.now().await.unwrap();
+    let future = StoreTime(now.0 / 1000 * 1000 + 60_000);
+    match acquire_at(s, &r, LEASE, Some(future)).await {
+        AcquireOutcome::NotYetDue { store_now } => {
+            assert!(store_now >= now && store_now < future, "{store_now:?}")
+        }
+        other => panic!("future occurrence on a new resource: {other:?}"),
+    }
+    assert!(
+        s.list()
+            .await
+            .unwrap()
+            .iter()
+            .all(|l| l.resource != r.as_str()),
+        "no row is created for an occurrence that is not due"
+    );
+
+    let due = StoreTime(now.0 / 1000 * 1000 - 1_000);
+    let a = match acquire_at(s, &r, LEASE, Some(due)).await {
+        AcquireOutcome::Acquired(l) => l,
+        other => panic!("due occurrence: {other:?}"),
+    };
+    assert!(matches!(
+        acquire_at(s, &r, LEASE, Some(future)).await,
+        AcquireOutcome::NotYetDue { .. }
+    ));
+    must_release(s, &a).await;
+    assert!(matches!(
+        acquire_at(s, &r, LEASE, Some(future)).await,
+        AcquireOutcome::NotYetDue { .. }
+    ));
+    let listed = row(s, &r).await;
+    assert_eq!(
+        (listed.token, listed.last_occurrence),
+        (a.token, Some(due)),
+        "a refused early attempt changes nothing"
     );
 }
 
@@ -1030,6 +1078,7 @@ conformance!(
     case_old_owner_refused,
     case_concurrent_first_acquire,
     case_occurrence_dedup,
+    case_occurrence_not_yet_due,
     case_longest_names_round_trip,
     case_put_accepts_equal_token,
     case_put_once,

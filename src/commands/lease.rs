@@ -132,6 +132,11 @@ fn checked_lease(flag: Option<std::time::Duration>) -> Result<std::time::Duratio
 pub(crate) fn held_error(resource: &Name, outcome: &AcquireOutcome) -> Error {
     match outcome {
         AcquireOutcome::Held {
+            owner_id: None, ..
+        } => Error::Held(format!(
+            "lease {resource} was just taken by a concurrent acquirer; retry after it expires or is released"
+        )),
+        AcquireOutcome::Held {
             owner_id,
             node,
             token,
@@ -144,6 +149,9 @@ pub(crate) fn held_error(resource: &Name, outcome: &AcquireOutcome) -> Error {
         )),
         AcquireOutcome::OccurrenceTaken { last_occurrence } => Error::Held(format!(
             "occurrence of {resource} was already taken (last occurrence {last_occurrence})"
+        )),
+        AcquireOutcome::NotYetDue { store_now } => Error::Held(format!(
+            "occurrence of {resource} is not due yet by the store's clock ({store_now}); retry later"
         )),
         AcquireOutcome::Acquired(_) => Error::Runtime("internal: acquired is not an error".into()),
     }

@@ -292,7 +292,8 @@ pub struct AcquireRequest<'a> {
     pub node: &'a str,
     /// The scheduled occurrence this acquisition is for: the acquisition is
     /// refused unless it is newer than the last occurrence taken for the
-    /// resource. `None` for ad-hoc leases (`exec`, `lease acquire`).
+    /// resource and already due by the store's clock. `None` for ad-hoc
+    /// leases (`exec`, `lease acquire`).
     pub occurrence: Option<StoreTime>,
 }
 
@@ -321,6 +322,11 @@ pub enum AcquireOutcome {
     },
     /// The occurrence was already taken (by this or another instance).
     OccurrenceTaken { last_occurrence: StoreTime },
+    /// The occurrence is still in the future by the store's clock: this
+    /// host's clock runs ahead. Try again once the store reaches it; taking
+    /// it early could let this host take a later instant before the fleet
+    /// had a chance at an earlier one.
+    NotYetDue { store_now: StoreTime },
 }
 
 /// Why a renew or release was refused.
@@ -673,6 +679,13 @@ pub fn millis(d: Duration) -> i64 {
 /// Classifies a losing acquisition from the row as the caller's snapshot saw
 /// it. Shared by every backend so they report the same reasons.
 pub(crate) fn classify_loss(row: LossRow, occurrence: Option<StoreTime>) -> AcquireOutcome {
+    if let Some(occ) = occurrence {
+        if occ.0 > row.now {
+            return AcquireOutcome::NotYetDue {
+                store_now: StoreTime(row.now),
+            };
+        }
+    }
     if let (Some(occ), Some(last)) = (occurrence, row.last_occurrence) {
         if last >= occ.0 {
             return AcquireOutcome::OccurrenceTaken {
@@ -689,11 +702,12 @@ pub(crate) fn classify_loss(row: LossRow, occurrence: Option<StoreTime>) -> Acqu
         }
     } else {
         // The snapshot shows a free lease, yet the update did not take it: a
-        // concurrent acquirer won between our snapshot and our update.
+        // concurrent acquirer won between our snapshot and our update. Its
+        // owner and token are not known to this caller.
         AcquireOutcome::Held {
             owner_id: None,
             node: None,
-            token: row.fence + 1,
+            token: row.fence,
             expires_at: None,
         }
     }

@@ -39,17 +39,22 @@ const ACQUIRE: &str = concat!(
     " + ?, last_occurrence_ms = COALESCE(?, last_occurrence_ms)
       WHERE resource = ? AND expires_at_ms <= ",
     now_ms!(),
-    " AND (? IS NULL OR last_occurrence_ms IS NULL OR last_occurrence_ms < ?)"
+    " AND (? IS NULL OR last_occurrence_ms IS NULL OR last_occurrence_ms < ?)
+      AND (? IS NULL OR ? <= ",
+    now_ms!(),
+    ")"
 );
 
 const CREATE: &str = concat!(
     "INSERT INTO fencecron_leases
        (resource, fence, owner_id, node, acquired_at_ms, expires_at_ms, last_occurrence_ms)
-     VALUES (?, 1, ?, ?, ",
+     SELECT ?, 1, ?, ?, ",
     now_ms!(),
     ", ",
     now_ms!(),
-    " + ?, ?)"
+    " + ?, ? FROM DUAL WHERE (? IS NULL OR ? <= ",
+    now_ms!(),
+    ")"
 );
 
 const LOSS_ROW: &str = concat!(
@@ -183,6 +188,8 @@ impl MySqlStore {
                 .bind(req.resource.as_str())
                 .bind(occ)
                 .bind(occ)
+                .bind(occ)
+                .bind(occ)
                 .execute(&self.pool)
                 .await
                 .map_err(|e| self.err(e))?;
@@ -217,10 +224,22 @@ impl MySqlStore {
                 .bind(req.node)
                 .bind(lease)
                 .bind(occ)
+                .bind(occ)
+                .bind(occ)
                 .execute(&self.pool)
                 .await;
             match created {
-                Ok(_) => return self.won(req, owner, 1).await,
+                Ok(done) if done.rows_affected() == 1 => return self.won(req, owner, 1).await,
+                Ok(_) => {
+                    // Refused only because the occurrence is not due yet.
+                    let now: i64 = sqlx::query_scalar(concat!("SELECT ", now_ms!()))
+                        .fetch_one(&self.pool)
+                        .await
+                        .map_err(|e| self.err(e))?;
+                    return Ok(AcquireOutcome::NotYetDue {
+                        store_now: StoreTime(now),
+                    });
+                }
                 Err(sqlx::Error::Database(db)) if db.is_unique_violation() => {
                     // Created concurrently by someone else: compete normally.
                 }
@@ -611,6 +630,8 @@ impl Store for MySqlStore {
                 .bind(lease)
                 .bind(None::<i64>)
                 .bind(r)
+                .bind(None::<i64>)
+                .bind(None::<i64>)
                 .bind(None::<i64>)
                 .bind(None::<i64>)
                 .execute(&self.pool)

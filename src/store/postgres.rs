@@ -44,6 +44,9 @@ const ACQUIRE: &str = concat!(
     now_ms!(),
     "
           AND ($5::bigint IS NULL OR last_occurrence_ms IS NULL OR last_occurrence_ms < $5)
+          AND ($5::bigint IS NULL OR $5 <= ",
+    now_ms!(),
+    ")
     RETURNING fence, expires_at_ms)
      SELECT TRUE AS won, fence, expires_at_ms, ''::text AS owner_id, ''::text AS node,
             NULL::bigint AS last_occurrence_ms, 0::bigint AS now_ms
@@ -59,11 +62,13 @@ const ACQUIRE: &str = concat!(
 const CREATE: &str = concat!(
     "INSERT INTO fencecron_leases
        (resource, fence, owner_id, node, acquired_at_ms, expires_at_ms, last_occurrence_ms)
-     VALUES ($1, 1, $2, $3, ",
+     SELECT $1, 1, $2, $3, ",
     now_ms!(),
     ", ",
     now_ms!(),
-    " + $4, $5)
+    " + $4, $5::bigint WHERE ($5::bigint IS NULL OR $5 <= ",
+    now_ms!(),
+    ")
      ON CONFLICT (resource) DO NOTHING
      RETURNING fence, expires_at_ms"
 );
@@ -222,7 +227,15 @@ impl PostgresStore {
                     expires_at: StoreTime(row.try_get("expires_at_ms").map_err(|e| self.err(e))?),
                 }));
             }
-            // Someone else created it concurrently: compete for it normally.
+            // Not created: either the occurrence is not due yet by the
+            // store's clock, or someone else created the row concurrently
+            // (then compete for it normally).
+            if let Some(occ) = occ {
+                let now = self.now_inner().await?;
+                if occ > now.0 {
+                    return Ok(AcquireOutcome::NotYetDue { store_now: now });
+                }
+            }
         }
         Err(StoreError::Corrupt {
             url: self.url.to_string(),
@@ -231,6 +244,14 @@ impl PostgresStore {
                 req.resource
             ),
         })
+    }
+
+    async fn now_inner(&self) -> Result<StoreTime, StoreError> {
+        let now: i64 = sqlx::query_scalar(concat!("SELECT ", now_ms!()))
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(StoreTime(now))
     }
 
     async fn lease_row(&self, resource: &Name) -> Result<Option<(String, Token, i64)>, StoreError> {
@@ -522,14 +543,7 @@ impl Store for PostgresStore {
     }
 
     async fn now(&self) -> Result<StoreTime, StoreError> {
-        timed(&self.url, self.call_timeout, async {
-            let now: i64 = sqlx::query_scalar(concat!("SELECT ", now_ms!()))
-                .fetch_one(&self.pool)
-                .await
-                .map_err(|e| self.err(e))?;
-            Ok(StoreTime(now))
-        })
-        .await
+        timed(&self.url, self.call_timeout, self.now_inner()).await
     }
 
     async fn raw(

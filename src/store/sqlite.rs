@@ -56,6 +56,7 @@ const ACQUIRE: &str = "UPDATE fencecron_leases
         expires_at_ms = ?4 + ?5, last_occurrence_ms = COALESCE(?6, last_occurrence_ms)
   WHERE resource = ?1 AND expires_at_ms <= ?4
     AND (?6 IS NULL OR last_occurrence_ms IS NULL OR last_occurrence_ms < ?6)
+    AND (?6 IS NULL OR ?6 <= ?4)
 RETURNING fence, expires_at_ms";
 
 const RENEW: &str = "UPDATE fencecron_leases SET expires_at_ms = ?4 + ?5
@@ -191,6 +192,12 @@ impl SqliteStore {
                     };
                     tx.rollback().await.map_err(|e| self.err(e))?;
                     return Ok(classify_loss(loss, req.occurrence));
+                }
+                if occ.is_some_and(|o| o > now) {
+                    tx.rollback().await.map_err(|e| self.err(e))?;
+                    return Ok(AcquireOutcome::NotYetDue {
+                        store_now: StoreTime(now),
+                    });
                 }
                 sqlx::query(
                     "INSERT INTO fencecron_leases

@@ -1,0 +1,296 @@
+//! `fencecron check`: every configuration error the issue lists exits 2 and
+//! names the file, the line and the key; a valid file exits 0 and lists
+//! three next fire times per job, each exactly on its schedule.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use chrono::{DateTime, Datelike, Timelike, Utc};
+
+/// Writes `text` to a fresh `jobs.toml` and runs `fencecron check` on it.
+fn check(text: &str) -> (tempfile::TempDir, PathBuf, Output) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("jobs.toml");
+    std::fs::write(&path, text).expect("write jobs.toml");
+    let out = Command::new(common::bin())
+        .arg("check")
+        .arg("--config")
+        .arg(&path)
+        .env_remove("FENCECRON_CONFIG")
+        .env_remove("FENCECRON_STORE")
+        .env_remove("FENCECRON_LOG_FORMAT")
+        .output()
+        .expect("run fencecron check");
+    (dir, path, out)
+}
+
+/// Asserts exit 2 and an error of the form `FILE:LINE:COL: KEY: message`
+/// (or `FILE:LINE:COL: message` when `key` is `None`); returns stderr.
+fn expect_error(text: &str, line: usize, key: Option<&str>) -> String {
+    let (_dir, path, out) = check(text);
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "expected exit 2 for\n{text}\nstdout: {}\nstderr: {stderr}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let prefix = format!("{}:{line}:", path.display());
+    let at = stderr.find(&prefix).unwrap_or_else(|| {
+        panic!(
+            "stderr does not name `{prefix}` (file and line {line}) for\n{text}\nstderr: {stderr}"
+        )
+    });
+    let rest = &stderr[at + prefix.len()..];
+    let col_len = rest.chars().take_while(char::is_ascii_digit).count();
+    assert!(col_len > 0, "no column after `{prefix}`: {stderr}");
+    let rest = &rest[col_len..];
+    if let Some(key) = key {
+        assert!(
+            rest.starts_with(&format!(": {key}: ")),
+            "stderr does not name the key `{key}` right after FILE:LINE:COL for\n{text}\nstderr: {stderr}"
+        );
+    }
+    stderr
+}
+
+const JOB_A: &str = "[[job]]\nname = \"a\"\nschedule = \"*/2 * * * * *\"\ncommand = [\"true\"]\n";
+
+#[test]
+fn bad_toml() {
+    expect_error("[defaults]\nlease = \"10s\"\ncommand = [\n", 4, None);
+}
+
+#[test]
+fn unknown_key() {
+    let stderr = expect_error(&format!("{JOB_A}colour = \"red\"\n"), 5, None);
+    assert!(
+        stderr.contains("colour"),
+        "the unknown key is not named: {stderr}"
+    );
+    let stderr = expect_error("[defaults]\nleese = \"10s\"\n", 2, None);
+    assert!(
+        stderr.contains("leese"),
+        "the unknown key is not named: {stderr}"
+    );
+}
+
+#[test]
+fn bad_cron_names_the_job() {
+    expect_error(
+        "[[job]]\nname = \"nightly\"\nschedule = \"61 * * * *\"\ncommand = [\"true\"]\n",
+        3,
+        Some("job `nightly`.schedule"),
+    );
+    expect_error(
+        "[[job]]\nname = \"nightly\"\nschedule = \"* * *\"\ncommand = [\"true\"]\n",
+        3,
+        Some("job `nightly`.schedule"),
+    );
+}
+
+#[test]
+fn lease_outside_5s_to_300s() {
+    for lease in ["4s", "301s", "0s"] {
+        expect_error(
+            &format!("{JOB_A}lease = \"{lease}\"\n"),
+            5,
+            Some("job `a`.lease"),
+        );
+        expect_error(
+            &format!("[defaults]\nlease = \"{lease}\"\n{JOB_A}"),
+            2,
+            Some("defaults.lease"),
+        );
+    }
+    // The bounds themselves are fine.
+    for lease in ["5s", "300s"] {
+        let (_d, _p, out) = check(&format!("{JOB_A}lease = \"{lease}\"\n"));
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "lease {lease}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+#[test]
+fn renew_every_not_well_below_the_lease() {
+    expect_error(
+        &format!("{JOB_A}lease = \"10s\"\nrenew_every = \"6s\"\n"),
+        6,
+        Some("job `a`.renew_every"),
+    );
+    expect_error(
+        &format!("[defaults]\nlease = \"30s\"\nrenew_every = \"30s\"\n{JOB_A}"),
+        3,
+        Some("defaults.renew_every"),
+    );
+}
+
+#[test]
+fn kill_grace_that_does_not_fit() {
+    expect_error(
+        &format!("{JOB_A}lease = \"10s\"\nkill_grace = \"7s\"\n"),
+        6,
+        Some("job `a`.kill_grace"),
+    );
+    expect_error(
+        &format!("[defaults]\nkill_grace = \"20s\"\n{JOB_A}lease = \"30s\"\n"),
+        2,
+        Some("defaults.kill_grace"),
+    );
+}
+
+#[test]
+fn duplicate_job_names() {
+    let stderr = expect_error(&format!("{JOB_A}{JOB_A}"), 6, Some("job[1].name"));
+    assert!(
+        stderr.contains("`a`"),
+        "the duplicate name is not shown: {stderr}"
+    );
+}
+
+#[test]
+fn empty_command() {
+    expect_error(
+        "[[job]]\nname = \"a\"\nschedule = \"* * * * * *\"\ncommand = []\n",
+        4,
+        Some("job `a`.command"),
+    );
+    expect_error(
+        "[[job]]\nname = \"a\"\nschedule = \"* * * * * *\"\ncommand = [\"\"]\n",
+        4,
+        Some("job `a`.command"),
+    );
+}
+
+#[test]
+fn bad_store_url() {
+    expect_error(
+        &format!("[store]\nurl = \"redis://localhost\"\n{JOB_A}"),
+        2,
+        Some("store.url"),
+    );
+    expect_error(
+        &format!("[store]\nurl = \"postgres://[::1\"\n{JOB_A}"),
+        2,
+        Some("store.url"),
+    );
+}
+
+/// Parses `  next: <RFC 3339>` lines per job from `check`'s stdout.
+fn next_times(stdout: &str) -> Vec<(String, Vec<DateTime<Utc>>)> {
+    let mut jobs: Vec<(String, Vec<DateTime<Utc>>)> = Vec::new();
+    for line in stdout.lines() {
+        if let Some(rest) = line.strip_prefix("job ") {
+            let name = rest.split_whitespace().next().unwrap_or("").to_string();
+            jobs.push((name, Vec::new()));
+        } else if let Some(t) = line.trim().strip_prefix("next: ") {
+            let t = DateTime::parse_from_rfc3339(t.trim())
+                .unwrap_or_else(|e| panic!("`{t}` is not RFC 3339: {e}"))
+                .with_timezone(&Utc);
+            jobs.last_mut().expect("next: before any job").1.push(t);
+        }
+    }
+    jobs
+}
+
+#[test]
+fn valid_file_lists_three_next_fire_times_per_job() {
+    let text = "[defaults]\nlease = \"10s\"\n\
+                [[job]]\nname = \"every-2s\"\nschedule = \"*/2 * * * * *\"\ncommand = [\"true\"]\n\
+                [[job]]\nname = \"monthly\"\nschedule = \"0 0 2 1 * *\"\ncommand = [\"true\"]\n\
+                [[job]]\nname = \"daily\"\nschedule = \"30 4 * * *\"\ncommand = [\"true\"]\n";
+    let before = Utc::now();
+    let (_dir, path, out) = check(text);
+    let after = Utc::now();
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "stdout: {stdout}\nstderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains(&path.display().to_string()),
+        "stdout does not name the file: {stdout}"
+    );
+    let jobs = next_times(&stdout);
+    let names: Vec<&str> = jobs.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["every-2s", "monthly", "daily"], "{stdout}");
+    for (name, times) in &jobs {
+        assert_eq!(
+            times.len(),
+            3,
+            "job {name}: not three next fire times:\n{stdout}"
+        );
+        assert!(
+            times[0] > before,
+            "job {name}: {} is not in the future",
+            times[0]
+        );
+        assert!(
+            times.windows(2).all(|w| w[0] < w[1]),
+            "job {name}: not increasing: {times:?}"
+        );
+        for t in times {
+            // A fire time is an instant of the schedule: whole seconds.
+            assert_eq!(
+                t.timestamp_subsec_nanos(),
+                0,
+                "job {name}: fire time {t} is not on the schedule (sub-second part; \
+                 the occurrence identity would depend on when the host looked):\n{stdout}"
+            );
+        }
+    }
+    let two = &jobs[0].1;
+    assert!(two.iter().all(|t| t.second() % 2 == 0), "every-2s: {two:?}");
+    assert!(
+        two.windows(2)
+            .all(|w| (w[1] - w[0]).num_milliseconds() == 2000),
+        "every-2s: not 2 s apart: {two:?}"
+    );
+    assert!(
+        two[0] <= after + chrono::Duration::seconds(2),
+        "every-2s: first {} too late",
+        two[0]
+    );
+    for t in &jobs[1].1 {
+        assert!(
+            t.day() == 1 && t.hour() == 2 && t.minute() == 0 && t.second() == 0,
+            "monthly: {t}"
+        );
+    }
+    for t in &jobs[2].1 {
+        assert!(
+            t.hour() == 4 && t.minute() == 30 && t.second() == 0,
+            "daily: {t}"
+        );
+    }
+}
+
+/// Errors go to stderr only; nothing half-valid on stdout.
+#[test]
+fn missing_file() {
+    let out = Command::new(common::bin())
+        .arg("check")
+        .arg("--config")
+        .arg(Path::new("/nonexistent/fencecron/jobs.toml"))
+        .output()
+        .expect("run fencecron check");
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("/nonexistent/fencecron/jobs.toml"),
+        "{stderr}"
+    );
+}

@@ -1,0 +1,181 @@
+//! A small TCP proxy on 127.0.0.1 that can black-hole traffic, to make a
+//! real database unreachable for one daemon without touching the server.
+//!
+//! [`Proxy::blackhole`] stops forwarding bytes in both directions but keeps
+//! every socket open (also for connections accepted meanwhile), like a
+//! network partition: callers see silence, not a reset. [`Proxy::restore`]
+//! closes the black-holed connections and forwards new ones again.
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+struct State {
+    upstream: SocketAddr,
+    blackholed: AtomicBool,
+    stop: AtomicBool,
+    /// Every socket of every connection still tracked (client side and
+    /// upstream side), so `restore` and drop can close them.
+    conns: Mutex<Vec<TcpStream>>,
+}
+
+/// A running proxy.
+pub struct Proxy {
+    pub addr: SocketAddr,
+    state: Arc<State>,
+    accept: Option<JoinHandle<()>>,
+}
+
+impl Proxy {
+    /// Listens on 127.0.0.1:0 and forwards to `upstream`.
+    pub fn start(upstream: SocketAddr) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind proxy");
+        let addr = listener.local_addr().expect("proxy addr");
+        let state = Arc::new(State {
+            upstream,
+            blackholed: AtomicBool::new(false),
+            stop: AtomicBool::new(false),
+            conns: Mutex::new(Vec::new()),
+        });
+        let accept = {
+            let state = Arc::clone(&state);
+            std::thread::Builder::new()
+                .name("proxy-accept".into())
+                .spawn(move || accept_loop(listener, &state))
+                .expect("spawn proxy")
+        };
+        Proxy {
+            addr,
+            state,
+            accept: Some(accept),
+        }
+    }
+
+    /// A proxy for the server of a `postgres://` / `mysql://` URL, and the
+    /// same URL pointing at the proxy.
+    pub fn for_url(url: &str, default_port: u16) -> (Proxy, String) {
+        let mut u = url::Url::parse(url).unwrap_or_else(|e| panic!("bad URL {url}: {e}"));
+        let host = u.host_str().unwrap_or("127.0.0.1").to_string();
+        let port = u.port().unwrap_or(default_port);
+        let upstream = (host.as_str(), port)
+            .to_socket_addrs()
+            .unwrap_or_else(|e| panic!("cannot resolve {host}:{port}: {e}"))
+            .next()
+            .expect("an address");
+        let proxy = Proxy::start(upstream);
+        u.set_host(Some("127.0.0.1")).expect("set host");
+        u.set_port(Some(proxy.addr.port())).expect("set port");
+        (proxy, u.to_string())
+    }
+
+    /// Stops forwarding in both directions; sockets stay open.
+    pub fn blackhole(&self) {
+        self.state.blackholed.store(true, Ordering::SeqCst);
+        eprintln!("[proxy {}] black-holed", self.addr);
+    }
+
+    /// Closes every black-holed connection and forwards new ones again.
+    pub fn restore(&self) {
+        let mut conns = self.state.conns.lock().unwrap();
+        for s in conns.drain(..) {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+        self.state.blackholed.store(false, Ordering::SeqCst);
+        eprintln!("[proxy {}] restored", self.addr);
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.state.stop.store(true, Ordering::SeqCst);
+        for s in self.state.conns.lock().unwrap().drain(..) {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+        // Wake the blocking accept.
+        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_secs(1));
+        if let Some(t) = self.accept.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn accept_loop(listener: TcpListener, state: &Arc<State>) {
+    for client in listener.incoming() {
+        if state.stop.load(Ordering::SeqCst) {
+            break;
+        }
+        let Ok(client) = client else { continue };
+        let _ = client.set_nodelay(true);
+        if state.blackholed.load(Ordering::SeqCst) {
+            // Accepted by the kernel already; hold it open and silent.
+            state.conns.lock().unwrap().push(client);
+            continue;
+        }
+        let upstream = match TcpStream::connect_timeout(&state.upstream, Duration::from_secs(5)) {
+            Ok(u) => u,
+            Err(e) => {
+                eprintln!("[proxy] cannot reach {}: {e}", state.upstream);
+                continue;
+            }
+        };
+        let _ = upstream.set_nodelay(true);
+        {
+            let mut conns = state.conns.lock().unwrap();
+            for s in [&client, &upstream] {
+                if let Ok(c) = s.try_clone() {
+                    conns.push(c);
+                }
+            }
+        }
+        for (from, to) in [
+            (client.try_clone(), upstream.try_clone()),
+            (upstream.try_clone(), client.try_clone()),
+        ] {
+            let (Ok(from), Ok(to)) = (from, to) else {
+                continue;
+            };
+            let state = Arc::clone(state);
+            let _ = std::thread::Builder::new()
+                .name("proxy-pump".into())
+                .spawn(move || pump(from, to, &state));
+        }
+    }
+}
+
+/// Copies `from` → `to` until either side closes; while black-holed, bytes
+/// read are dropped.
+fn pump(mut from: TcpStream, mut to: TcpStream, state: &State) {
+    let _ = from.set_read_timeout(Some(Duration::from_millis(100)));
+    let mut buf = [0u8; 16 * 1024];
+    loop {
+        if state.stop.load(Ordering::SeqCst) {
+            break;
+        }
+        match from.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => {
+                if state.blackholed.load(Ordering::SeqCst) {
+                    continue;
+                }
+                if to.write_all(&buf[..n]).is_err() {
+                    break;
+                }
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted
+                ) => {}
+            Err(_) => break,
+        }
+    }
+    // While black-holed the connection must look alive: leave it open for
+    // `restore` to close.
+    if !state.blackholed.load(Ordering::SeqCst) {
+        let _ = from.shutdown(Shutdown::Both);
+        let _ = to.shutdown(Shutdown::Both);
+    }
+}

@@ -1,0 +1,842 @@
+//! The daemon (`fencecron run`) and `fencecron exec` against real stores,
+//! through the real binary.
+//!
+//! Every assertion compares facts — scheduled instants, tokens, the store's
+//! clock, whether a pid exists — never how fast something happened. Time
+//! limits only bound how long a test waits before it fails.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use nix::sys::signal::Signal;
+use serde_json::Value;
+
+use common::daemon::{
+    ev, i64_field, is, job_toml, lease_list, long_cmd, pid_alive, read_pid_file, read_runs,
+    record_cmd, rfc3339, run_cmd, str_field, wait_pid_gone, Daemon, DaemonOpts, Run,
+};
+use common::proxy::Proxy;
+use common::{unique, Backend, TestStore};
+
+fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
+
+/// Writes `jobs.toml` into `dir`.
+fn write_config(dir: &Path, defaults: &str, jobs: &[String]) -> PathBuf {
+    let path = dir.join("jobs.toml");
+    let mut text = String::new();
+    if !defaults.is_empty() {
+        text.push_str("[defaults]\n");
+        text.push_str(defaults);
+        text.push('\n');
+    }
+    for j in jobs {
+        text.push_str(j);
+    }
+    std::fs::write(&path, text).expect("write jobs.toml");
+    path
+}
+
+/// The first event matching `pred` on any of `daemons`: (daemon index, event).
+fn first_on_any(
+    daemons: &[&Daemon],
+    what: &str,
+    pred: impl Fn(&Value) -> bool,
+    timeout: Duration,
+) -> (usize, Value) {
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        for (i, d) in daemons.iter().enumerate() {
+            if let Some(e) = d.wait_for(&pred, Duration::ZERO) {
+                return (i, e);
+            }
+        }
+        if std::time::Instant::now() >= deadline {
+            let summaries: Vec<String> = daemons
+                .iter()
+                .map(|d| format!("[{}] {}", d.node, d.summary()))
+                .collect();
+            panic!("no {what} on any daemon within {timeout:?}: {summaries:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn job_is(job: &str) -> impl Fn(&Value) -> bool + '_ {
+    move |e| str_field(e, "job") == Some(job)
+}
+
+fn token_of(e: &Value) -> i64 {
+    i64_field(e, "token").unwrap_or_else(|| panic!("event without an integer token: {e}"))
+}
+
+fn pid_of(e: &Value) -> i32 {
+    i64_field(e, "pid").unwrap_or_else(|| panic!("job_started without a pid: {e}")) as i32
+}
+
+// ---------------------------------------------------------------------------
+// 1. Fleet dedup
+
+/// Starts `nodes` daemons on one store (the last one under `faketime
+/// -f +2s`), lets a job fire every 2 s for `run_for`, stops them, and checks
+/// the runs: each instant at most once, none missed in the middle, tokens
+/// strictly increasing with the instant.
+fn fleet_dedup(backend: Backend, test: &str, nodes: usize, run_for: Duration) {
+    let Some(store) = TestStore::new(backend, test) else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let runs_file = dir.path().join("runs");
+    let job = unique("dedup");
+    let config = write_config(
+        dir.path(),
+        "lease = \"5s\"",
+        &[job_toml(&job, "*/2 * * * * *", &record_cmd(&runs_file), "")],
+    );
+    let mut daemons: Vec<Daemon> = (0..nodes)
+        .map(|i| {
+            let node = format!("{}-n{i}", &job[..12]);
+            let mut opts = DaemonOpts::new(&node, &config, &store.url).debug();
+            if i == nodes - 1 {
+                opts = opts.faketime("+2s");
+            }
+            if i == 1 {
+                opts = opts.flags_before_subcommand();
+            }
+            Daemon::spawn(opts)
+        })
+        .collect();
+    for d in &daemons {
+        d.expect("daemon_started", ev("daemon_started"), secs(60));
+    }
+    let t0 = Utc::now();
+    std::thread::sleep(run_for);
+    let t1 = Utc::now();
+    for d in &daemons {
+        d.signal(Signal::SIGTERM);
+    }
+    for d in &mut daemons {
+        let st = d.wait_exit(secs(20));
+        assert!(
+            st.is_some_and(|s| s.success()),
+            "[{}] did not exit 0 after SIGTERM: {st:?}",
+            d.node
+        );
+    }
+    let runs = read_runs(&runs_file);
+    let refs: Vec<&Daemon> = daemons.iter().collect();
+    check_runs(&runs, &refs, &job, 2, t0, t1);
+    let mut per_node: BTreeMap<&str, usize> = BTreeMap::new();
+    for r in &runs {
+        *per_node.entry(r.node.as_str()).or_default() += 1;
+    }
+    eprintln!("{test}: {} runs, per node {per_node:?}", runs.len());
+}
+
+/// The fleet-wide facts about the runs of a job scheduled every `period`
+/// seconds, observed while all daemons were up from `t0` to `t1`.
+fn check_runs(
+    runs: &[Run],
+    daemons: &[&Daemon],
+    job: &str,
+    period: i64,
+    t0: DateTime<Utc>,
+    t1: DateTime<Utc>,
+) {
+    assert!(!runs.is_empty(), "the job never ran");
+    // FENCECRON_SCHEDULED_AT is the exact scheduled instant.
+    for r in runs {
+        assert_eq!(
+            r.raw_scheduled_at,
+            rfc3339(r.scheduled_at),
+            "FENCECRON_SCHEDULED_AT is not RFC 3339 UTC with milliseconds: {r:?}"
+        );
+        assert!(
+            r.scheduled_at.timestamp_subsec_nanos() == 0
+                && r.scheduled_at.timestamp() % period == 0,
+            "FENCECRON_SCHEDULED_AT {} is not an instant of the schedule (every {period} s): {r:?}",
+            r.raw_scheduled_at
+        );
+    }
+    // At most once across the fleet.
+    let mut by_instant: BTreeMap<DateTime<Utc>, Vec<&Run>> = BTreeMap::new();
+    for r in runs {
+        by_instant.entry(r.scheduled_at).or_default().push(r);
+    }
+    let dups: Vec<_> = by_instant.iter().filter(|(_, v)| v.len() > 1).collect();
+    assert!(
+        dups.is_empty(),
+        "scheduled instants that ran more than once: {dups:?}"
+    );
+    // Tokens strictly increase with the scheduled instant.
+    let ordered: Vec<&Run> = by_instant.values().map(|v| v[0]).collect();
+    for w in ordered.windows(2) {
+        assert!(
+            w[0].token < w[1].token,
+            "tokens do not increase with the scheduled instant: {:?} then {:?}",
+            w[0],
+            w[1]
+        );
+    }
+    // None missed in the middle: every instant of the schedule in (t0, t1]
+    // ran, except the first and last two.
+    let first = t0.timestamp() / period * period + period;
+    let expected: Vec<i64> = (first..=t1.timestamp()).step_by(period as usize).collect();
+    assert!(expected.len() > 4, "window too short: {t0} .. {t1}");
+    let seen: BTreeSet<i64> = runs.iter().map(|r| r.scheduled_at.timestamp()).collect();
+    let missing: Vec<String> = expected[2..expected.len() - 2]
+        .iter()
+        .filter(|s| !seen.contains(s))
+        .map(|s| rfc3339(DateTime::from_timestamp(*s, 0).unwrap()))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "scheduled instants that never ran while all daemons were up ({t0} .. {t1}): {missing:?}; ran: {:?}",
+        ordered.iter().map(|r| &r.raw_scheduled_at).collect::<Vec<_>>()
+    );
+    // The daemons' logs agree with what the job saw.
+    let mut started: Vec<(String, i64)> = Vec::new();
+    for d in daemons {
+        for e in d.events("job_started") {
+            if str_field(&e, "job") == Some(job) {
+                started.push((
+                    str_field(&e, "scheduled_at").unwrap_or("").to_string(),
+                    token_of(&e),
+                ));
+            }
+        }
+    }
+    started.sort();
+    let mut recorded: Vec<(String, i64)> = runs
+        .iter()
+        .map(|r| (r.raw_scheduled_at.clone(), r.token))
+        .collect();
+    recorded.sort();
+    assert_eq!(
+        started, recorded,
+        "job_started events (scheduled_at, token) differ from what the job recorded"
+    );
+}
+
+#[test]
+fn fleet_dedup_postgres() {
+    fleet_dedup(Backend::Postgres, "fleet_dedup_postgres", 3, secs(20));
+}
+
+#[test]
+fn fleet_dedup_mysql() {
+    fleet_dedup(Backend::MySql, "fleet_dedup_mysql", 3, secs(12));
+}
+
+#[test]
+fn fleet_dedup_sqlite() {
+    fleet_dedup(Backend::Sqlite, "fleet_dedup_sqlite", 2, secs(12));
+}
+
+// ---------------------------------------------------------------------------
+// 2. Paused owner
+
+#[test]
+fn paused_owner_postgres() {
+    let Some(store) = TestStore::new(Backend::Postgres, "paused_owner_postgres") else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let job = unique("paused");
+    let config = write_config(
+        dir.path(),
+        "",
+        &[job_toml(
+            &job,
+            "*/2 * * * * *",
+            &long_cmd(dir.path()),
+            "lease = \"5s\"",
+        )],
+    );
+    let a = Daemon::spawn(DaemonOpts::new("paused-a", &config, &store.url).debug());
+    let b = Daemon::spawn(DaemonOpts::new("paused-b", &config, &store.url).debug());
+    let (owner_i, started) = first_on_any(&[&a, &b], "job_started", ev("job_started"), secs(60));
+    let (owner, other) = if owner_i == 0 { (&a, &b) } else { (&b, &a) };
+    let t1 = token_of(&started);
+    let p1 = pid_of(&started);
+    assert_eq!(
+        read_pid_file(&dir.path().join(format!("pid.{t1}")), secs(10)),
+        p1,
+        "job_started.pid is not the job's pid"
+    );
+
+    owner.signal(Signal::SIGSTOP);
+    eprintln!("SIGSTOPped {} running token {t1} (pid {p1})", owner.node);
+    // After the lease expires by the store's clock, the other daemon takes a
+    // later occurrence with a higher token.
+    let later = other.expect(
+        "job_started with a higher token on the other daemon",
+        |e| is(e, "job_started") && token_of(e) > t1,
+        secs(30),
+    );
+    let t2 = token_of(&later);
+    let p2 = pid_of(&later);
+    let acquired = other.expect(
+        "lease_acquired for the new token",
+        |e| is(e, "lease_acquired") && token_of(e) == t2,
+        secs(5),
+    );
+    assert_eq!(
+        str_field(&acquired, "node"),
+        Some(other.node.as_str()),
+        "{acquired}"
+    );
+    // The stale owner's job is still running while its daemon is paused: this
+    // is the situation fencing exists for.
+    let stale_job_ran_on = pid_alive(p1);
+
+    let resumed_at = owner.len();
+    owner.signal(Signal::SIGCONT);
+    eprintln!("SIGCONTed {}", owner.node);
+    let (_, lost) = owner.expect_from(
+        0,
+        "lease_lost for the paused run",
+        |e| is(e, "lease_lost") && token_of(e) == t1,
+        secs(15),
+    );
+    assert_eq!(str_field(&lost, "job"), Some(job.as_str()), "{lost}");
+    assert_eq!(
+        str_field(&lost, "node"),
+        Some(owner.node.as_str()),
+        "{lost}"
+    );
+    let (_, cancelled) = owner.expect_from(
+        0,
+        "job_cancelled for the paused run",
+        |e| is(e, "job_cancelled") && token_of(e) == t1,
+        secs(15),
+    );
+    assert!(
+        matches!(
+            str_field(&cancelled, "reason"),
+            Some("lease_lost" | "lease_unconfirmed")
+        ),
+        "job_cancelled reason: {cancelled}"
+    );
+    assert!(
+        wait_pid_gone(p1, secs(15)),
+        "the paused owner's job (pid {p1}, token {t1}) is still running after SIGCONT"
+    );
+    // The new owner's run is undisturbed.
+    assert!(
+        pid_alive(p2),
+        "the new owner's job (pid {p2}, token {t2}) died"
+    );
+    assert!(
+        other.events("job_cancelled").is_empty(),
+        "the new owner cancelled a job: {:?}",
+        other.events("job_cancelled")
+    );
+    // The resumed daemon never renews the old token again.
+    let renewed_after = owner
+        .all()
+        .iter()
+        .skip(resumed_at)
+        .filter(|e| is(e, "lease_renewed") && token_of(e) == t1)
+        .count();
+    assert_eq!(
+        renewed_after, 0,
+        "the stale owner renewed token {t1} after SIGCONT"
+    );
+    // lease_lost is also stored, for `fencecron stale` on every host.
+    let out = run_cmd(
+        common::harness::fencecron(dir.path())
+            .args(["stale", "--json", "--since", "10m", "--store", &store.url]),
+        secs(30),
+    );
+    assert!(out.status.success(), "fencecron stale failed");
+    let stale: Vec<Value> = serde_json::from_slice(&out.stdout).expect("stale --json is JSON");
+    assert!(
+        stale
+            .iter()
+            .any(|r| str_field(r, "kind") == Some("lease_lost")
+                && str_field(r, "resource") == Some(job.as_str())
+                && i64_field(r, "token") == Some(t1)),
+        "no stored lease_lost record for {job} token {t1}"
+    );
+    eprintln!("paused owner's job was still running while paused: {stale_job_ran_on}");
+}
+
+// ---------------------------------------------------------------------------
+// 3. Store unreachable mid-run
+
+/// A direct connection to PostgreSQL (not through the proxy).
+struct Pg {
+    rt: tokio::runtime::Runtime,
+    conn: sqlx::PgConnection,
+}
+
+impl Pg {
+    fn connect(url: &str) -> Pg {
+        use sqlx::Connection;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let conn = rt
+            .block_on(sqlx::PgConnection::connect(url))
+            .expect("direct PostgreSQL connection");
+        Pg { rt, conn }
+    }
+
+    /// (fence, expires_at_ms, the server's clock now in ms) for a resource.
+    fn lease(&mut self, resource: &str) -> (i64, i64, i64) {
+        self.rt
+            .block_on(
+                sqlx::query_as::<_, (i64, i64, i64)>(
+                    "SELECT fence, expires_at_ms, \
+                     (floor(extract(epoch FROM clock_timestamp()) * 1000))::bigint \
+                     FROM fencecron_leases WHERE resource = $1",
+                )
+                .bind(resource)
+                .fetch_one(&mut self.conn),
+            )
+            .expect("read the lease row")
+    }
+}
+
+#[test]
+fn store_unreachable_mid_run_postgres() {
+    let Some(store) = TestStore::new(Backend::Postgres, "store_unreachable_mid_run_postgres")
+    else {
+        return;
+    };
+    let (proxy, proxied) = Proxy::for_url(&store.url, 5432);
+    let mut pg = Pg::connect(&store.url);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let job = unique("unreach");
+    let config = write_config(
+        dir.path(),
+        "",
+        &[job_toml(
+            &job,
+            "*/2 * * * * *",
+            &long_cmd(dir.path()),
+            "lease = \"6s\"",
+        )],
+    );
+    let mut d = Daemon::spawn(DaemonOpts::new("unreach", &config, &proxied).debug());
+    let started = d.expect("job_started", ev("job_started"), secs(60));
+    let t1 = token_of(&started);
+    let p1 = pid_of(&started);
+    // Mid-run: at least one renewal went through.
+    d.expect(
+        "lease_renewed for the running job",
+        |e| is(e, "lease_renewed") && token_of(e) == t1,
+        secs(15),
+    );
+
+    proxy.blackhole();
+    let cut = d.len();
+    assert!(
+        wait_pid_gone(p1, secs(20)),
+        "the job (pid {p1}) is still running 20 s after the store became unreachable"
+    );
+    // Read right after the death was seen: the server's clock now is later
+    // than the death; no renewal can have moved the expiry meanwhile.
+    let (fence, expires_at_ms, db_now_ms) = pg.lease(&job);
+    eprintln!(
+        "job pid {p1} seen dead at store time {db_now_ms}; stored expiry {expires_at_ms} (fence {fence})"
+    );
+    assert_eq!(fence, t1, "someone else took the lease meanwhile");
+    assert!(
+        db_now_ms < expires_at_ms,
+        "the job's death was first seen at store time {db_now_ms}, {} ms after the stored expiry {}: \
+         it outlived its lease",
+        db_now_ms - expires_at_ms,
+        rfc3339(DateTime::from_timestamp_millis(expires_at_ms).unwrap())
+    );
+    let (_, cancelled) = d.expect_from(
+        cut,
+        "job_cancelled with reason lease_unconfirmed",
+        |e| is(e, "job_cancelled") && token_of(e) == t1,
+        secs(10),
+    );
+    assert_eq!(
+        str_field(&cancelled, "reason"),
+        Some("lease_unconfirmed"),
+        "{cancelled}"
+    );
+    assert!(
+        matches!(str_field(&cancelled, "signal"), Some("SIGTERM" | "SIGKILL")),
+        "{cancelled}"
+    );
+    d.expect_from(cut, "store_unavailable", ev("store_unavailable"), secs(20));
+    // Still unreachable past the stored expiry: the daemon keeps running and
+    // starts nothing.
+    loop {
+        let (_, exp, now) = pg.lease(&job);
+        if now > exp + 2000 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // Occurrences due meanwhile are skipped and say why.
+    let (_, skipped) = d.expect_from(
+        cut,
+        "occurrence_skipped with reason store_unavailable while black-holed",
+        |e| is(e, "occurrence_skipped") && str_field(e, "reason") == Some("store_unavailable"),
+        secs(20),
+    );
+    eprintln!("skipped while unreachable: {skipped}");
+    assert!(
+        d.is_running(),
+        "the daemon exited while the store was unreachable"
+    );
+    assert_eq!(
+        d.all()
+            .iter()
+            .skip(cut)
+            .filter(|e| is(e, "job_started"))
+            .count(),
+        0,
+        "a job started while the store was unreachable"
+    );
+
+    proxy.restore();
+    let again = d.expect(
+        "job_started after the store came back",
+        |e| is(e, "job_started") && token_of(e) > t1,
+        secs(40),
+    );
+    assert!(d.is_running());
+    eprintln!(
+        "ran again with token {} for {}",
+        token_of(&again),
+        str_field(&again, "scheduled_at").unwrap_or("?")
+    );
+}
+
+// ---------------------------------------------------------------------------
+// 4. Signals
+
+#[test]
+fn sigterm_stops_job_releases_lease_exits_0_sqlite() {
+    shutdown_on(Signal::SIGTERM);
+}
+
+#[test]
+fn sigint_stops_job_releases_lease_exits_0_sqlite() {
+    shutdown_on(Signal::SIGINT);
+}
+
+/// `sig` while a job runs: the job's whole process group is terminated
+/// (SIGTERM, then SIGKILL after the grace), the lease released, exit 0.
+fn shutdown_on(sig: Signal) {
+    let store = TestStore::new(Backend::Sqlite, "shutdown").expect("sqlite");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let job = unique(&format!("{sig}").to_lowercase());
+    // Ignores SIGTERM (and so does its `sleep`): only the SIGKILL after the
+    // grace period ends the process group.
+    let argv: Vec<String> = vec![
+        "sh".into(),
+        "-c".into(),
+        r#"trap '' TERM; echo $$ > "$1/pid"; while :; do sleep 1; done"#.into(),
+        "sh".into(),
+        dir.path().display().to_string(),
+    ];
+    let config = write_config(
+        dir.path(),
+        "",
+        &[job_toml(&job, "*/2 * * * * *", &argv, "lease = \"5s\"")],
+    );
+    let mut d = Daemon::spawn(DaemonOpts::new(
+        &format!("{sig}").to_lowercase(),
+        &config,
+        &store.url,
+    ));
+    let started = d.expect("job_started", ev("job_started"), secs(60));
+    let token = token_of(&started);
+    let pgid = pid_of(&started);
+    assert_eq!(read_pid_file(&dir.path().join("pid"), secs(10)), pgid);
+
+    d.signal(sig);
+    let status = d
+        .wait_exit(secs(30))
+        .unwrap_or_else(|| panic!("the daemon did not exit after {sig}"));
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "exit status after {sig}: {status:?}"
+    );
+    assert!(
+        !common::daemon::group_alive(pgid),
+        "the job's process group {pgid} survived the daemon's shutdown"
+    );
+    let all = d.all();
+    let pos = |pred: &dyn Fn(&Value) -> bool, what: &str| -> usize {
+        all.iter()
+            .position(pred)
+            .unwrap_or_else(|| panic!("no {what}: {}", d.summary()))
+    };
+    let stopping = pos(&|e| is(e, "daemon_stopping"), "daemon_stopping");
+    let cancelled = pos(
+        &|e| is(e, "job_cancelled") && token_of(e) == token,
+        "job_cancelled",
+    );
+    assert_eq!(
+        str_field(&all[cancelled], "reason"),
+        Some("shutdown"),
+        "{}",
+        all[cancelled]
+    );
+    let finished = pos(
+        &|e| is(e, "job_finished") && token_of(e) == token,
+        "job_finished",
+    );
+    let released = pos(
+        &|e| is(e, "lease_released") && token_of(e) == token,
+        "lease_released",
+    );
+    let stopped = pos(&|e| is(e, "daemon_stopped"), "daemon_stopped");
+    assert!(
+        stopping < cancelled && cancelled < finished && finished < released && released < stopped,
+        "shutdown order: daemon_stopping@{stopping} job_cancelled@{cancelled} job_finished@{finished} \
+         lease_released@{released} daemon_stopped@{stopped}"
+    );
+    assert_eq!(str_field(&all[released], "job"), Some(job.as_str()));
+    let leases = lease_list(&store.url);
+    let row = leases
+        .iter()
+        .find(|l| str_field(l, "resource") == Some(job.as_str()))
+        .unwrap_or_else(|| panic!("{job} not in lease list: {leases:?}"));
+    assert_eq!(row.get("held"), Some(&Value::Bool(false)), "{row}");
+    assert_eq!(i64_field(row, "token"), Some(token), "{row}");
+}
+
+#[test]
+fn sighup_adds_a_job_and_leaves_running_ones_alone_sqlite() {
+    let store = TestStore::new(Backend::Sqlite, "sighup_add").expect("sqlite");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let long_job = unique("long");
+    let new_job = unique("added");
+    let long = job_toml(
+        &long_job,
+        "*/2 * * * * *",
+        &long_cmd(dir.path()),
+        "lease = \"5s\"",
+    );
+    let config = write_config(dir.path(), "", std::slice::from_ref(&long));
+    let mut d = Daemon::spawn(DaemonOpts::new("sighup-add", &config, &store.url));
+    let started = d.expect("job_started", ev("job_started"), secs(60));
+    let p1 = pid_of(&started);
+
+    let added_runs = dir.path().join("added-runs");
+    write_config(
+        dir.path(),
+        "",
+        &[
+            long,
+            job_toml(
+                &new_job,
+                "* * * * * *",
+                &record_cmd(&added_runs),
+                "lease = \"5s\"",
+            ),
+        ],
+    );
+    let cut = d.len();
+    d.signal(Signal::SIGHUP);
+    let (_, reloaded) = d.expect_from(cut, "config_reloaded", ev("config_reloaded"), secs(15));
+    assert_eq!(i64_field(&reloaded, "added"), Some(1), "{reloaded}");
+    assert_eq!(i64_field(&reloaded, "removed"), Some(0), "{reloaded}");
+    assert_eq!(i64_field(&reloaded, "jobs"), Some(2), "{reloaded}");
+    d.expect_from(
+        cut,
+        "job_started for the added job",
+        |e| is(e, "job_started") && job_is(&new_job)(e),
+        secs(15),
+    );
+    let deadline = std::time::Instant::now() + secs(10);
+    while read_runs(&added_runs).is_empty() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        !read_runs(&added_runs).is_empty(),
+        "the added job never wrote its run"
+    );
+    assert!(
+        pid_alive(p1),
+        "the running job (pid {p1}) did not survive the reload"
+    );
+    assert!(
+        d.events("job_cancelled").is_empty(),
+        "a job was cancelled by the reload: {:?}",
+        d.events("job_cancelled")
+    );
+    assert!(d.is_running());
+}
+
+#[test]
+fn sighup_with_an_invalid_file_keeps_the_old_jobs_sqlite() {
+    let store = TestStore::new(Backend::Sqlite, "sighup_invalid").expect("sqlite");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let job = unique("kept");
+    let runs_file = dir.path().join("runs");
+    let config = write_config(
+        dir.path(),
+        "",
+        &[job_toml(
+            &job,
+            "* * * * * *",
+            &record_cmd(&runs_file),
+            "lease = \"5s\"",
+        )],
+    );
+    let mut d = Daemon::spawn(DaemonOpts::new("sighup-bad", &config, &store.url));
+    d.expect("job_started", ev("job_started"), secs(60));
+
+    std::fs::write(&config, "[[job]]\nname = \"broken\"\nschedule = \n").expect("write");
+    let cut = d.len();
+    d.signal(Signal::SIGHUP);
+    let (at, invalid) = d.expect_from(cut, "config_invalid", ev("config_invalid"), secs(15));
+    let error = str_field(&invalid, "error").unwrap_or("");
+    assert!(
+        error.contains(&config.display().to_string()),
+        "config_invalid does not name the file: {invalid}"
+    );
+    assert!(
+        d.all().iter().skip(cut).all(|e| !is(e, "config_reloaded")),
+        "an invalid file was reported as reloaded"
+    );
+    // The old job keeps firing: two more distinct occurrences.
+    let (i1, first) = d.expect_from(
+        at + 1,
+        "job_started after config_invalid",
+        |e| is(e, "job_started") && job_is(&job)(e),
+        secs(15),
+    );
+    let (_, second) = d.expect_from(
+        i1 + 1,
+        "a second job_started after config_invalid",
+        |e| is(e, "job_started") && job_is(&job)(e),
+        secs(15),
+    );
+    assert_ne!(
+        str_field(&first, "scheduled_at"),
+        str_field(&second, "scheduled_at")
+    );
+    assert!(d.is_running());
+}
+
+// ---------------------------------------------------------------------------
+// 6. exec
+
+fn exec(store: &str, cwd: &Path, resource: &str, argv: &[&str]) -> std::process::Output {
+    let mut cmd = common::harness::fencecron(cwd);
+    cmd.args(["--store", store, "exec", resource, "--lease", "5s", "--"])
+        .args(argv);
+    run_cmd(&mut cmd, secs(60))
+}
+
+#[test]
+fn exec_prints_the_token_and_exits_0() {
+    let store = TestStore::new(Backend::Sqlite, "exec_token").expect("sqlite");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let res = unique("exec");
+    let out = exec(
+        &store.url,
+        dir.path(),
+        &res,
+        &["sh", "-c", "echo $FENCECRON_TOKEN"],
+    );
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let token: i64 = stdout
+        .trim()
+        .parse()
+        .unwrap_or_else(|e| panic!("stdout {stdout:?} is not just the token: {e}"));
+    assert!(token >= 1);
+    let leases = lease_list(&store.url);
+    let row = leases
+        .iter()
+        .find(|l| str_field(l, "resource") == Some(res.as_str()))
+        .unwrap_or_else(|| panic!("{res} not in lease list: {leases:?}"));
+    assert_eq!(i64_field(row, "token"), Some(token), "{row}");
+    assert_eq!(
+        row.get("held"),
+        Some(&Value::Bool(false)),
+        "not released: {row}"
+    );
+    // A second run is a new generation.
+    let out = exec(
+        &store.url,
+        dir.path(),
+        &res,
+        &["sh", "-c", "echo $FENCECRON_TOKEN"],
+    );
+    let second: i64 = String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .expect("token");
+    assert!(
+        second > token,
+        "second exec token {second} not above {token}"
+    );
+}
+
+#[test]
+fn exec_exit_codes() {
+    let store = TestStore::new(Backend::Sqlite, "exec_codes").expect("sqlite");
+    let dir = tempfile::tempdir().expect("temp dir");
+
+    let out = exec(
+        &store.url,
+        dir.path(),
+        &unique("code"),
+        &["sh", "-c", "exit 7"],
+    );
+    assert_eq!(out.status.code(), Some(7), "the child's exit code: {out:?}");
+
+    let out = exec(
+        &store.url,
+        dir.path(),
+        &unique("term"),
+        &["sh", "-c", "kill -TERM $$"],
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(128 + 15),
+        "killed by SIGTERM: {out:?}"
+    );
+
+    let held = unique("held");
+    let acq = run_cmd(
+        common::harness::fencecron(dir.path()).args([
+            "--store", &store.url, "lease", "acquire", &held, "--lease", "60s", "--json",
+        ]),
+        secs(30),
+    );
+    assert_eq!(acq.status.code(), Some(0), "lease acquire: {acq:?}");
+    let marker = dir.path().join("ran");
+    let marker_s = marker.display().to_string();
+    let out = exec(
+        &store.url,
+        dir.path(),
+        &held,
+        &["sh", "-c", "touch \"$1\"", "sh", &marker_s],
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(75),
+        "lease held by someone else: {out:?}"
+    );
+    assert!(
+        !marker.exists(),
+        "the command ran although the lease was held"
+    );
+    assert!(
+        !out.stderr.is_empty(),
+        "no message on stderr for a held lease"
+    );
+}
