@@ -176,19 +176,20 @@ impl Parser<'_> {
 
     fn parse(&self) -> Result<Config, ConfigError> {
         let raw: RawConfig = toml::from_str(self.text).map_err(|e| {
-            let (line, column) = match e.span() {
+            let message = e.message().trim().to_string();
+            let (line, column, key) = match e.span() {
                 Some(span) => {
                     let (l, c) = line_col(self.text, span.start);
-                    (Some(l), Some(c))
+                    (Some(l), Some(c), self.key_at(span.start, &message))
                 }
-                None => (None, None),
+                None => (None, None, None),
             };
             ConfigError {
                 path: self.path.to_path_buf(),
                 line,
                 column,
-                key: None,
-                message: e.message().trim().to_string(),
+                key,
+                message,
             }
         })?;
 
@@ -243,6 +244,60 @@ impl Parser<'_> {
             node_id,
             jobs,
         })
+    }
+
+    /// The dotted key a TOML error at `offset` is about, such as
+    /// `job[1].colour` or `defaults.lease`: the field named in the message
+    /// (unknown or missing field), else the key left of `=` on that line,
+    /// qualified by the table header above it.
+    fn key_at(&self, offset: usize, message: &str) -> Option<String> {
+        let offset = offset.min(self.text.len());
+        let named = ["unknown field `", "missing field `"]
+            .iter()
+            .find_map(|p| message.strip_prefix(p))
+            .and_then(|rest| rest.split('`').next())
+            .map(str::to_string);
+        let line_start = self.text[..offset].rfind('\n').map_or(0, |i| i + 1);
+        let line = self.text[line_start..].lines().next().unwrap_or("");
+        let leaf = named.or_else(|| {
+            line.split_once('=')
+                .map(|(k, _)| k.trim().trim_matches('"').to_string())
+                .filter(|k| !k.is_empty() && !k.starts_with('['))
+        });
+        // A missing field is reported at its table's header line.
+        let upto = if line.trim_start().starts_with('[') {
+            line_start + line.len()
+        } else {
+            line_start
+        };
+        let before = &self.text[..upto];
+        let header = before
+            .lines()
+            .rev()
+            .map(str::trim)
+            .find(|l| l.starts_with('['));
+        let table = match header {
+            Some(h) if h.starts_with("[[") => {
+                let name = h.trim_matches(|c| c == '[' || c == ']').trim();
+                let index = before
+                    .lines()
+                    .filter(|l| {
+                        l.trim().trim_matches(|c| c == '[' || c == ']').trim() == name
+                            && l.trim().starts_with("[[")
+                    })
+                    .count()
+                    .saturating_sub(1);
+                Some(format!("{name}[{index}]"))
+            }
+            Some(h) => Some(h.trim_matches(|c| c == '[' || c == ']').trim().to_string()),
+            None => None,
+        };
+        match (table, leaf) {
+            (Some(t), Some(k)) => Some(format!("{t}.{k}")),
+            (None, Some(k)) => Some(k),
+            (Some(t), None) => Some(t),
+            (None, None) => None,
+        }
     }
 
     fn store(&self, s: &Spanned<RawStore>) -> Result<Option<StoreUrl>, ConfigError> {
@@ -489,6 +544,16 @@ mod tests {
         let e = err(&format!("{JOB}colour = \"red\"\n"));
         assert_eq!(e.line, Some(5));
         assert!(e.to_string().contains("colour"), "{e}");
+    }
+
+    #[test]
+    fn toml_errors_name_the_key() {
+        let e = err(&format!("[defaults]\nlease = 5\n{JOB}"));
+        assert_eq!(e.key.as_deref(), Some("defaults.lease"), "{e}");
+        let e = err(&format!("{JOB}{JOB}colour = 1\n"));
+        assert_eq!(e.key.as_deref(), Some("job[1].colour"), "{e}");
+        let e = err("[[job]]\nname = \"a\"\ncommand = [\"true\"]\n");
+        assert_eq!(e.key.as_deref(), Some("job[0].schedule"), "{e}");
     }
 
     #[test]
