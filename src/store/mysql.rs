@@ -80,7 +80,8 @@ const LEASE_ROW: &str =
     "SELECT owner_id, fence, expires_at_ms FROM fencecron_leases WHERE resource = ?";
 
 const LIST: &str = concat!(
-    "SELECT resource, owner_id, node, fence, expires_at_ms, last_occurrence_ms, ",
+    "SELECT CAST(resource AS CHAR CHARACTER SET utf8mb4) AS resource, owner_id, node, fence,
+            expires_at_ms, last_occurrence_ms, ",
     now_ms!(),
     " AS now_ms FROM fencecron_leases ORDER BY resource"
 );
@@ -121,24 +122,13 @@ const INSERT_STALE: &str = concat!(
 const GET: &str = "SELECT value, token, owner_id, written_at_ms FROM fencecron_values
                     WHERE resource = ? AND key_name = ?";
 
-const STALE: &str =
-    "SELECT at_ms, kind, reason, resource, key_name, owner_id, token, accepted_token,
+/// Names are stored as bytes (VARBINARY); they are read back as text under
+/// the column names every backend uses.
+const STALE: &str = "SELECT at_ms, kind, reason,
+            CAST(resource AS CHAR CHARACTER SET utf8mb4) AS resource,
+            CAST(key_name AS CHAR CHARACTER SET utf8mb4) AS `key`, owner_id, token, accepted_token,
                             node, job, stage, operation_id
                        FROM fencecron_stale WHERE at_ms >= ? ORDER BY at_ms, id";
-
-/// Reads a name column, stored as VARBINARY, as text.
-fn text(row: &sqlx::mysql::MySqlRow, col: &str) -> Result<String, sqlx::Error> {
-    let bytes: Vec<u8> = row.try_get(col)?;
-    String::from_utf8(bytes).map_err(|e| sqlx::Error::Decode(Box::new(e)))
-}
-
-/// Reads a nullable name column, stored as VARBINARY, as text.
-fn opt_text(row: &sqlx::mysql::MySqlRow, col: &str) -> Result<Option<String>, sqlx::Error> {
-    let bytes: Option<Vec<u8>> = row.try_get(col)?;
-    bytes
-        .map(|b| String::from_utf8(b).map_err(|e| sqlx::Error::Decode(Box::new(e))))
-        .transpose()
-}
 
 /// The MySQL/MariaDB store.
 pub struct MySqlStore {
@@ -511,19 +501,8 @@ impl Store for MySqlStore {
                 .map_err(|e| self.err(e))?;
             rows.iter()
                 .map(|r| {
-                    let expires_at: i64 = r.try_get("expires_at_ms")?;
                     let now: i64 = r.try_get("now_ms")?;
-                    Ok(LeaseInfo {
-                        resource: text(r, "resource")?,
-                        owner_id: r.try_get("owner_id")?,
-                        node: r.try_get("node")?,
-                        token: r.try_get("fence")?,
-                        expires_at: StoreTime(expires_at),
-                        held: expires_at > now,
-                        last_occurrence: r
-                            .try_get::<Option<i64>, _>("last_occurrence_ms")?
-                            .map(StoreTime),
-                    })
+                    rows::lease_info(r, now)
                 })
                 .collect::<Result<Vec<_>, sqlx::Error>>()
                 .map_err(|e| self.err(e))
@@ -543,18 +522,9 @@ impl Store for MySqlStore {
                 .fetch_optional(&self.pool)
                 .await
                 .map_err(|e| self.err(e))?;
-            row.map(|r| {
-                Ok(StoredValue {
-                    resource: resource.to_string(),
-                    key: key.to_string(),
-                    value: r.try_get("value")?,
-                    token: r.try_get("token")?,
-                    owner_id: r.try_get("owner_id")?,
-                    written_at: StoreTime(r.try_get("written_at_ms")?),
-                })
-            })
-            .transpose()
-            .map_err(|e: sqlx::Error| self.err(e))
+            row.map(|r| rows::stored_value(&r, resource.as_str(), key.as_str()))
+                .transpose()
+                .map_err(|e: sqlx::Error| self.err(e))
         })
         .await
     }
@@ -577,22 +547,7 @@ impl Store for MySqlStore {
                 .await
                 .map_err(|e| self.err(e))?;
             rows.iter()
-                .map(|r| {
-                    Ok(stale_record(
-                        r.try_get("at_ms")?,
-                        r.try_get("kind")?,
-                        r.try_get("reason")?,
-                        text(r, "resource")?,
-                        opt_text(r, "key_name")?,
-                        r.try_get("owner_id")?,
-                        r.try_get("token")?,
-                        r.try_get("accepted_token")?,
-                        r.try_get("node")?,
-                        r.try_get("job")?,
-                        r.try_get("stage")?,
-                        r.try_get("operation_id")?,
-                    ))
-                })
+                .map(rows::stale_record)
                 .collect::<Result<Vec<_>, sqlx::Error>>()
                 .map_err(|e| self.err(e))
         })

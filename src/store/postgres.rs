@@ -454,19 +454,8 @@ impl Store for PostgresStore {
                 .map_err(|e| self.err(e))?;
             rows.iter()
                 .map(|r| {
-                    let expires_at: i64 = r.try_get("expires_at_ms")?;
                     let now: i64 = r.try_get("now_ms")?;
-                    Ok(LeaseInfo {
-                        resource: r.try_get("resource")?,
-                        owner_id: r.try_get("owner_id")?,
-                        node: r.try_get("node")?,
-                        token: r.try_get("fence")?,
-                        expires_at: StoreTime(expires_at),
-                        held: expires_at > now,
-                        last_occurrence: r
-                            .try_get::<Option<i64>, _>("last_occurrence_ms")?
-                            .map(StoreTime),
-                    })
+                    rows::lease_info(r, now)
                 })
                 .collect::<Result<Vec<_>, sqlx::Error>>()
                 .map_err(|e| self.err(e))
@@ -486,18 +475,9 @@ impl Store for PostgresStore {
                 .fetch_optional(&self.pool)
                 .await
                 .map_err(|e| self.err(e))?;
-            row.map(|r| {
-                Ok(StoredValue {
-                    resource: resource.to_string(),
-                    key: key.to_string(),
-                    value: r.try_get("value")?,
-                    token: r.try_get("token")?,
-                    owner_id: r.try_get("owner_id")?,
-                    written_at: StoreTime(r.try_get("written_at_ms")?),
-                })
-            })
-            .transpose()
-            .map_err(|e: sqlx::Error| self.err(e))
+            row.map(|r| rows::stored_value(&r, resource.as_str(), key.as_str()))
+                .transpose()
+                .map_err(|e: sqlx::Error| self.err(e))
         })
         .await
     }
@@ -520,22 +500,7 @@ impl Store for PostgresStore {
                 .await
                 .map_err(|e| self.err(e))?;
             rows.iter()
-                .map(|r| {
-                    Ok(stale_record(
-                        r.try_get("at_ms")?,
-                        r.try_get("kind")?,
-                        r.try_get("reason")?,
-                        r.try_get("resource")?,
-                        r.try_get("key")?,
-                        r.try_get("owner_id")?,
-                        r.try_get("token")?,
-                        r.try_get("accepted_token")?,
-                        r.try_get("node")?,
-                        r.try_get("job")?,
-                        r.try_get("stage")?,
-                        r.try_get("operation_id")?,
-                    ))
-                })
+                .map(rows::stale_record)
                 .collect::<Result<Vec<_>, sqlx::Error>>()
                 .map_err(|e| self.err(e))
         })
