@@ -868,6 +868,47 @@ fn mysql_unreachable_store_hides_password() {
     unreachable_store_hides_password("mysql://root:sekret@127.0.0.1:1/test");
 }
 
+/// A database at its connection limit is named as such, with what to change,
+/// rather than reported as down. MariaDB/MySQL answer a user over its
+/// `MAX_USER_CONNECTIONS` at once (PostgreSQL's 53300 is retried by the pool
+/// until its timeout, which the pool-timeout message covers).
+#[test]
+fn mysql_connection_limit_is_named() {
+    let Some(ts) = TestStore::new(Backend::MySql, "mysql_connection_limit_is_named") else {
+        return;
+    };
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let mut limited = url::Url::parse(&ts.url).expect("test URL parses");
+    limited.set_username("fencecron_limited").unwrap();
+    limited.set_password(Some("sekret3")).unwrap();
+    let limited = limited.to_string();
+    // Holds the user's only connection while the binary tries to connect.
+    let _held = rt.block_on(async {
+        use sqlx::{Connection, Executor};
+        let mut root = sqlx::MySqlConnection::connect(&ts.url).await.unwrap();
+        for sql in [
+            "CREATE USER IF NOT EXISTS 'fencecron_limited'@'127.0.0.1' IDENTIFIED BY 'sekret3'",
+            "ALTER USER 'fencecron_limited'@'127.0.0.1' IDENTIFIED BY 'sekret3' WITH MAX_USER_CONNECTIONS 1",
+            "GRANT ALL ON test.* TO 'fencecron_limited'@'127.0.0.1'",
+        ] {
+            root.execute(sql).await.unwrap();
+        }
+        sqlx::MySqlConnection::connect(&limited)
+            .await
+            .expect("the limited user connects once")
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = fencecron(dir.path());
+    cmd.args(["lease", "list", "--store", &limited]);
+    let out = expect_code(run(cmd, None), EXIT_RUNTIME, &["lease", "list", "limited"]);
+    let msg = one_sentence(&out);
+    assert!(!msg.contains("sekret3"), "password leaked: {msg}");
+    assert!(
+        msg.contains("connection limit") && msg.contains("max_connections"),
+        "names the connection limit and what to change: {msg}"
+    );
+}
+
 #[test]
 fn unsupported_scheme_is_a_usage_error() {
     let dir = tempfile::tempdir().unwrap();

@@ -262,7 +262,7 @@ pub fn redact(raw: &str) -> String {
 pub enum StoreError {
     /// The store could not be reached or the call failed in transit. The
     /// caller may retry.
-    #[error("the store at {url} is unreachable or failing ({source}); check that it is running and reachable from this host")]
+    #[error("{}", unavailable_message(url, source))]
     Unavailable {
         url: String,
         #[source]
@@ -282,6 +282,40 @@ pub enum StoreError {
     /// The store answered something this version cannot interpret.
     #[error("the store at {url} returned unexpected data: {detail}")]
     Corrupt { url: String, detail: String },
+}
+
+/// The message for [`StoreError::Unavailable`], with advice that fits the
+/// cause: a database at its connection limit needs a different fix from one
+/// that is down.
+fn unavailable_message(url: &str, source: &sqlx::Error) -> String {
+    if is_connection_limit(source) {
+        return format!(
+            "the store at {url} refused a new connection because it has reached its connection limit ({source}); lower store.max_connections in jobs.toml on each host or raise the database's limit"
+        );
+    }
+    if matches!(source, sqlx::Error::PoolTimedOut) {
+        return format!(
+            "no connection to the store at {url} came free in time ({source}): either the database is unreachable, or it refuses new connections because its connection limit is reached (each daemon opens up to store.max_connections); check that it is running and reachable, and its connection count"
+        );
+    }
+    format!("the store at {url} is unreachable or failing ({source}); check that it is running and reachable from this host")
+}
+
+/// Whether the database refused a connection because of its connection
+/// limit: PostgreSQL 53300 too_many_connections, MySQL 1040 "Too many
+/// connections", 1203 and 1226 (a user's `max_user_connections`).
+fn is_connection_limit(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Database(db) => {
+            db.code().as_deref() == Some("53300")
+                || db
+                    .message()
+                    .to_ascii_lowercase()
+                    .contains("too many connections")
+                || db.message().contains("max_user_connections")
+        }
+        _ => false,
+    }
 }
 
 /// What `acquire` is asked to do.
@@ -648,6 +682,7 @@ pub(crate) fn migrate_error(
             | sqlx::Error::Io(_)
             | sqlx::Error::Tls(_)),
         ) => unavailable(url, e),
+        sqlx::migrate::MigrateError::Execute(e) if is_connection_limit(&e) => unavailable(url, e),
         source => StoreError::Migrate {
             backend,
             url: url.to_string(),
