@@ -23,6 +23,9 @@ use crate::supervise::{LeaseTiming, TimingError, DEFAULT_LEASE};
 /// `$FENCECRON_CONFIG` names one.
 pub const DEFAULT_PATH: &str = "/etc/fencecron/jobs.toml";
 
+/// The largest `store.max_connections` accepted.
+pub const MAX_STORE_CONNECTIONS: u32 = 64;
+
 /// A loaded, validated configuration.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
@@ -30,6 +33,8 @@ pub struct Config {
     pub path: PathBuf,
     /// The store, when the file names one.
     pub store: Option<StoreUrl>,
+    /// `store.max_connections`: the daemon's pool size, when set.
+    pub store_max_connections: Option<u32>,
     /// The node id, when the file sets one.
     pub node_id: Option<String>,
     /// The jobs, in file order.
@@ -97,6 +102,7 @@ struct RawConfig {
 struct RawStore {
     url: Option<Spanned<String>>,
     url_env: Option<Spanned<String>>,
+    max_connections: Option<Spanned<i64>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -197,6 +203,24 @@ impl Parser<'_> {
             Some(s) => self.store(s)?,
             None => None,
         };
+        let store_max_connections = match raw.store.as_ref().and_then(|s| s.get_ref().max_connections.as_ref()) {
+            Some(n) => Some(
+                u32::try_from(*n.get_ref())
+                    .ok()
+                    .filter(|n| (1..=MAX_STORE_CONNECTIONS).contains(n))
+                    .ok_or_else(|| {
+                        self.at(
+                            n.span(),
+                            "store.max_connections",
+                            format!(
+                                "{} is not between 1 and {MAX_STORE_CONNECTIONS}; every daemon opens up to this many connections, so keep hosts x max_connections below the database's own limit",
+                                n.get_ref()
+                            ),
+                        )
+                    })?,
+            ),
+            None => None,
+        };
         let node_id = match raw.node.as_ref().and_then(|n| n.id.as_ref()) {
             Some(id) => {
                 Name::parse("node", id.get_ref()).map_err(|m| self.at(id.span(), "node.id", m))?;
@@ -241,6 +265,7 @@ impl Parser<'_> {
         Ok(Config {
             path: self.path.to_path_buf(),
             store,
+            store_max_connections,
             node_id,
             jobs,
         })

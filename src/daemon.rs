@@ -44,14 +44,30 @@ const MAX_CLOCK_AHEAD: Duration = Duration::from_secs(60);
 /// Time limit for one store call made by the daemon.
 const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Connections per daemon unless `store.max_connections` says otherwise:
+/// twenty hosts fit in PostgreSQL's default limit of 100. A caller that
+/// finds every connection busy waits for one to come back instead of
+/// opening another, which costs a round trip at most.
+const DEFAULT_MAX_CONNECTIONS: u32 = 4;
+
 /// Runs the daemon until SIGTERM/SIGINT; returns exit code 0 after a clean
 /// shutdown.
 pub async fn run(cli: &Cli, node_flag: Option<String>) -> Result<u8> {
-    let ctx = Context::load(cli, true)?;
+    let mut ctx = Context::load(cli, true)?;
+    // Computed while the context still holds the config (it names the
+    // config file to the jobs).
+    let child_env = ctx.child_store_env();
+    // The job list is held once, by the scheduler: with croner's schedules
+    // at about 5 KB each, every copy of 1,000 jobs costs 5 MB.
     let config = ctx
         .config
-        .clone()
+        .take()
         .ok_or_else(|| Error::Usage("fencecron run needs a config file".to_string()))?;
+    let started_with = StartedWith {
+        store: config.store.clone(),
+        store_max_connections: config.store_max_connections,
+        node_id: config.node_id.clone(),
+    };
     let node = node_flag.unwrap_or_else(|| ctx.node.clone());
     Name::parse("node", &node).map_err(|m| Error::Usage(format!("--node-id: {m}")))?;
 
@@ -60,11 +76,13 @@ pub async fn run(cli: &Cli, node_flag: Option<String>) -> Result<u8> {
     let store = store::open(
         &ctx.store_url,
         &OpenOptions {
-            max_connections: 8,
+            max_connections: config
+                .store_max_connections
+                .unwrap_or(DEFAULT_MAX_CONNECTIONS),
             call_timeout: CALL_TIMEOUT,
         },
     )?;
-    let supervisor = Supervisor::new(store.clone(), node.clone(), ctx.child_store_env());
+    let supervisor = Supervisor::new(store.clone(), node.clone(), child_env);
     let shutdown = CancellationToken::new();
     let tracker = TaskTracker::new();
     let ready = Arc::new(OnceCell::new());
@@ -82,18 +100,19 @@ pub async fn run(cli: &Cli, node_flag: Option<String>) -> Result<u8> {
     }
 
     let (reload_tx, reload_rx) = mpsc::channel(4);
+    let running = Arc::new(Mutex::new(HashSet::new()));
     let scheduler = Scheduler {
         supervisor,
         jobs: HashMap::new(),
         heap: BinaryHeap::new(),
         generation: 0,
-        running: Arc::new(Mutex::new(HashSet::new())),
+        running: running.clone(),
         ready,
         tracker: tracker.clone(),
         shutdown: shutdown.clone(),
     };
     let job_count = config.jobs.len();
-    tracker.spawn(scheduler.run(config.jobs.clone(), reload_rx));
+    tracker.spawn(scheduler.run(config.jobs, reload_rx));
 
     events::daemon_started(
         &node,
@@ -108,7 +127,7 @@ pub async fn run(cli: &Cli, node_flag: Option<String>) -> Result<u8> {
 
     let reason = loop {
         match signals.next().await {
-            Some(SIGHUP) => reload(&ctx, &config, &reload_tx).await,
+            Some(SIGHUP) => reload(&ctx, &started_with, &reload_tx).await,
             Some(SIGTERM) => break "SIGTERM",
             Some(SIGINT) => break "SIGINT",
             Some(_) => {}
@@ -119,7 +138,8 @@ pub async fn run(cli: &Cli, node_flag: Option<String>) -> Result<u8> {
         NotifyState::Stopping,
         NotifyState::Status("stopping: terminating jobs and releasing leases"),
     ]);
-    events::daemon_stopping(reason, tracker.len().saturating_sub(1));
+    let in_progress = running.lock().map(|r| r.len()).unwrap_or(0);
+    events::daemon_stopping(reason, in_progress);
     shutdown.cancel();
     tracker.close();
     tracker.wait().await;
@@ -132,14 +152,27 @@ fn notify(states: &[NotifyState<'_>]) {
     let _ = sd_notify::notify(false, states);
 }
 
+/// The settings a reload cannot change.
+struct StartedWith {
+    store: Option<store::StoreUrl>,
+    store_max_connections: Option<u32>,
+    node_id: Option<String>,
+}
+
 /// Reloads jobs.toml on SIGHUP. An invalid file keeps the old jobs.
-async fn reload(ctx: &Context, original: &config::Config, tx: &mpsc::Sender<Vec<Job>>) {
+async fn reload(ctx: &Context, original: &StartedWith, tx: &mpsc::Sender<Vec<Job>>) {
     notify(&[NotifyState::Reloading]);
     match config::load(&ctx.config_path) {
         Err(e) => events::config_invalid(&e.to_string()),
         Ok(new) => {
             if !ctx.store_from_flag && new.store != original.store {
                 events::config_ignored("store", "the store cannot change while running; restart the daemon to use the new store");
+            }
+            if new.store_max_connections != original.store_max_connections {
+                events::config_ignored(
+                    "store.max_connections",
+                    "the connection pool cannot be resized while running; restart the daemon",
+                );
             }
             if new.node_id != original.node_id {
                 events::config_ignored(
@@ -337,6 +370,12 @@ impl Occurrence {
         let store = self.supervisor.store().clone();
         let mut delay = Duration::from_millis(100);
         loop {
+            // Every attempt, including one that hangs on a stalled store,
+            // ends by `give_up`: an occurrence that started that late would
+            // hold up the next one, which this node then skips locally. An
+            // attempt abandoned after the store committed it leaves a lease
+            // that no job runs under; it expires on its own.
+            let give_up_in = (give_up - Utc::now()).to_std().unwrap_or(Duration::ZERO);
             let sent = Instant::now();
             let attempt = async {
                 ensure_ready(&self.ready, store.as_ref()).await?;
@@ -351,6 +390,15 @@ impl Occurrence {
             };
             let outcome = tokio::select! {
                 r = attempt => r,
+                _ = tokio::time::sleep_until(sent + give_up_in) => {
+                    let detail = format!(
+                        "the store did not answer before {}, when the occurrence was no longer worth starting",
+                        rfc3339(give_up)
+                    );
+                    events::store_unavailable("acquire", Some(name), &detail, None);
+                    events::occurrence_skipped(name, &at, "store_unavailable", &detail);
+                    return;
+                }
                 _ = self.shutdown.cancelled() => return,
             };
             match outcome {
@@ -375,18 +423,24 @@ impl Occurrence {
                     return;
                 }
                 Ok(AcquireOutcome::Held {
-                    owner_id,
+                    owner_id: Some(owner),
                     node,
                     token,
                     ..
                 }) => {
-                    let detail = match (owner_id, node) {
-                        (Some(o), Some(n)) => {
-                            format!("lease held by {o} on {n} with token {token}")
-                        }
-                        _ => "lease taken by a concurrent acquirer during this attempt".to_string(),
-                    };
+                    let detail = format!(
+                        "lease held by {owner} on {} with token {token}",
+                        node.as_deref().unwrap_or("an unknown node")
+                    );
                     events::occurrence_skipped(name, &at, "held", &detail);
+                    return;
+                }
+                Ok(AcquireOutcome::Held { owner_id: None, .. }) => {
+                    // Another node's acquire won while ours waited for the
+                    // row (the store could only see the row as it was before
+                    // the winner committed): in a fleet that is this very
+                    // occurrence, taken elsewhere.
+                    events::occurrence_taken(name, &at);
                     return;
                 }
                 Ok(AcquireOutcome::OccurrenceTaken { .. }) => {
@@ -408,6 +462,10 @@ impl Occurrence {
                         return;
                     }
                     events::occurrence_early(name, &at, ahead_ms);
+                    // The occurrence's deadline moves with the store's
+                    // clock, or a host running ahead would never run a job
+                    // whose interval is shorter than its offset.
+                    give_up += chrono::Duration::from_std(ahead).unwrap_or_default();
                     tokio::select! {
                         _ = tokio::time::sleep(ahead + Duration::from_millis(1)) => {}
                         _ = self.shutdown.cancelled() => return,

@@ -14,11 +14,14 @@ use crate::cli::LogFormat;
 use crate::store::{Lease, StaleRecord, StoreTime, Token};
 
 /// Installs the global subscriber: logs go to stderr, `RUST_LOG` (or
-/// `FENCECRON_LOG`) filters, default `info`.
+/// `FENCECRON_LOG`) filters, default `info` for fencecron's own events.
+/// sqlx's own lines (slow statements, slow pool checkouts) are off by
+/// default: they carry no `event` field, and every store failure that
+/// matters already reaches the log as a catalogue event.
 pub fn init(format: LogFormat) {
     let filter = EnvFilter::try_from_env("FENCECRON_LOG")
         .or_else(|_| EnvFilter::try_from_default_env())
-        .unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn"));
+        .unwrap_or_else(|_| EnvFilter::new("info,sqlx=off"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -233,6 +236,7 @@ pub fn daemon_started(node: &str, jobs: usize, store: &str, config: &str) {
 }
 
 /// The daemon is shutting down.
+/// `running` counts the occurrences being acquired or run on this node.
 pub fn daemon_stopping(reason: &str, running: usize) {
     info!(
         event = "daemon_stopping",

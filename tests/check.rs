@@ -118,6 +118,25 @@ fn lease_outside_5s_to_300s() {
 }
 
 #[test]
+fn store_max_connections_out_of_range() {
+    for n in ["0", "65", "-1"] {
+        let msg = expect_error(
+            &format!("[store]\nmax_connections = {n}\n{JOB_A}"),
+            2,
+            Some("store.max_connections"),
+        );
+        assert!(msg.contains("between 1 and 64"), "{msg}");
+    }
+    let (_d, _p, out) = check(&format!("[store]\nmax_connections = 64\n{JOB_A}"));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
 fn renew_every_not_well_below_the_lease() {
     expect_error(
         &format!("{JOB_A}lease = \"10s\"\nrenew_every = \"6s\"\n"),
