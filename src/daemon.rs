@@ -203,9 +203,10 @@ struct Entry {
 struct Scheduler {
     supervisor: Supervisor,
     jobs: HashMap<String, Entry>,
-    /// Next instant per job; entries of replaced or removed jobs are
-    /// recognised by their generation and dropped when they surface.
-    heap: BinaryHeap<Reverse<(DateTime<Utc>, u64, String)>>,
+    /// Next instant per job, then the job's node-specific rank (see
+    /// [`rank`]); entries of replaced or removed jobs are recognised by
+    /// their generation and dropped when they surface.
+    heap: BinaryHeap<Reverse<(DateTime<Utc>, u64, u64, String)>>,
     generation: u64,
     /// Resources with a run in progress on this node.
     running: Arc<Mutex<HashSet<String>>>,
@@ -222,7 +223,7 @@ impl Scheduler {
             let sleep_for = self
                 .heap
                 .peek()
-                .map(|Reverse((at, _, _))| (*at - now).to_std().unwrap_or(Duration::ZERO))
+                .map(|Reverse((at, _, _, _))| (*at - now).to_std().unwrap_or(Duration::ZERO))
                 .unwrap_or(MAX_SLEEP)
                 .min(MAX_SLEEP);
             tokio::select! {
@@ -252,9 +253,10 @@ impl Scheduler {
                 None => added += 1,
             }
             self.generation += 1;
+            let rank = rank(self.supervisor.node(), &name);
             if let Some(next) = job.schedule.next_after(now) {
                 self.heap
-                    .push(Reverse((next, self.generation, name.clone())));
+                    .push(Reverse((next, rank, self.generation, name.clone())));
             }
             self.jobs.insert(
                 name,
@@ -272,7 +274,7 @@ impl Scheduler {
     /// Fires every occurrence that is due.
     fn fire_due(&mut self) {
         let now = Utc::now();
-        while let Some(Reverse((at, generation, name))) = self.heap.peek().cloned() {
+        while let Some(Reverse((at, rank, generation, name))) = self.heap.peek().cloned() {
             if at > now {
                 break;
             }
@@ -286,7 +288,7 @@ impl Scheduler {
             let job = entry.job.clone();
             let next = job.schedule.next_after(at);
             if let Some(n) = next {
-                self.heap.push(Reverse((n, generation, name.clone())));
+                self.heap.push(Reverse((n, rank, generation, name.clone())));
             }
             if next.is_some_and(|n| n <= now) {
                 // A later instant is already due (this host was paused or
@@ -310,6 +312,18 @@ impl Scheduler {
             self.tracker.spawn(occurrence.run());
         }
     }
+}
+
+/// The order in which this node tries jobs due at the same instant: a hash
+/// of node and job, so that each node starts with different jobs. In the
+/// same order on every node, all nodes would queue on the first job's row
+/// lock, then on the second's; spread out, most nodes find a job already
+/// taken and lose at once without waiting for the winner's commit.
+fn rank(node: &str, job: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (node, job).hash(&mut h);
+    h.finish()
 }
 
 /// One scheduled occurrence on this node: compete, and run if we win.
