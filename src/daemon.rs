@@ -199,6 +199,9 @@ struct Entry {
     generation: u64,
 }
 
+/// A heap entry: instant, rank, generation, job name.
+type Due = (DateTime<Utc>, u64, u64, String);
+
 /// The timer: fires each job's occurrences at their instants.
 struct Scheduler {
     supervisor: Supervisor,
@@ -206,7 +209,7 @@ struct Scheduler {
     /// Next instant per job, then the job's node-specific rank (see
     /// [`rank`]); entries of replaced or removed jobs are recognised by
     /// their generation and dropped when they surface.
-    heap: BinaryHeap<Reverse<(DateTime<Utc>, u64, u64, String)>>,
+    heap: BinaryHeap<Reverse<Due>>,
     generation: u64,
     /// Resources with a run in progress on this node.
     running: Arc<Mutex<HashSet<String>>>,
@@ -308,6 +311,7 @@ impl Scheduler {
                 running: self.running.clone(),
                 ready: self.ready.clone(),
                 shutdown: self.shutdown.clone(),
+                tracker: self.tracker.clone(),
             };
             self.tracker.spawn(occurrence.run());
         }
@@ -334,6 +338,7 @@ struct Occurrence {
     running: Arc<Mutex<HashSet<String>>>,
     ready: Arc<OnceCell<()>>,
     shutdown: CancellationToken,
+    tracker: TaskTracker,
 }
 
 /// Removes a resource from the node's running set when the run ends.
@@ -384,26 +389,21 @@ impl Occurrence {
         let store = self.supervisor.store().clone();
         let mut delay = Duration::from_millis(100);
         loop {
-            // Every attempt, including one that hangs on a stalled store,
-            // ends by `give_up`: an occurrence that started that late would
-            // hold up the next one, which this node then skips locally. An
-            // attempt abandoned after the store committed it leaves a lease
-            // that no job runs under; it expires on its own.
+            // Every attempt, including one that hangs on a stalled store or
+            // a starved pool, is given up at `give_up`: an occurrence that
+            // started that late would hold up the next one, which this node
+            // then skips locally.
             let give_up_in = (give_up - Utc::now()).to_std().unwrap_or(Duration::ZERO);
             let sent = Instant::now();
-            let attempt = async {
-                ensure_ready(&self.ready, store.as_ref()).await?;
-                store
-                    .acquire(&AcquireRequest {
-                        resource: &job.resource,
-                        lease: job.timing.lease,
-                        node: self.supervisor.node(),
-                        occurrence: Some(StoreTime::from_utc(self.at)),
-                    })
-                    .await
-            };
+            let mut attempt = Box::pin(acquire_attempt(
+                store.clone(),
+                self.ready.clone(),
+                job.clone(),
+                self.supervisor.node().to_string(),
+                self.at,
+            ));
             let outcome = tokio::select! {
-                r = attempt => r,
+                r = &mut attempt => r,
                 _ = tokio::time::sleep_until(sent + give_up_in) => {
                     let detail = format!(
                         "the store did not answer before {}, when the occurrence was no longer worth starting",
@@ -411,6 +411,18 @@ impl Occurrence {
                     );
                     events::store_unavailable("acquire", Some(name), &detail, None);
                     events::occurrence_skipped(name, &at, "store_unavailable", &detail);
+                    // The call stays bounded by the store's own time limit.
+                    // Should it still win, the lease is given back at once:
+                    // dropped, it would block the job's next instants on
+                    // every node until it expired, with no job running.
+                    let (store, job) = (store.clone(), job.clone());
+                    let node = self.supervisor.node().to_string();
+                    self.tracker.spawn(async move {
+                        if let Ok(AcquireOutcome::Acquired(lease)) = attempt.await {
+                            events::lease_acquired(Some(job.name.as_str()), &lease, &node);
+                            release_unused(store.as_ref(), &job, &lease).await;
+                        }
+                    });
                     return;
                 }
                 _ = self.shutdown.cancelled() => return,
@@ -500,6 +512,44 @@ impl Occurrence {
                     delay = (delay * 2).min(Duration::from_secs(5));
                 }
             }
+        }
+    }
+}
+
+/// One acquisition of `job`'s lease for the occurrence at `at`, migrations
+/// first if they have not been applied yet. Owns what it uses, so that an
+/// attempt given up by its occurrence can finish on its own.
+async fn acquire_attempt(
+    store: Arc<dyn Store>,
+    ready: Arc<OnceCell<()>>,
+    job: Arc<Job>,
+    node: String,
+    at: DateTime<Utc>,
+) -> Result<AcquireOutcome, store::StoreError> {
+    ensure_ready(&ready, store.as_ref()).await?;
+    store
+        .acquire(&AcquireRequest {
+            resource: &job.resource,
+            lease: job.timing.lease,
+            node: &node,
+            occurrence: Some(StoreTime::from_utc(at)),
+        })
+        .await
+}
+
+/// Gives back a lease that was won too late to be used.
+async fn release_unused(store: &dyn Store, job: &Job, lease: &store::Lease) {
+    match store
+        .release(&job.resource, &lease.owner_id.to_string(), lease.token)
+        .await
+    {
+        Ok(store::ReleaseOutcome::Released) => {
+            events::lease_released(Some(job.name.as_str()), lease)
+        }
+        // Not ours any more (expired meanwhile): nothing to give back.
+        Ok(store::ReleaseOutcome::Refused(_)) => {}
+        Err(e) => {
+            events::store_unavailable("release", Some(job.name.as_str()), &e.to_string(), None)
         }
     }
 }

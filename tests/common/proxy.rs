@@ -5,6 +5,8 @@
 //! every socket open (also for connections accepted meanwhile), like a
 //! network partition: callers see silence, not a reset. [`Proxy::restore`]
 //! closes the black-holed connections and forwards new ones again.
+//! [`Proxy::hold`] instead stops reading, so bytes wait in the kernel's
+//! buffers, and [`Proxy::release`] delivers them: a store that answers late.
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
@@ -16,6 +18,7 @@ use std::time::Duration;
 struct State {
     upstream: SocketAddr,
     blackholed: AtomicBool,
+    held: AtomicBool,
     stop: AtomicBool,
     /// Every socket of every connection still tracked (client side and
     /// upstream side), so `restore` and drop can close them.
@@ -37,6 +40,7 @@ impl Proxy {
         let state = Arc::new(State {
             upstream,
             blackholed: AtomicBool::new(false),
+            held: AtomicBool::new(false),
             stop: AtomicBool::new(false),
             conns: Mutex::new(Vec::new()),
         });
@@ -75,6 +79,18 @@ impl Proxy {
     pub fn blackhole(&self) {
         self.state.blackholed.store(true, Ordering::SeqCst);
         eprintln!("[proxy {}] black-holed", self.addr);
+    }
+
+    /// Stops moving bytes, in both directions, without dropping any.
+    pub fn hold(&self) {
+        self.state.held.store(true, Ordering::SeqCst);
+        eprintln!("[proxy {}] holding traffic", self.addr);
+    }
+
+    /// Delivers what was held and forwards as usual again.
+    pub fn release(&self) {
+        self.state.held.store(false, Ordering::SeqCst);
+        eprintln!("[proxy {}] released held traffic", self.addr);
     }
 
     /// Closes every black-holed connection and forwards new ones again.
@@ -153,6 +169,10 @@ fn pump(mut from: TcpStream, mut to: TcpStream, state: &State) {
     loop {
         if state.stop.load(Ordering::SeqCst) {
             break;
+        }
+        if state.held.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(10));
+            continue;
         }
         match from.read(&mut buf) {
             Ok(0) => break,
