@@ -101,3 +101,75 @@ async fn mysql_fresh_database_many_processes() {
         std::panic::resume_unwind(p);
     }
 }
+
+/// A MySQL database created by a fencecron that knew only migration 0001
+/// (before the acquire procedure) upgrades in place: the next command applies
+/// the rest, and the fence of an existing lease continues where it was.
+#[tokio::test]
+async fn mysql_upgrade_from_0001_keeps_fences() {
+    let Some(ts) = TestStore::new(Backend::MySql, "mysql_upgrade_from_0001_keeps_fences") else {
+        return;
+    };
+    let db = unique("fencecron_upgrade").replace('-', "_");
+    let admin = sqlx::MySqlPool::connect(&ts.url).await.expect("connect");
+    admin
+        .execute(format!("CREATE DATABASE {db}").as_str())
+        .await
+        .expect("create database");
+    let url = with_database(&ts.url, &db);
+    let result = async move {
+        let only_0001 = tempfile::tempdir().expect("temp dir");
+        std::fs::copy(
+            concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/migrations/mysql/0001_init.sql"
+            ),
+            only_0001.path().join("0001_init.sql"),
+        )
+        .expect("copy 0001");
+        let old = sqlx::MySqlPool::connect(&url).await.expect("connect");
+        sqlx::migrate::Migrator::new(only_0001.path())
+            .await
+            .expect("read 0001")
+            .run(&old)
+            .await
+            .expect("apply 0001");
+        old.execute(
+            "INSERT INTO fencecron_leases
+               (resource, fence, owner_id, node, acquired_at_ms, expires_at_ms, last_occurrence_ms)
+             VALUES ('upgraded', 41, 'old-owner', 'old-node', 0, 0, NULL)",
+        )
+        .await
+        .expect("old lease row");
+        old.close().await;
+
+        let dir = tempfile::tempdir().expect("temp dir");
+        let out = fencecron(dir.path())
+            .args(["--store", &url, "lease", "acquire", "upgraded", "--json"])
+            .output()
+            .expect("lease acquire");
+        assert!(
+            out.status.success(),
+            "acquire after upgrade: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let lease: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+        assert_eq!(lease["token"], 42, "{lease}");
+        let check = sqlx::MySqlPool::connect(&url).await.expect("connect");
+        let versions: Vec<i64> =
+            sqlx::query_scalar("SELECT version FROM _sqlx_migrations ORDER BY version")
+                .fetch_all(&check)
+                .await
+                .expect("migrations table");
+        assert_eq!(versions, vec![1, 2]);
+        check.close().await;
+    };
+    let result = tokio::spawn(result).await;
+    admin
+        .execute(format!("DROP DATABASE {db}").as_str())
+        .await
+        .expect("drop database");
+    if let Err(p) = result {
+        std::panic::resume_unwind(p.into_panic());
+    }
+}

@@ -7,11 +7,12 @@
 //! says so.) sqlx sets the session `time_zone` to `+00:00`, so
 //! `UNIX_TIMESTAMP()` of it is unambiguous even across DST changes.
 //!
-//! MySQL has no `UPDATE … RETURNING`. The values a caller needs back travel
-//! in the OK packet through `LAST_INSERT_ID(expr)`: the acquire returns the
-//! new fence that way, the renew the new expiry, so renew is one round trip
-//! and a losing acquire is one `UPDATE` that matches no row and writes
-//! nothing, plus a plain read to tell the caller who holds it.
+//! MySQL has no `UPDATE … RETURNING`. The renew passes its one value, the new
+//! expiry, back in the OK packet through `LAST_INSERT_ID(expr)`. The acquire
+//! needs a whole row back (the expiry for a winner, the holder for a loser),
+//! so it is a stored procedure (migration 0002) that runs the conditional
+//! `UPDATE` and reads the row on the server: one round trip, and a losing
+//! acquire still writes nothing.
 
 use std::time::Duration;
 
@@ -29,39 +30,9 @@ macro_rules! now_ms {
     };
 }
 
-const ACQUIRE: &str = concat!(
-    "UPDATE fencecron_leases
-        SET fence = LAST_INSERT_ID(fence + 1), owner_id = ?, node = ?,
-            acquired_at_ms = ",
-    now_ms!(),
-    ", expires_at_ms = ",
-    now_ms!(),
-    " + ?, last_occurrence_ms = COALESCE(?, last_occurrence_ms)
-      WHERE resource = ? AND expires_at_ms <= ",
-    now_ms!(),
-    " AND (? IS NULL OR last_occurrence_ms IS NULL OR last_occurrence_ms < ?)
-      AND (? IS NULL OR ? <= ",
-    now_ms!(),
-    ")"
-);
-
-const CREATE: &str = concat!(
-    "INSERT INTO fencecron_leases
-       (resource, fence, owner_id, node, acquired_at_ms, expires_at_ms, last_occurrence_ms)
-     SELECT ?, 1, ?, ?, ",
-    now_ms!(),
-    ", ",
-    now_ms!(),
-    " + ?, ? FROM DUAL WHERE (? IS NULL OR ? <= ",
-    now_ms!(),
-    ")"
-);
-
-const LOSS_ROW: &str = concat!(
-    "SELECT fence, owner_id, node, expires_at_ms, last_occurrence_ms, ",
-    now_ms!(),
-    " AS now_ms FROM fencecron_leases WHERE resource = ?"
-);
+/// The acquisition: migration 0002's procedure, which holds the
+/// conditional `UPDATE`.
+const CALL_ACQUIRE: &str = "CALL fencecron_acquire(?, ?, ?, ?, ?)";
 
 const RENEW: &str = concat!(
     "UPDATE fencecron_leases SET expires_at_ms = LAST_INSERT_ID(",
@@ -164,119 +135,68 @@ impl MySqlStore {
         unavailable(&self.url, e)
     }
 
+    /// One `CALL fencecron_acquire(…)` (migration 0002): the conditional
+    /// `UPDATE` (or the first `INSERT` of the row) and the read of the
+    /// row after it run on the server, so a winner learns its expiry and a
+    /// loser learns who holds the lease in one round trip.
     async fn acquire_inner(&self, req: &AcquireRequest<'_>) -> Result<AcquireOutcome, StoreError> {
         let owner = fresh_owner();
-        let owner_s = owner.to_string();
-        let lease = millis(req.lease);
-        let occ = req.occurrence.map(|o| o.0);
-        for _ in 0..3 {
-            let done = sqlx::query(ACQUIRE)
-                .bind(&owner_s)
-                .bind(req.node)
-                .bind(lease)
-                .bind(occ)
-                .bind(req.resource.as_str())
-                .bind(occ)
-                .bind(occ)
-                .bind(occ)
-                .bind(occ)
-                .execute(&self.pool)
-                .await
-                .map_err(|e| self.err(e))?;
-            if done.rows_affected() == 1 {
-                let token =
-                    i64::try_from(done.last_insert_id()).map_err(|_| StoreError::Corrupt {
-                        url: self.url.to_string(),
-                        detail: "fence out of range".to_string(),
-                    })?;
-                return self.won(req, owner, token).await;
-            }
-            let row = sqlx::query(LOSS_ROW)
-                .bind(req.resource.as_str())
-                .fetch_optional(&self.pool)
-                .await
-                .map_err(|e| self.err(e))?;
-            if let Some(r) = row {
-                let loss = LossRow {
-                    fence: r.try_get("fence").map_err(|e| self.err(e))?,
-                    owner_id: r.try_get("owner_id").map_err(|e| self.err(e))?,
-                    node: r.try_get("node").map_err(|e| self.err(e))?,
-                    expires_at: r.try_get("expires_at_ms").map_err(|e| self.err(e))?,
-                    last_occurrence: r.try_get("last_occurrence_ms").map_err(|e| self.err(e))?,
-                    now: r.try_get("now_ms").map_err(|e| self.err(e))?,
-                };
-                return Ok(classify_loss(loss, req.occurrence));
-            }
-            // First acquisition of this resource ever.
-            let created = sqlx::query(CREATE)
-                .bind(req.resource.as_str())
-                .bind(&owner_s)
-                .bind(req.node)
-                .bind(lease)
-                .bind(occ)
-                .bind(occ)
-                .bind(occ)
-                .execute(&self.pool)
-                .await;
-            match created {
-                Ok(done) if done.rows_affected() == 1 => return self.won(req, owner, 1).await,
-                Ok(_) => {
-                    // Refused only because the occurrence is not due yet.
-                    let now: i64 = sqlx::query_scalar(concat!("SELECT ", now_ms!()))
-                        .fetch_one(&self.pool)
-                        .await
-                        .map_err(|e| self.err(e))?;
-                    return Ok(AcquireOutcome::NotYetDue {
-                        store_now: StoreTime(now),
-                    });
-                }
-                Err(sqlx::Error::Database(db)) if db.is_unique_violation() => {
-                    // Created concurrently by someone else: compete normally.
-                }
-                Err(e) => return Err(self.err(e)),
-            }
-        }
-        Err(StoreError::Corrupt {
-            url: self.url.to_string(),
-            detail: format!(
-                "the lease row for {} neither exists nor can be created",
-                req.resource
-            ),
-        })
-    }
-
-    /// Reads back the store-computed expiry of a lease just won.
-    async fn won(
-        &self,
-        req: &AcquireRequest<'_>,
-        owner: Uuid,
-        token: Token,
-    ) -> Result<AcquireOutcome, StoreError> {
-        let expires_at: Option<i64> = sqlx::query_scalar(
-            "SELECT expires_at_ms FROM fencecron_leases WHERE resource = ? AND owner_id = ? AND fence = ?",
-        )
-        .bind(req.resource.as_str())
-        .bind(owner.to_string())
-        .bind(token)
-        .fetch_optional(&self.pool)
-        .await
-        .map_err(|e| self.err(e))?;
-        match expires_at {
-            Some(at) => Ok(AcquireOutcome::Acquired(Lease {
+        let row = sqlx::query(CALL_ACQUIRE)
+            .bind(req.resource.as_str())
+            .bind(owner.to_string())
+            .bind(req.node)
+            .bind(millis(req.lease))
+            .bind(req.occurrence.map(|o| o.0))
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|e| self.err(e))?;
+        // Read by position: sqlx describes a CALL without its result's
+        // column names.
+        let col = |e: sqlx::Error| self.err(e);
+        let won: i64 = row.try_get(0).map_err(col)?;
+        let fence: Option<i64> = row.try_get(1).map_err(col)?;
+        let owner_id: Option<String> = row.try_get(2).map_err(col)?;
+        let node: Option<String> = row.try_get(3).map_err(col)?;
+        let expires_at: Option<i64> = row.try_get(4).map_err(col)?;
+        let last_occurrence: Option<i64> = row.try_get(5).map_err(col)?;
+        let now: i64 = row.try_get(6).map_err(col)?;
+        let (Some(fence), Some(owner_id), Some(node), Some(expires_at)) =
+            (fence, owner_id, node, expires_at)
+        else {
+            // No row: only an occurrence not yet due keeps the first
+            // acquisition from creating it.
+            return match req.occurrence {
+                Some(occ) if occ.0 > now => Ok(AcquireOutcome::NotYetDue {
+                    store_now: StoreTime(now),
+                }),
+                _ => Err(StoreError::Corrupt {
+                    url: self.url.to_string(),
+                    detail: format!(
+                        "the lease row for {} neither exists nor can be created",
+                        req.resource
+                    ),
+                }),
+            };
+        };
+        if won == 1 && owner_id == owner.to_string() {
+            return Ok(AcquireOutcome::Acquired(Lease {
                 resource: req.resource.to_string(),
                 owner_id: owner,
-                token,
-                expires_at: StoreTime(at),
-            })),
-            // Taken over between our two statements: only possible if this
-            // process stalled for longer than the whole lease.
-            None => Ok(AcquireOutcome::Held {
-                owner_id: None,
-                node: None,
-                token: token + 1,
-                expires_at: None,
-            }),
+                token: fence,
+                expires_at: StoreTime(expires_at),
+            }));
         }
+        Ok(classify_loss(
+            LossRow {
+                fence,
+                owner_id,
+                node,
+                expires_at,
+                last_occurrence,
+                now,
+            },
+            req.occurrence,
+        ))
     }
 
     async fn lease_row(&self, resource: &Name) -> Result<Option<(String, Token, i64)>, StoreError> {
@@ -579,19 +499,19 @@ impl Store for MySqlStore {
                 .execute(&self.pool)
                 .await
                 .map(|_| None),
-            RawOp::AcquireFree | RawOp::AcquireHeld => sqlx::query(ACQUIRE)
+            RawOp::AcquireFree | RawOp::AcquireHeld => sqlx::query(CALL_ACQUIRE)
+                .bind(r)
                 .bind(owner_id)
                 .bind("bench")
                 .bind(lease)
                 .bind(None::<i64>)
-                .bind(r)
-                .bind(None::<i64>)
-                .bind(None::<i64>)
-                .bind(None::<i64>)
-                .bind(None::<i64>)
-                .execute(&self.pool)
+                .fetch_one(&self.pool)
                 .await
-                .map(|d| (d.rows_affected() == 1).then(|| d.last_insert_id() as i64)),
+                .and_then(|row| {
+                    let won: i64 = row.try_get(0)?;
+                    let fence: Option<i64> = row.try_get(1)?;
+                    Ok(fence.filter(|_| won == 1))
+                }),
             RawOp::Renew => sqlx::query(RENEW)
                 .bind(lease)
                 .bind(r)
