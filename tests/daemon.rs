@@ -8,7 +8,7 @@
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -16,31 +16,12 @@ use nix::sys::signal::Signal;
 use serde_json::Value;
 
 use common::daemon::{
-    ev, i64_field, is, job_toml, lease_list, long_cmd, pid_alive, read_pid_file, read_runs,
-    record_cmd, rfc3339, run_cmd, str_field, wait_pid_gone, Daemon, DaemonOpts, Run,
+    ev, i64_field, is, job_toml, lease_list, long_cmd, pid_alive, pid_of, read_pid_file, read_runs,
+    record_cmd, rfc3339, run_cmd, secs, str_field, token_of, wait_pid_gone, write_config, Daemon,
+    DaemonOpts, Run,
 };
 use common::proxy::Proxy;
 use common::{unique, Backend, TestStore};
-
-fn secs(n: u64) -> Duration {
-    Duration::from_secs(n)
-}
-
-/// Writes `jobs.toml` into `dir`.
-fn write_config(dir: &Path, defaults: &str, jobs: &[String]) -> PathBuf {
-    let path = dir.join("jobs.toml");
-    let mut text = String::new();
-    if !defaults.is_empty() {
-        text.push_str("[defaults]\n");
-        text.push_str(defaults);
-        text.push('\n');
-    }
-    for j in jobs {
-        text.push_str(j);
-    }
-    std::fs::write(&path, text).expect("write jobs.toml");
-    path
-}
 
 /// The first event matching `pred` on any of `daemons`: (daemon index, event).
 fn first_on_any(
@@ -69,14 +50,6 @@ fn first_on_any(
 
 fn job_is(job: &str) -> impl Fn(&Value) -> bool + '_ {
     move |e| str_field(e, "job") == Some(job)
-}
-
-fn token_of(e: &Value) -> i64 {
-    i64_field(e, "token").unwrap_or_else(|| panic!("event without an integer token: {e}"))
-}
-
-fn pid_of(e: &Value) -> i32 {
-    i64_field(e, "pid").unwrap_or_else(|| panic!("job_started without a pid: {e}")) as i32
 }
 
 // ---------------------------------------------------------------------------

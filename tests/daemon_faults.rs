@@ -11,7 +11,7 @@ mod common;
 
 use std::io::{BufRead, BufReader};
 use std::os::unix::net::UnixDatagram;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -19,44 +19,12 @@ use nix::sys::signal::Signal;
 use serde_json::Value;
 
 use common::daemon::{
-    ev, group_alive, i64_field, is, job_toml, long_cmd, pid_alive, read_pid_file, read_runs,
-    record_cmd, run_cmd, str_field, wait_pid_gone, Daemon, DaemonOpts,
+    ev, ev_token, group_alive, i64_field, is, job_toml, long_cmd, pid_alive, pid_of, read_pid_file,
+    read_runs, record_cmd, run_cmd, secs, str_field, token_of, wait_pid_gone, write_config, Daemon,
+    DaemonOpts,
 };
 use common::proxy::Proxy;
 use common::{unique, Backend, TestStore};
-
-fn secs(n: u64) -> Duration {
-    Duration::from_secs(n)
-}
-
-/// Writes `jobs.toml` into `dir`.
-fn write_config(dir: &Path, defaults: &str, jobs: &[String]) -> PathBuf {
-    let path = dir.join("jobs.toml");
-    let mut text = String::new();
-    if !defaults.is_empty() {
-        text.push_str("[defaults]\n");
-        text.push_str(defaults);
-        text.push('\n');
-    }
-    for j in jobs {
-        text.push_str(j);
-    }
-    std::fs::write(&path, text).expect("write jobs.toml");
-    path
-}
-
-fn token_of(e: &Value) -> i64 {
-    i64_field(e, "token").unwrap_or_else(|| panic!("event without an integer token: {e}"))
-}
-
-fn pid_of(e: &Value) -> i32 {
-    i64_field(e, "pid").unwrap_or_else(|| panic!("job_started without a pid: {e}")) as i32
-}
-
-/// A predicate: the event `name` for `token`.
-fn ev_token(name: &'static str, token: i64) -> impl Fn(&Value) -> bool {
-    move |e| is(e, name) && i64_field(e, "token") == Some(token)
-}
 
 /// Milliseconds since the Unix epoch by this host's real-time clock — the
 /// clock the SQLite store reads (with a raw `clock_gettime(CLOCK_REALTIME)`).

@@ -713,3 +713,40 @@ pub fn read_runs(file: &Path) -> Vec<Run> {
 pub fn rfc3339(t: DateTime<Utc>) -> String {
     t.to_rfc3339_opts(SecondsFormat::Millis, true)
 }
+
+/// `n` seconds.
+pub fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
+
+/// Writes `jobs.toml` into `dir`: a `[defaults]` table when `defaults` is
+/// not empty, then the jobs.
+pub fn write_config(dir: &Path, defaults: &str, jobs: &[String]) -> PathBuf {
+    let path = dir.join("jobs.toml");
+    let mut text = String::new();
+    if !defaults.is_empty() {
+        text.push_str("[defaults]\n");
+        text.push_str(defaults);
+        text.push('\n');
+    }
+    for j in jobs {
+        text.push_str(j);
+    }
+    std::fs::write(&path, text).expect("write jobs.toml");
+    path
+}
+
+/// The event's integer `token`; panics without one.
+pub fn token_of(e: &Value) -> i64 {
+    i64_field(e, "token").unwrap_or_else(|| panic!("event without an integer token: {e}"))
+}
+
+/// The `pid` of a `job_started` event; panics without one.
+pub fn pid_of(e: &Value) -> i32 {
+    i64_field(e, "pid").unwrap_or_else(|| panic!("job_started without a pid: {e}")) as i32
+}
+
+/// A predicate: the event `name` for `token`.
+pub fn ev_token(name: &'static str, token: i64) -> impl Fn(&Value) -> bool {
+    move |e| is(e, name) && i64_field(e, "token") == Some(token)
+}
