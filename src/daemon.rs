@@ -11,6 +11,7 @@
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet};
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -356,6 +357,25 @@ impl Drop for RunningGuard {
 }
 
 impl Occurrence {
+    /// Lets an acquire this occurrence no longer waits for (given up, or the
+    /// daemon is stopping) finish in the background, bounded by the store's
+    /// own time limit. Should it still win, the lease is given back at once:
+    /// dropped, it would block the job's next instants on every node until
+    /// it expired, with no job running under it.
+    fn release_if_won(
+        &self,
+        attempt: impl Future<Output = Result<AcquireOutcome, store::StoreError>> + Send + 'static,
+    ) {
+        let (store, job) = (self.supervisor.store().clone(), self.job.clone());
+        let node = self.supervisor.node().to_string();
+        self.tracker.spawn(async move {
+            if let Ok(AcquireOutcome::Acquired(lease)) = attempt.await {
+                events::lease_acquired(Some(job.name.as_str()), &lease, &node);
+                release_unused(store.as_ref(), &job, &lease).await;
+            }
+        });
+    }
+
     async fn run(self) {
         let job = &self.job;
         let name = job.name.as_str();
@@ -411,21 +431,13 @@ impl Occurrence {
                     );
                     events::store_unavailable("acquire", Some(name), &detail, None);
                     events::occurrence_skipped(name, &at, "store_unavailable", &detail);
-                    // The call stays bounded by the store's own time limit.
-                    // Should it still win, the lease is given back at once:
-                    // dropped, it would block the job's next instants on
-                    // every node until it expired, with no job running.
-                    let (store, job) = (store.clone(), job.clone());
-                    let node = self.supervisor.node().to_string();
-                    self.tracker.spawn(async move {
-                        if let Ok(AcquireOutcome::Acquired(lease)) = attempt.await {
-                            events::lease_acquired(Some(job.name.as_str()), &lease, &node);
-                            release_unused(store.as_ref(), &job, &lease).await;
-                        }
-                    });
+                    self.release_if_won(attempt);
                     return;
                 }
-                _ = self.shutdown.cancelled() => return,
+                _ = self.shutdown.cancelled() => {
+                    self.release_if_won(attempt);
+                    return;
+                }
             };
             match outcome {
                 Ok(AcquireOutcome::Acquired(lease)) => {

@@ -941,3 +941,87 @@ fn late_win_after_give_up_is_released_postgres() {
         "exit after SIGTERM: {st:?}"
     );
 }
+
+/// SIGTERM while an acquire is in flight (a rolling restart at the top of a
+/// minute): the daemon stops waiting for it, but should the acquire still
+/// win once the store answers, that lease is released before the daemon
+/// exits, so the other nodes are not locked out of the job for a lease.
+#[test]
+fn shutdown_releases_an_acquire_in_flight_postgres() {
+    let Some(store) = TestStore::new(Backend::Postgres, "shutdown_releases_an_acquire_in_flight")
+    else {
+        return;
+    };
+    let (proxy, proxied) = Proxy::for_url(&store.url, 5432);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let job = unique("stopinflight");
+    let runs_file = dir.path().join("runs");
+    let config = dir.path().join("jobs.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[store]\nmax_connections = 1\n\n{}",
+            job_toml(
+                &job,
+                "*/2 * * * * *",
+                &record_cmd(&runs_file),
+                "lease = \"30s\"",
+            )
+        ),
+    )
+    .expect("write jobs.toml");
+    let mut d = Daemon::spawn(DaemonOpts::new("stopinflight", &config, &proxied));
+    let (i_fin, _) = d.expect_from(0, "a first job_finished", ev("job_finished"), secs(30));
+    let (_, released) = d.expect_from(i_fin, "its lease_released", ev("lease_released"), secs(10));
+    let first_token = token_of(&released);
+
+    // Hold the store's traffic, and stop the daemon while the next
+    // occurrence's acquire waits for its answer.
+    let cut = d.len();
+    proxy.hold();
+    // The next instant is at most 2 s away; its acquire is in flight 0.5 s
+    // after it.
+    let now_ms = wall_ms();
+    let next_instant_ms = (now_ms / 2000 + 1) * 2000;
+    std::thread::sleep(Duration::from_millis(
+        u64::try_from(next_instant_ms + 500 - now_ms).unwrap(),
+    ));
+    d.signal(Signal::SIGTERM);
+    d.expect_from(cut, "daemon_stopping", ev("daemon_stopping"), secs(5));
+    std::thread::sleep(Duration::from_millis(300));
+    proxy.release();
+
+    let st = d.wait_exit(secs(20));
+    assert!(
+        st.is_some_and(|s| s.code() == Some(0)),
+        "exit after SIGTERM: {st:?}; {}",
+        d.summary()
+    );
+    let (i_late, late) = d.expect_from(
+        cut,
+        "lease_acquired of the acquire that was in flight",
+        ev("lease_acquired"),
+        secs(0),
+    );
+    let late_token = token_of(&late);
+    assert!(late_token > first_token, "{late}");
+    d.expect_from(
+        i_late,
+        "lease_released of it before exiting",
+        ev_token("lease_released", late_token),
+        secs(0),
+    );
+    assert!(
+        d.events("job_started")
+            .iter()
+            .all(|e| token_of(e) != late_token),
+        "a job started during shutdown: {}",
+        d.summary()
+    );
+    let lease = common::daemon::lease_list(&store.url)
+        .into_iter()
+        .find(|l| str_field(l, "resource") == Some(job.as_str()))
+        .expect("the job's lease row");
+    assert_eq!(i64_field(&lease, "token"), Some(late_token), "{lease}");
+    assert_eq!(lease["held"], false, "left held after shutdown: {lease}");
+}
