@@ -31,6 +31,7 @@ use crate::config::{self, Job};
 use crate::error::{Error, Result};
 use crate::events;
 use crate::names::Name;
+use crate::runs::{self, RunRecords};
 use crate::store::{self, rfc3339, AcquireOutcome, AcquireRequest, OpenOptions, Store, StoreTime};
 use crate::supervise::{RunSpec, SuperviseError, Supervisor};
 
@@ -74,6 +75,9 @@ pub async fn run(cli: &Cli, node_flag: Option<String>) -> Result<u8> {
 
     let mut signals = Signals::new([SIGTERM, SIGINT, SIGHUP])
         .map_err(|e| Error::Runtime(format!("cannot install signal handlers: {e}")))?;
+    let shutdown = CancellationToken::new();
+    let tracker = TaskTracker::new();
+    let ready = Arc::new(OnceCell::new());
     let store = store::open(
         &ctx.store_url,
         &OpenOptions {
@@ -83,10 +87,20 @@ pub async fn run(cli: &Cli, node_flag: Option<String>) -> Result<u8> {
             call_timeout: CALL_TIMEOUT,
         },
     )?;
-    let supervisor = Supervisor::new(store.clone(), node.clone(), child_env);
-    let shutdown = CancellationToken::new();
-    let tracker = TaskTracker::new();
-    let ready = Arc::new(OnceCell::new());
+    let mut supervisor = Supervisor::new(store.clone(), node.clone(), child_env);
+    match RunRecords::open(&node, &ctx.store_url) {
+        Ok(records) => {
+            let records = Arc::new(records);
+            supervisor = supervisor.with_records(records.clone());
+            // Leases of runs an earlier process of this node left behind are
+            // given back once those runs are provably dead.
+            tracker.spawn(runs::recover(records, store.clone(), node.clone()));
+        }
+        Err(e) => events::run_record_failed(
+            "",
+            &format!("no run-record directory ({e}); after a crash this node's leases expire by themselves"),
+        ),
+    }
 
     // Apply migrations now if the store answers; if not, the first firing
     // retries, and the daemon keeps running either way.

@@ -272,3 +272,31 @@ pub fn config_ignored(key: &str, detail: &str) {
         key, detail, "configuration change needs a restart"
     );
 }
+
+/// A run left behind by an earlier daemon process on this node was dealt
+/// with at start-up: `outcome` is `released` (provably dead; its lease given
+/// back), `already_ended` (the store no longer held it for that run) or
+/// `still_alive` (left to expire by itself).
+pub fn run_recovered(rec: &crate::runs::RunRecord, node: &str, outcome: &str, detail: &str) {
+    warn!(
+        event = "run_recovered",
+        job = %rec.job,
+        resource = %rec.resource,
+        owner_id = %rec.owner_id,
+        token = rec.token,
+        pid = rec.pgid,
+        node,
+        outcome,
+        detail,
+        "run of an earlier daemon process recovered"
+    );
+}
+
+/// The daemon could not note a run for its successor (the run goes on; after
+/// a crash its lease would expire by itself instead of being given back).
+pub fn run_record_failed(job: &str, error: &str) {
+    warn!(
+        event = "run_record_failed",
+        job, error, "could not write the run record"
+    );
+}

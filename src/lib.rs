@@ -14,6 +14,8 @@ pub mod error;
 pub mod events;
 pub mod fence;
 pub mod names;
+pub mod runs;
 pub mod schedule;
+pub mod shim;
 pub mod store;
 pub mod supervise;

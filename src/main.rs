@@ -8,6 +8,12 @@ use fencecron::cli::Cli;
 use fencecron::{commands, events};
 
 fn main() -> ExitCode {
+    // The run watchdog is this binary too; it must start with no runtime,
+    // no log set-up and no argument parsing of its own.
+    let mut args = std::env::args_os();
+    if args.nth(1).is_some_and(|a| a == fencecron::shim::SHIM_ARG) {
+        fencecron::shim::main(args.collect());
+    }
     let cli = Cli::parse();
     events::init(cli.log_format);
     let runtime = match tokio::runtime::Builder::new_multi_thread()

@@ -12,6 +12,8 @@
 //! deadline race in one `select!`.
 
 use std::collections::BTreeMap;
+use std::io::Write;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -22,6 +24,7 @@ use chrono::{DateTime, Utc};
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, BufReader};
+use tokio::net::unix::pipe;
 use tokio::process::{Child, Command};
 use tokio::time::{sleep_until, Instant};
 use tokio_util::sync::CancellationToken;
@@ -29,6 +32,8 @@ use tokio_util::sync::CancellationToken;
 use crate::events;
 use crate::fence;
 use crate::names::Name;
+use crate::runs::{RunRecord, RunRecords};
+use crate::shim;
 use crate::store::{
     rfc3339, Lease, NewStaleRecord, RenewOutcome, StaleKind, Store, StoreError, MAX_LEASE,
     MIN_LEASE,
@@ -189,6 +194,10 @@ pub struct Supervisor {
     node: String,
     /// Variables that let `fencecron put/get` inside the job reach this store.
     store_env: Vec<(String, String)>,
+    /// Where the daemon notes each run in progress, so that after a crash
+    /// its successor can give back the leases of runs that are provably
+    /// dead (`None` for `exec`).
+    records: Option<Arc<RunRecords>>,
 }
 
 /// Errors before the child ran.
@@ -207,7 +216,14 @@ impl Supervisor {
             store,
             node,
             store_env,
+            records: None,
         }
+    }
+
+    /// Notes every run in `records` while it is in progress.
+    pub fn with_records(mut self, records: Arc<RunRecords>) -> Self {
+        self.records = Some(records);
+        self
     }
 
     /// The store this supervisor uses.
@@ -237,21 +253,26 @@ impl Supervisor {
             self.release(spec, &lease).await;
             return Err(SuperviseError::AcquiredTooLate);
         }
-        let mut child = match self.spawn(spec, &lease) {
+        let kill_at = sent_at + timing.kill_by();
+        let mut shim = match self
+            .spawn(spec, &lease, kill_at - timing.kill_grace, kill_at)
+            .await
+        {
             Ok(c) => c,
-            Err(e) => {
+            Err(error) => {
                 let err = SuperviseError::Spawn {
                     program: spec.command[0].clone(),
-                    error: e.to_string(),
+                    error,
                 };
                 events::job_spawn_failed(&spec.job, lease.token, &err.to_string());
                 self.release(spec, &lease).await;
                 return Err(err);
             }
         };
-        let pid = child.id();
+        let pid = Some(shim.pid);
         let started = Instant::now();
         let scheduled = spec.scheduled_at.map(rfc3339).unwrap_or_default();
+        let record = self.note_run(spec, &lease, &shim);
         events::job_started(
             &spec.job,
             spec.resource.as_str(),
@@ -259,9 +280,10 @@ impl Supervisor {
             pid,
             &scheduled,
         );
+        let mut child = shim.child.take().expect("a spawned shim has its child");
         let forwarders = self.forward_output(spec, &lease, &mut child);
 
-        let mut watch = Watch::new(self, spec, &lease, sent_at, started);
+        let mut watch = Watch::new(self, spec, &lease, sent_at, started, shim.ctl);
         let status = watch.supervise(&mut child, pid, &shutdown).await;
 
         // The leader is gone; make sure nothing else of the job outlives the
@@ -286,6 +308,9 @@ impl Supervisor {
         if !watch.lost {
             self.release(spec, &lease).await;
         }
+        if let (Some(records), Some(path)) = (&self.records, record) {
+            records.remove(&path);
+        }
         Ok(RunResult {
             exit_code,
             signal,
@@ -294,11 +319,32 @@ impl Supervisor {
         })
     }
 
-    /// Starts the child in its own process group with the fencing
-    /// environment.
-    fn spawn(&self, spec: &RunSpec, lease: &Lease) -> std::io::Result<Child> {
-        let mut cmd = Command::new(&spec.command[0]);
-        cmd.args(&spec.command[1..])
+    /// Starts the job through its watchdog ([`crate::shim`]) with the
+    /// fencing environment, and waits until the job runs (its pid) or could
+    /// not be started (the error). The watchdog already enforces `term_at`
+    /// and `kill_at`, and acts on its own should this process die.
+    async fn spawn(
+        &self,
+        spec: &RunSpec,
+        lease: &Lease,
+        term_at: Instant,
+        kill_at: Instant,
+    ) -> Result<Shim, String> {
+        let io = |what: &str, e: std::io::Error| format!("{what}: {e}");
+        let (ctl_r, ctl_w) = pipe_pair().map_err(|e| io("cannot create a pipe", e))?;
+        let (st_r, st_w) = pipe_pair().map_err(|e| io("cannot create a pipe", e))?;
+        // Above the descriptors the watchdog receives them on (3 and 4), so
+        // that moving one there cannot overwrite the other.
+        let ctl_r = dup_above(&ctl_r, 10).map_err(|e| io("cannot duplicate a pipe", e))?;
+        let st_w = dup_above(&st_w, 10).map_err(|e| io("cannot duplicate a pipe", e))?;
+        let mut cmd = Command::new("/proc/self/exe");
+        cmd.arg0(shim::SHIM_NAME)
+            .arg(shim::SHIM_ARG)
+            .arg(to_monotonic(term_at).to_string())
+            .arg(to_monotonic(kill_at).to_string())
+            .arg(spec.timing.kill_grace.as_millis().to_string())
+            .arg("--")
+            .args(&spec.command)
             .envs(&spec.env)
             .envs(self.store_env.iter().map(|(k, v)| (k, v)))
             .env("FENCECRON_TOKEN", lease.token.to_string())
@@ -307,8 +353,13 @@ impl Supervisor {
             .env("FENCECRON_EXPIRES_AT", lease.expires_at.rfc3339())
             .env("FENCECRON_JOB", &spec.job)
             .env("FENCECRON_NODE", &self.node)
+            // Its own group: a signal meant for the daemon's group (a
+            // terminal's Ctrl-C, a stop) does not reach the watchdog.
             .process_group(0)
-            .kill_on_drop(true);
+            // Dropped without being waited for (this task aborted), the
+            // watchdog sees its control pipe close and terminates the job
+            // with a grace; killing it outright would orphan grandchildren.
+            .kill_on_drop(false);
         match spec.scheduled_at {
             Some(at) => cmd.env("FENCECRON_SCHEDULED_AT", rfc3339(at)),
             None => cmd.env_remove("FENCECRON_SCHEDULED_AT"),
@@ -325,7 +376,77 @@ impl Supervisor {
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped());
         }
-        cmd.spawn()
+        let (ctl_fd, st_fd) = (ctl_r.as_raw_fd(), st_w.as_raw_fd());
+        // SAFETY: between fork and exec the closure only calls dup2, which
+        // is async-signal-safe; both descriptors stay open until spawn
+        // returns.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::dup2(ctl_fd, shim::CTL_FD) < 0 || libc::dup2(st_fd, shim::STATUS_FD) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| io("cannot start the run watchdog", e))?;
+        drop((ctl_r, st_w));
+        let ctl = std::fs::File::from(ctl_w);
+        set_nonblocking(&ctl);
+
+        // The first status line: `P PID` or `E MESSAGE`. Bounded by the kill
+        // deadline, which the watchdog enforces anyway.
+        let status = pipe::Receiver::from_owned_fd(st_r)
+            .map_err(|e| io("cannot read the run watchdog's status", e))?;
+        let mut line = String::new();
+        let mut status = BufReader::new(status);
+        let read = tokio::time::timeout_at(kill_at, status.read_line(&mut line));
+        let failure = match read.await {
+            Ok(Ok(_)) => match line.trim_end().split_once(' ') {
+                Some(("P", pid)) => match pid.parse::<u32>() {
+                    Ok(pid) => {
+                        return Ok(Shim {
+                            child: Some(child),
+                            pid,
+                            ctl,
+                        })
+                    }
+                    Err(_) => format!("the run watchdog reported `{}`", line.trim_end()),
+                },
+                Some(("E", msg)) => msg.to_string(),
+                _ => "the run watchdog exited before starting the job".to_string(),
+            },
+            Ok(Err(e)) => io("cannot read the run watchdog's status", e),
+            Err(_) => "the run watchdog did not start the job in time".to_string(),
+        };
+        drop(ctl);
+        let _ = child.start_kill();
+        let _ = child.wait().await;
+        Err(failure)
+    }
+
+    /// Notes a run in progress for a successor daemon; returns the record's
+    /// path. A failure to write is logged, not fatal: without the record
+    /// the lease simply runs out by itself after a crash.
+    fn note_run(&self, spec: &RunSpec, lease: &Lease, shim: &Shim) -> Option<PathBuf> {
+        let records = self.records.as_ref()?;
+        let child_pid = shim.child.as_ref().and_then(|c| c.id())?;
+        let rec = RunRecord::new(
+            &spec.job,
+            spec.resource.as_str(),
+            lease,
+            child_pid,
+            shim.pid,
+            spec.timing,
+        );
+        match records.write(&rec) {
+            Ok(p) => Some(p),
+            Err(e) => {
+                events::run_record_failed(&spec.job, &e.to_string());
+                None
+            }
+        }
     }
 
     /// Logs each stdout/stderr line of the child with the job's fields.
@@ -476,6 +597,58 @@ impl Supervisor {
     }
 }
 
+/// A job started through its watchdog.
+struct Shim {
+    /// The watchdog process; taken by the run that waits for it.
+    child: Option<Child>,
+    /// The job's pid, which is also its process group.
+    pid: u32,
+    /// The control pipe: confirmed deadlines go down it. Closing it (this
+    /// process dying included) tells the watchdog to terminate the job.
+    ctl: std::fs::File,
+}
+
+/// A pipe whose ends are closed on exec.
+fn pipe_pair() -> std::io::Result<(OwnedFd, OwnedFd)> {
+    nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(std::io::Error::from)
+}
+
+/// A close-on-exec duplicate of `fd` numbered at least `min`.
+fn dup_above(fd: &OwnedFd, min: i32) -> std::io::Result<OwnedFd> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: fcntl(F_DUPFD_CLOEXEC) returns a new descriptor we own.
+    let n = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, min) };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `n` is a fresh descriptor owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(n) })
+}
+
+/// Writes to the control pipe never block the runtime: a watchdog that does
+/// not read (stopped by someone) only misses later, looser deadlines.
+fn set_nonblocking(f: &std::fs::File) {
+    // SAFETY: fcntl on a descriptor we own.
+    unsafe {
+        let flags = libc::fcntl(f.as_raw_fd(), libc::F_GETFL);
+        libc::fcntl(f.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK);
+    }
+}
+
+/// A tokio instant as raw `CLOCK_MONOTONIC` nanoseconds, the clock the
+/// watchdog reads: both run on this host's monotonic clock, and only the
+/// distance from now is carried over (a libc clock fake in this process
+/// shifts both ends alike).
+fn to_monotonic(at: Instant) -> u64 {
+    let now = Instant::now();
+    let raw = shim::monotonic_ns();
+    if at >= now {
+        raw.saturating_add(u64::try_from((at - now).as_nanos()).unwrap_or(u64::MAX))
+    } else {
+        raw.saturating_sub(u64::try_from((now - at).as_nanos()).unwrap_or(u64::MAX))
+    }
+}
+
 /// A termination in progress.
 #[derive(Debug, Clone, Copy)]
 struct Cancel {
@@ -496,6 +669,8 @@ struct Watch<'a> {
     cancel: Option<Cancel>,
     lost: bool,
     killed: bool,
+    /// The watchdog's control pipe.
+    ctl: std::fs::File,
 }
 
 type RenewCall = std::pin::Pin<
@@ -513,6 +688,7 @@ impl<'a> Watch<'a> {
         lease: &'a Lease,
         sent_at: Instant,
         started: Instant,
+        ctl: std::fs::File,
     ) -> Self {
         let w = Watch {
             sup,
@@ -524,9 +700,22 @@ impl<'a> Watch<'a> {
             cancel: None,
             lost: false,
             killed: false,
+            ctl,
         };
         w.log_deadline();
         w
+    }
+
+    /// Hands the current deadlines to the watchdog, which enforces them even
+    /// if this process stops or dies. A failed write only leaves it with the
+    /// earlier, stricter deadlines.
+    fn confirm_to_watchdog(&mut self) {
+        let line = format!(
+            "D {} {}\n",
+            to_monotonic(self.term_deadline()),
+            to_monotonic(self.kill_deadline())
+        );
+        let _ = self.ctl.write_all(line.as_bytes());
     }
 
     /// SIGKILL deadline: the job must be dead by then.
@@ -673,6 +862,7 @@ impl<'a> Watch<'a> {
                             if !self.lost {
                                 self.confirmed = sent;
                                 self.next_renew = sent + self.spec.timing.renew_every;
+                                self.confirm_to_watchdog();
                                 events::lease_renewed(Some(&self.spec.job), self.lease, expires_at);
                                 self.log_deadline();
                             }

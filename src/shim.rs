@@ -1,0 +1,396 @@
+//! The run watchdog: a small process of its own between the daemon (or
+//! `fencecron exec`) and each job, so that a job is dead before its lease can
+//! expire even when the daemon is killed, aborts, or stalls (PRODUCT.md
+//! principle 8).
+//!
+//! The daemon starts `fencecron __shim TERM_AT KILL_AT GRACE_MS -- CMD…`
+//! (the same binary; `main` hands it to [`main`] before any runtime or log
+//! set-up). The shim starts the job in a process group of its own and then
+//! only waits, on its own monotonic clock:
+//!
+//! * at `TERM_AT` it sends SIGTERM to the job's group, at `KILL_AT` SIGKILL.
+//!   Both are absolute `CLOCK_MONOTONIC` nanoseconds, read with a raw system
+//!   call so that a faked libc clock (libfaketime) cannot shift them; every
+//!   renewal the daemon confirms moves them later through the control pipe
+//!   (fd 3, lines `D TERM_AT KILL_AT`);
+//! * when the control pipe reaches end-of-file, its daemon is gone (crash,
+//!   SIGKILL, OOM kill, abort): SIGTERM at once, SIGKILL after the grace but
+//!   never after `KILL_AT`;
+//! * SIGTERM, SIGINT or SIGHUP sent to the shim itself is handled the same
+//!   way instead of leaving the job behind;
+//! * when the job's leader exits, whatever is left of its group is SIGKILLed
+//!   and the shim exits the way the job did (same code, or the same signal),
+//!   so its parent sees the job's status.
+//!
+//! A stopped daemon (SIGSTOP, a blocked runtime) confirms no renewal, so the
+//! deadlines it last sent fire here. The job's leader also gets
+//! `PR_SET_PDEATHSIG = SIGKILL`, a backstop should the shim itself be killed.
+//! The shim reports on its status pipe (fd 4) `P PID` once the job runs, or
+//! `E MESSAGE` when it could not be started (then it exits 127).
+//!
+//! It is synchronous and small on purpose: no async runtime, no store, no
+//! logging; one `poll` over the control pipe and a signalfd.
+
+use std::ffi::OsString;
+use std::io::Write;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::process::CommandExt;
+use std::process::Command;
+
+use nix::sys::signal::{killpg, SigSet, Signal};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::Pid;
+
+/// The first argument that selects the shim.
+pub const SHIM_ARG: &str = "__shim";
+/// The name the shim shows in `ps`.
+pub const SHIM_NAME: &str = "fencecron-shim";
+/// The control pipe's read end in the shim.
+pub const CTL_FD: RawFd = 3;
+/// The status pipe's write end in the shim.
+pub const STATUS_FD: RawFd = 4;
+
+/// `CLOCK_MONOTONIC` in nanoseconds, read with a direct system call: a
+/// libc-level clock fake (libfaketime) in one process must not move the
+/// deadlines that two processes share.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec into the pointer we pass,
+    // which points to a live, properly aligned timespec.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_clock_gettime,
+            libc::CLOCK_MONOTONIC,
+            &mut ts as *mut libc::timespec,
+        )
+    };
+    if rc != 0 {
+        return 0;
+    }
+    (ts.tv_sec as u64) * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// The shim's deadlines and what it has done about them.
+struct Deadlines {
+    term_at: u64,
+    kill_at: u64,
+    grace_ns: u64,
+    term_sent: bool,
+    kill_sent: bool,
+}
+
+impl Deadlines {
+    /// A newer confirmation from the daemon. Once a termination is under
+    /// way, deadlines only move earlier.
+    fn confirm(&mut self, term_at: u64, kill_at: u64) {
+        if self.term_sent {
+            self.kill_at = self.kill_at.min(kill_at);
+        } else {
+            self.term_at = term_at;
+            self.kill_at = kill_at;
+        }
+    }
+
+    /// Terminate now: SIGTERM at once, SIGKILL after the grace, never later
+    /// than the lease deadline.
+    fn terminate_now(&mut self, now: u64) {
+        self.term_at = self.term_at.min(now);
+        self.kill_at = self.kill_at.min(now.saturating_add(self.grace_ns));
+    }
+
+    /// Sends whatever signal is due; returns milliseconds until the next
+    /// deadline (`-1`: none left).
+    fn fire(&mut self, pgid: Pid, now: u64) -> i32 {
+        if !self.kill_sent && now >= self.kill_at {
+            let _ = killpg(pgid, Signal::SIGKILL);
+            self.kill_sent = true;
+            self.term_sent = true;
+        } else if !self.term_sent && now >= self.term_at {
+            let _ = killpg(pgid, Signal::SIGTERM);
+            self.term_sent = true;
+        }
+        let next = if self.kill_sent {
+            return -1;
+        } else if self.term_sent {
+            self.kill_at
+        } else {
+            self.term_at
+        };
+        let ms = next.saturating_sub(now).div_ceil(1_000_000);
+        i32::try_from(ms).unwrap_or(i32::MAX)
+    }
+}
+
+/// Reports a start-up failure on the status pipe and exits 127.
+fn fail(status: &mut std::fs::File, msg: &str) -> ! {
+    let _ = writeln!(status, "E {}", msg.replace('\n', " "));
+    std::process::exit(127);
+}
+
+/// Parses `TERM_AT KILL_AT GRACE_MS -- CMD ARGS…`.
+fn parse(args: &[OsString]) -> Option<(u64, u64, u64, Vec<OsString>)> {
+    let num = |a: &OsString| a.to_str()?.parse::<u64>().ok();
+    let term_at = num(args.first()?)?;
+    let kill_at = num(args.get(1)?)?;
+    let grace_ms = num(args.get(2)?)?;
+    if args.get(3)?.to_str()? != "--" || args.len() < 5 {
+        return None;
+    }
+    Some((term_at, kill_at, grace_ms, args[4..].to_vec()))
+}
+
+/// The shim's entry point; `args` are those after [`SHIM_ARG`]. Never
+/// returns: it exits the way the job did.
+pub fn main(args: Vec<OsString>) -> ! {
+    // The pipes from the daemon must not reach the job.
+    for fd in [CTL_FD, STATUS_FD] {
+        // SAFETY: fcntl on a descriptor number; fails harmlessly if closed.
+        unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+    }
+    // SAFETY: fd 4 was set up by the daemon for this process alone; if it
+    // is not open, writes fail and are ignored.
+    let mut status = unsafe { std::fs::File::from_raw_fd(STATUS_FD) };
+    let Some((term_at, kill_at, grace_ms, argv)) = parse(&args) else {
+        fail(
+            &mut status,
+            "fencecron __shim: internal use only (TERM_AT KILL_AT GRACE_MS -- CMD…)",
+        );
+    };
+
+    // Every signal the shim acts on arrives through a signalfd, so it is
+    // blocked before the job exists (no SIGCHLD can be lost); the job gets
+    // an empty mask back before it execs.
+    let mut mask = SigSet::empty();
+    for s in [
+        Signal::SIGCHLD,
+        Signal::SIGTERM,
+        Signal::SIGINT,
+        Signal::SIGHUP,
+    ] {
+        mask.add(s);
+    }
+    if let Err(e) = mask.thread_block() {
+        fail(&mut status, &format!("cannot block signals: {e}"));
+    }
+    let sfd = match SignalFd::with_flags(&mask, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC) {
+        Ok(s) => s,
+        Err(e) => fail(&mut status, &format!("cannot create a signalfd: {e}")),
+    };
+
+    let shim_pid = std::process::id() as i32;
+    let mut cmd = Command::new(&argv[0]);
+    cmd.args(&argv[1..]).process_group(0);
+    // SAFETY: the closure only makes async-signal-safe system calls.
+    unsafe {
+        cmd.pre_exec(move || {
+            // The job starts with no signal blocked: the shim's mask would
+            // make it deaf to SIGTERM.
+            let mut none: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut none);
+            if libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut()) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The shim died between fork and prctl: do not run unwatched.
+            if libc::getppid() != shim_pid {
+                return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            Ok(())
+        });
+    }
+    let child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => fail(&mut status, &e.to_string()),
+    };
+    let pid = Pid::from_raw(child.id() as i32);
+    let _ = writeln!(status, "P {pid}");
+    drop(status);
+
+    let mut deadlines = Deadlines {
+        term_at,
+        kill_at,
+        grace_ns: grace_ms.saturating_mul(1_000_000),
+        term_sent: false,
+        kill_sent: false,
+    };
+    // SAFETY: fd 3 was set up by the daemon for this process alone.
+    let mut ctl: Option<OwnedFd> = Some(unsafe { OwnedFd::from_raw_fd(CTL_FD) });
+    let mut pending = Vec::<u8>::new();
+    let exit = loop {
+        let timeout = deadlines.fire(pid, monotonic_ns());
+        let mut fds = vec![libc::pollfd {
+            fd: sfd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        }];
+        if let Some(c) = &ctl {
+            fds.push(libc::pollfd {
+                fd: c.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            });
+        }
+        // SAFETY: `fds` is a live array of `fds.len()` pollfd structs.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout) };
+        if n < 0 {
+            continue; // EINTR
+        }
+        if fds.len() > 1 && fds[1].revents != 0 {
+            let fd = ctl.as_ref().map(|c| c.as_raw_fd()).unwrap_or(-1);
+            if read_control(fd, &mut pending, &mut deadlines) {
+                // The daemon is gone: nobody can confirm the lease any more.
+                ctl = None;
+                deadlines.terminate_now(monotonic_ns());
+            }
+        }
+        if fds[0].revents != 0 {
+            let mut exited = None;
+            while let Ok(Some(info)) = sfd.read_signal() {
+                match Signal::try_from(info.ssi_signo as i32) {
+                    Ok(Signal::SIGCHLD) => {
+                        if let Some(e) = reap(pid) {
+                            exited = Some(e);
+                        }
+                    }
+                    Ok(_) => deadlines.terminate_now(monotonic_ns()),
+                    Err(_) => {}
+                }
+            }
+            if let Some(e) = exited {
+                break e;
+            }
+        }
+    };
+    // The leader is gone; nothing else of the job may outlive it.
+    let _ = killpg(pid, Signal::SIGKILL);
+    drop(child);
+    exit_like(exit)
+}
+
+/// Reads what the control pipe holds and applies every complete line.
+/// Returns whether the pipe reached end-of-file (or failed).
+fn read_control(fd: RawFd, pending: &mut Vec<u8>, deadlines: &mut Deadlines) -> bool {
+    let mut buf = [0u8; 512];
+    // SAFETY: reading into a live buffer of the given length.
+    let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+    if n == 0 {
+        return true;
+    }
+    if n < 0 {
+        let e = std::io::Error::last_os_error();
+        return !matches!(e.raw_os_error(), Some(libc::EINTR) | Some(libc::EAGAIN));
+    }
+    pending.extend_from_slice(&buf[..n as usize]);
+    while let Some(end) = pending.iter().position(|b| *b == b'\n') {
+        let line: Vec<u8> = pending.drain(..=end).collect();
+        let line = String::from_utf8_lossy(&line);
+        let mut f = line.split_whitespace();
+        if f.next() == Some("D") {
+            let term = f.next().and_then(|v| v.parse().ok());
+            let kill = f.next().and_then(|v| v.parse().ok());
+            if let (Some(t), Some(k)) = (term, kill) {
+                deadlines.confirm(t, k);
+            }
+        }
+    }
+    false
+}
+
+/// How the job ended, once its leader has exited.
+enum Exit {
+    Code(i32),
+    Signal(i32),
+}
+
+/// Reaps the job's leader if it has exited.
+fn reap(pid: Pid) -> Option<Exit> {
+    match waitpid(pid, Some(WaitPidFlag::WNOHANG)) {
+        Ok(WaitStatus::Exited(_, code)) => Some(Exit::Code(code)),
+        Ok(WaitStatus::Signaled(_, sig, _)) => Some(Exit::Signal(sig as i32)),
+        Ok(_) => None,
+        // ECHILD: already reaped; should not happen, but do not spin.
+        Err(_) => Some(Exit::Code(1)),
+    }
+}
+
+/// Exits with the job's code, or dies of the job's signal (without a core
+/// file), so the parent's `wait` sees what the job did.
+fn exit_like(exit: Exit) -> ! {
+    match exit {
+        Exit::Code(c) => std::process::exit(c),
+        Exit::Signal(sig) => {
+            // SAFETY: plain system calls on this process.
+            unsafe {
+                let no_core = libc::rlimit {
+                    rlim_cur: 0,
+                    rlim_max: 0,
+                };
+                libc::setrlimit(libc::RLIMIT_CORE, &no_core);
+                libc::signal(sig, libc::SIG_DFL);
+                let mut set: libc::sigset_t = std::mem::zeroed();
+                libc::sigemptyset(&mut set);
+                libc::sigaddset(&mut set, sig);
+                libc::sigprocmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+                libc::raise(sig);
+            }
+            std::process::exit(128 + sig)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn d() -> Deadlines {
+        Deadlines {
+            term_at: 1_000,
+            kill_at: 2_000,
+            grace_ns: 500,
+            term_sent: false,
+            kill_sent: false,
+        }
+    }
+
+    #[test]
+    fn orphaned_terminates_within_the_lease_deadline() {
+        let mut x = d();
+        x.terminate_now(1_800);
+        assert_eq!((x.term_at, x.kill_at), (1_000, 2_000));
+        let mut x = d();
+        x.terminate_now(100);
+        assert_eq!((x.term_at, x.kill_at), (100, 600));
+    }
+
+    #[test]
+    fn confirmations_only_move_earlier_once_terminating() {
+        let mut x = d();
+        x.confirm(5_000, 6_000);
+        assert_eq!((x.term_at, x.kill_at), (5_000, 6_000));
+        x.term_sent = true;
+        x.confirm(9_000, 9_500);
+        assert_eq!(x.kill_at, 6_000);
+        x.confirm(3_000, 4_000);
+        assert_eq!(x.kill_at, 4_000);
+    }
+
+    #[test]
+    fn parses_its_arguments() {
+        let a: Vec<OsString> = ["1", "2", "3", "--", "true"]
+            .iter()
+            .map(Into::into)
+            .collect();
+        assert_eq!(
+            parse(&a).map(|p| (p.0, p.1, p.2, p.3.len())),
+            Some((1, 2, 3, 1))
+        );
+        let a: Vec<OsString> = ["1", "2", "3", "--"].iter().map(Into::into).collect();
+        assert!(parse(&a).is_none());
+    }
+}
