@@ -931,6 +931,116 @@ fn unsupported_scheme_is_a_usage_error() {
     );
 }
 
+// ------------------------------------------------ private SQLite files
+
+/// The mode bits of a file.
+fn mode(path: &std::path::Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .permissions()
+        .mode()
+        & 0o777
+}
+
+/// Every `fencecron.db*` file in `dir` (database, `-wal`, `-shm`, lock) is
+/// readable and writable by its owner only; returns their names.
+fn private_db_files(dir: &std::path::Path) -> Vec<String> {
+    let mut names = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let entry = entry.unwrap();
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with("fencecron.db") {
+            assert_eq!(mode(&entry.path()), 0o600, "{name} is not 0600");
+            names.push(name);
+        }
+    }
+    names.sort();
+    names
+}
+
+/// An explicit `--store sqlite://…` (relative, against the working
+/// directory) still works with no config, and the files it creates are
+/// private.
+#[test]
+fn explicit_sqlite_store_works_and_its_files_are_private() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = unique("cli-private");
+    let mut cmd = fencecron(dir.path());
+    cmd.args([
+        "lease",
+        "acquire",
+        &r,
+        "--json",
+        "--store",
+        "sqlite://fencecron.db",
+    ]);
+    let out = expect_code(run(cmd, None), 0, &["lease", "acquire", "--store"]);
+    let token = json_line(&out)["token"].as_i64().unwrap().to_string();
+    let mut cmd = fencecron(dir.path());
+    cmd.args([
+        "put",
+        "k",
+        "--resource",
+        &r,
+        "--token",
+        &token,
+        "--value",
+        "v",
+    ])
+    .env("FENCECRON_STORE", "sqlite://fencecron.db");
+    expect_code(run(cmd, None), 0, &["put", "$FENCECRON_STORE"]);
+    let names = private_db_files(dir.path());
+    for want in ["fencecron.db", "fencecron.db.migrate-lock"] {
+        assert!(names.iter().any(|n| n == want), "{want} in {names:?}");
+    }
+
+    // SQLite gives -wal and -shm the database's mode: look while a
+    // connection holds them open.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        use sqlx::{Connection, Executor};
+        let url = format!("sqlite://{}", dir.path().join("fencecron.db").display());
+        let mut conn = sqlx::SqliteConnection::connect(&url).await.unwrap();
+        conn.execute("PRAGMA journal_mode = WAL").await.unwrap();
+        // A write, so the WAL file certainly exists.
+        conn.execute("CREATE TABLE wal_probe (x INTEGER)")
+            .await
+            .unwrap();
+        let names = private_db_files(dir.path());
+        for want in ["fencecron.db-shm", "fencecron.db-wal"] {
+            assert!(names.iter().any(|n| n == want), "{want} in {names:?}");
+        }
+        conn.close().await.unwrap();
+    });
+}
+
+/// A config file without `[store]` keeps the documented default:
+/// `fencecron.db` in `$STATE_DIRECTORY`, private.
+#[test]
+fn config_without_store_uses_the_default_sqlite_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let config = dir.path().join("jobs.toml");
+    std::fs::write(&config, "[defaults]\nlease = \"30s\"\n").unwrap();
+    let mut cmd = fencecron(dir.path());
+    cmd.args(["lease", "acquire", &unique("cli-default")])
+        .env("FENCECRON_CONFIG", &config)
+        .env("STATE_DIRECTORY", state.path());
+    expect_code(
+        run(cmd, None),
+        0,
+        &["lease", "acquire", "(config, no [store])"],
+    );
+    let names = private_db_files(state.path());
+    assert!(names.iter().any(|n| n == "fencecron.db"), "{names:?}");
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        1,
+        "only jobs.toml"
+    );
+}
+
 // --------------------------------------------------------------- the macro
 
 fn run_case(backend: Backend, test: &str, case: fn(&Fx)) {
