@@ -931,6 +931,99 @@ fn unsupported_scheme_is_a_usage_error() {
     );
 }
 
+// ----------------------------------- no store: refuse, create nothing
+
+/// Every command that touches the store, as run by an operator who forgot
+/// to say which store: none of them needs anything but a store.
+fn store_commands() -> Vec<Vec<&'static str>> {
+    let owner = "00000000-0000-4000-8000-000000000000";
+    vec![
+        vec!["lease", "acquire", "r"],
+        vec!["lease", "list"],
+        vec!["lease", "renew", "r", "--owner-id", owner, "--token", "1"],
+        vec!["lease", "release", "r", "--owner-id", owner, "--token", "1"],
+        vec![
+            "put",
+            "k",
+            "--resource",
+            "r",
+            "--token",
+            "1",
+            "--value",
+            "v",
+        ],
+        vec!["get", "k", "--resource", "r"],
+        vec!["exec", "r", "--", "true"],
+        vec!["stale"],
+        vec!["bench", "--duration", "1s"],
+    ]
+}
+
+/// Runs each store command with no store URL and `config` as the config
+/// situation, in an empty directory and with `$STATE_DIRECTORY` pointing at
+/// another one; each must exit 2 with one sentence containing every part of
+/// `must_say`, and neither directory may gain a file.
+fn refuses_without_store(config: Option<&std::path::Path>, must_say: &[&str]) {
+    let cwd = tempfile::tempdir().unwrap();
+    let state = tempfile::tempdir().unwrap();
+    for args in store_commands() {
+        let mut cmd = fencecron(cwd.path());
+        cmd.args(&args).env("STATE_DIRECTORY", state.path());
+        if let Some(path) = config {
+            cmd.env("FENCECRON_CONFIG", path);
+        }
+        let out = expect_code(run(cmd, None), EXIT_USAGE, &args);
+        let msg = one_sentence(&out);
+        for part in must_say
+            .iter()
+            .chain(&["--config FILE", "--store URL", "$FENCECRON_STORE"])
+        {
+            assert!(msg.contains(part), "{args:?}: says {part:?}: {msg}");
+        }
+        for dir in [cwd.path(), state.path()] {
+            let created: Vec<_> = std::fs::read_dir(dir)
+                .unwrap()
+                .map(|e| e.unwrap().file_name())
+                .collect();
+            assert!(created.is_empty(), "{args:?} created {created:?}");
+        }
+    }
+}
+
+/// `$FENCECRON_CONFIG` names a file that does not exist: the message names
+/// it.
+#[test]
+fn store_commands_refuse_when_the_config_file_is_missing() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("jobs.toml");
+    refuses_without_store(
+        Some(&missing),
+        &[&missing.display().to_string(), "does not exist"],
+    );
+    assert!(!missing.exists());
+}
+
+/// Neither `$FENCECRON_CONFIG` nor the default file: the message says both.
+/// Only where `/etc/fencecron/jobs.toml` does not exist (on a host that has
+/// one, the commands rightly use it).
+#[test]
+fn store_commands_refuse_without_any_config() {
+    if std::path::Path::new("/etc/fencecron/jobs.toml").exists() {
+        eprintln!(
+            "\n*** SKIPPED store_commands_refuse_without_any_config: \
+             /etc/fencecron/jobs.toml exists on this host. ***\n"
+        );
+        return;
+    }
+    refuses_without_store(
+        None,
+        &[
+            "$FENCECRON_CONFIG is unset",
+            "/etc/fencecron/jobs.toml does not exist",
+        ],
+    );
+}
+
 // ------------------------------------------------ private SQLite files
 
 /// The mode bits of a file.

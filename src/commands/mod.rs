@@ -29,29 +29,32 @@ pub struct Context {
 impl Context {
     /// Resolves config and store. The config file is required when named by
     /// `--config` or `$FENCECRON_CONFIG`; the default path is optional for
-    /// commands that do not need jobs.
+    /// commands that do not need jobs. The store is `--store` or
+    /// `$FENCECRON_STORE`, else the config's `[store]`, and for a config
+    /// without `[store]` the embedded SQLite default. With neither a config
+    /// nor a store, a command that needs no config (they all touch the
+    /// store) refuses: it must not fence against a database it would create
+    /// on the spot (PRODUCT.md principle 10).
     pub fn load(cli: &Cli, need_config: bool) -> Result<Context> {
         let (config_path, explicit) = match &cli.config {
             Some(p) => (p.clone(), true),
             None => (PathBuf::from(config::DEFAULT_PATH), false),
         };
-        let config = if explicit || need_config || config_path.exists() {
+        let given = given_store(cli)?;
+        let config = if !need_config && given.is_none() && !config_path.exists() {
+            return Err(no_store(&config_path, explicit));
+        } else if explicit || need_config || config_path.exists() {
             Some(config::load(&config_path)?)
         } else {
             None
         };
-        let (store_url, store_from_flag) = match &cli.store {
-            Some(raw) => (
-                StoreUrl::parse(raw).map_err(|m| Error::Usage(format!("--store: {m}")))?,
-                true,
-            ),
-            None => (
-                config
-                    .as_ref()
-                    .and_then(|c| c.store.clone())
-                    .unwrap_or_else(StoreUrl::default_sqlite),
-                false,
-            ),
+        let store_from_flag = given.is_some();
+        let store_url = match given {
+            Some(url) => url,
+            None => config
+                .as_ref()
+                .and_then(|c| c.store.clone())
+                .unwrap_or_else(StoreUrl::default_sqlite),
         };
         let node = std::env::var("FENCECRON_NODE")
             .ok()
@@ -100,6 +103,38 @@ impl Context {
         s.migrate().await?;
         Ok(s)
     }
+}
+
+/// The store given outside the config file: `--store` or `$FENCECRON_STORE`
+/// (clap reads both).
+fn given_store(cli: &Cli) -> Result<Option<StoreUrl>> {
+    cli.store
+        .as_deref()
+        .map(StoreUrl::parse)
+        .transpose()
+        .map_err(|m| Error::Usage(format!("--store: {m}")))
+}
+
+/// The refusal when there is neither a config file nor a store URL.
+fn no_store(config_path: &std::path::Path, explicit: bool) -> Error {
+    let looked_for = if !explicit {
+        format!(
+            "$FENCECRON_CONFIG is unset and the default config file {} does not exist",
+            config_path.display()
+        )
+    } else {
+        let from = match std::env::var_os("FENCECRON_CONFIG") {
+            Some(v) if v == config_path.as_os_str() => "$FENCECRON_CONFIG",
+            _ => "--config",
+        };
+        format!(
+            "the config file {} named by {from} does not exist",
+            config_path.display()
+        )
+    };
+    Error::Usage(format!(
+        "no store to fence against: {looked_for}; point this command at your fleet's store with --config FILE, --store URL or $FENCECRON_STORE (fencecron does not create a local database on its own)"
+    ))
 }
 
 /// This host's name, the default node id.
