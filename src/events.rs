@@ -272,3 +272,13 @@ pub fn config_ignored(key: &str, detail: &str) {
         key, detail, "configuration change needs a restart"
     );
 }
+
+/// Inherited variables whose value contains the store's password are kept
+/// out of every job's environment (names only, never values).
+pub fn job_env_filtered(variables: &str) {
+    warn!(
+        event = "job_env_filtered",
+        variables,
+        "these variables contain the store's password and are removed from every job's environment"
+    );
+}

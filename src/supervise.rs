@@ -28,6 +28,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::events;
 use crate::fence;
+use crate::job_env::ChildEnv;
 use crate::names::Name;
 use crate::store::{
     rfc3339, Lease, NewStaleRecord, RenewOutcome, StaleKind, Store, StoreError, MAX_LEASE,
@@ -187,8 +188,10 @@ impl RunResult {
 pub struct Supervisor {
     store: Arc<dyn Store>,
     node: String,
-    /// Variables that let `fencecron put/get` inside the job reach this store.
-    store_env: Vec<(String, String)>,
+    /// What the job's environment gains and loses: the variables that let
+    /// `fencecron put/get` inside it reach this store, and the store's
+    /// credentials kept out of it.
+    child_env: ChildEnv,
 }
 
 /// Errors before the child ran.
@@ -202,11 +205,11 @@ pub enum SuperviseError {
 }
 
 impl Supervisor {
-    pub fn new(store: Arc<dyn Store>, node: String, store_env: Vec<(String, String)>) -> Self {
+    pub fn new(store: Arc<dyn Store>, node: String, child_env: ChildEnv) -> Self {
         Supervisor {
             store,
             node,
-            store_env,
+            child_env,
         }
     }
 
@@ -298,9 +301,12 @@ impl Supervisor {
     /// environment.
     fn spawn(&self, spec: &RunSpec, lease: &Lease) -> std::io::Result<Child> {
         let mut cmd = Command::new(&spec.command[0]);
+        for name in &self.child_env.remove {
+            cmd.env_remove(name);
+        }
         cmd.args(&spec.command[1..])
             .envs(&spec.env)
-            .envs(self.store_env.iter().map(|(k, v)| (k, v)))
+            .envs(self.child_env.set.iter().map(|(k, v)| (k, v)))
             .env("FENCECRON_TOKEN", lease.token.to_string())
             .env("FENCECRON_RESOURCE", spec.resource.as_str())
             .env("FENCECRON_OWNER_ID", lease.owner_id.to_string())

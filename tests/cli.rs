@@ -1134,6 +1134,39 @@ fn config_without_store_uses_the_default_sqlite_file() {
     );
 }
 
+// ------------------------------------------------ $FENCECRON_STORE_FILE
+
+/// `$FENCECRON_STORE_FILE` (how a job finds a store whose URL has a
+/// password) that names a missing file is a usage error naming it, and the
+/// file's URL is used when it exists.
+#[test]
+fn store_file_is_read_and_a_missing_one_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("gone").join("store-url");
+    let mut cmd = fencecron(dir.path());
+    cmd.args(["lease", "list"])
+        .env("FENCECRON_STORE_FILE", &missing);
+    let out = expect_code(
+        run(cmd, None),
+        EXIT_USAGE,
+        &["lease", "list", "(missing file)"],
+    );
+    let msg = one_sentence(&out);
+    assert!(
+        msg.contains("FENCECRON_STORE_FILE") && msg.contains(&missing.display().to_string()),
+        "{msg}"
+    );
+
+    let file = dir.path().join("store-url");
+    let db = dir.path().join("from-file.db");
+    std::fs::write(&file, format!("sqlite://{}\n", db.display())).unwrap();
+    let mut cmd = fencecron(dir.path());
+    cmd.args(["lease", "acquire", &unique("cli-file")])
+        .env("FENCECRON_STORE_FILE", &file);
+    expect_code(run(cmd, None), 0, &["lease", "acquire", "(store file)"]);
+    assert!(db.exists(), "the URL in the file was used");
+}
+
 // --------------------------------------------------------------- the macro
 
 fn run_case(backend: Backend, test: &str, case: fn(&Fx)) {
