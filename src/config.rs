@@ -31,8 +31,11 @@ pub const MAX_STORE_CONNECTIONS: u32 = 64;
 pub struct Config {
     /// The file it was read from.
     pub path: PathBuf,
-    /// The store, when the file names one.
+    /// The store, when the file names one. `None` also when the file uses
+    /// `store.url_env` but was loaded with [`load_store_given`].
     pub store: Option<StoreUrl>,
+    /// `store.url_env`: the variable the store URL is read from, when set.
+    pub store_url_env: Option<String>,
     /// `store.max_connections`: the daemon's pool size, when set.
     pub store_max_connections: Option<u32>,
     /// The node id, when the file sets one.
@@ -140,6 +143,18 @@ struct RawJob {
 
 /// Reads and validates a config file.
 pub fn load(path: &Path) -> Result<Config, ConfigError> {
+    load_with(path, true)
+}
+
+/// Reads and validates a config file for a command whose store is given
+/// elsewhere (`--store`, `$FENCECRON_STORE`, `$FENCECRON_STORE_FILE`): the
+/// variable named by `store.url_env` is not read, so it may be unset (jobs
+/// do not inherit it), and `store` is then `None`.
+pub fn load_store_given(path: &Path) -> Result<Config, ConfigError> {
+    load_with(path, false)
+}
+
+fn load_with(path: &Path, read_url_env: bool) -> Result<Config, ConfigError> {
     let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
         path: path.to_path_buf(),
         line: None,
@@ -149,17 +164,29 @@ pub fn load(path: &Path) -> Result<Config, ConfigError> {
             "cannot read the config file ({e}); pass --config FILE or set FENCECRON_CONFIG"
         ),
     })?;
-    parse(path, &text)
+    Parser {
+        path,
+        text: &text,
+        read_url_env,
+    }
+    .parse()
 }
 
 /// Validates config text; `path` is only used in messages.
 pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
-    Parser { path, text }.parse()
+    Parser {
+        path,
+        text,
+        read_url_env: true,
+    }
+    .parse()
 }
 
 struct Parser<'a> {
     path: &'a Path,
     text: &'a str,
+    /// Whether `store.url_env` is resolved (see [`load_store_given`]).
+    read_url_env: bool,
 }
 
 impl Parser<'_> {
@@ -262,9 +289,15 @@ impl Parser<'_> {
             }
             jobs.push(job);
         }
+        let store_url_env = raw
+            .store
+            .as_ref()
+            .and_then(|s| s.get_ref().url_env.as_ref())
+            .map(|v| v.get_ref().clone());
         Ok(Config {
             path: self.path.to_path_buf(),
             store,
+            store_url_env,
             store_max_connections,
             node_id,
             jobs,
@@ -336,6 +369,7 @@ impl Parser<'_> {
             (Some(url), None) => StoreUrl::parse(url.get_ref())
                 .map(Some)
                 .map_err(|m| self.at(url.span(), "store.url", m)),
+            (None, Some(_)) if !self.read_url_env => Ok(None),
             (None, Some(env)) => {
                 let var = env.get_ref();
                 let value = std::env::var(var).map_err(|_| {

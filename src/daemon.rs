@@ -27,7 +27,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::cli::Cli;
 use crate::commands::Context;
-use crate::config::{self, Job};
+use crate::config::Job;
 use crate::error::{Error, Result};
 use crate::events;
 use crate::names::Name;
@@ -58,7 +58,7 @@ pub async fn run(cli: &Cli, node_flag: Option<String>) -> Result<u8> {
     let mut ctx = Context::load(cli, true)?;
     // Computed while the context still holds the config (it names the
     // config file to the jobs).
-    let child_env = ctx.child_store_env();
+    let child_env = ctx.child_env()?;
     // The job list is held once, by the scheduler: with croner's schedules
     // at about 5 KB each, every copy of 1,000 jobs costs 5 MB.
     let config = ctx
@@ -177,7 +177,7 @@ struct StartedWith {
 /// Reloads jobs.toml on SIGHUP. An invalid file keeps the old jobs.
 async fn reload(ctx: &Context, original: &StartedWith, tx: &mpsc::Sender<Vec<Job>>) {
     notify(&[NotifyState::Reloading]);
-    match config::load(&ctx.config_path) {
+    match ctx.reload_config() {
         Err(e) => events::config_invalid(&e.to_string()),
         Ok(new) => {
             if !ctx.store_from_flag && new.store != original.store {

@@ -300,3 +300,13 @@ pub fn run_record_failed(job: &str, error: &str) {
         job, error, "could not write the run record"
     );
 }
+
+/// Inherited variables whose value contains the store's password are kept
+/// out of every job's environment (names only, never values).
+pub fn job_env_filtered(variables: &str) {
+    warn!(
+        event = "job_env_filtered",
+        variables,
+        "these variables contain the store's password and are removed from every job's environment"
+    );
+}

@@ -13,6 +13,7 @@ pub mod daemon;
 pub mod error;
 pub mod events;
 pub mod fence;
+pub mod job_env;
 pub mod names;
 pub mod runs;
 pub mod schedule;

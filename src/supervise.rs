@@ -31,6 +31,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::events;
 use crate::fence;
+use crate::job_env::ChildEnv;
 use crate::names::Name;
 use crate::runs::{RunRecord, RunRecords};
 use crate::shim;
@@ -192,8 +193,10 @@ impl RunResult {
 pub struct Supervisor {
     store: Arc<dyn Store>,
     node: String,
-    /// Variables that let `fencecron put/get` inside the job reach this store.
-    store_env: Vec<(String, String)>,
+    /// What the job's environment gains and loses: the variables that let
+    /// `fencecron put/get` inside it reach this store, and the store's
+    /// credentials kept out of it.
+    child_env: ChildEnv,
     /// Where the daemon notes each run in progress, so that after a crash
     /// its successor can give back the leases of runs that are provably
     /// dead (`None` for `exec`).
@@ -211,11 +214,11 @@ pub enum SuperviseError {
 }
 
 impl Supervisor {
-    pub fn new(store: Arc<dyn Store>, node: String, store_env: Vec<(String, String)>) -> Self {
+    pub fn new(store: Arc<dyn Store>, node: String, child_env: ChildEnv) -> Self {
         Supervisor {
             store,
             node,
-            store_env,
+            child_env,
             records: None,
         }
     }
@@ -338,6 +341,9 @@ impl Supervisor {
         let ctl_r = dup_above(&ctl_r, 10).map_err(|e| io("cannot duplicate a pipe", e))?;
         let st_w = dup_above(&st_w, 10).map_err(|e| io("cannot duplicate a pipe", e))?;
         let mut cmd = Command::new("/proc/self/exe");
+        for name in &self.child_env.remove {
+            cmd.env_remove(name);
+        }
         cmd.arg0(shim::SHIM_NAME)
             .arg(shim::SHIM_ARG)
             .arg(to_monotonic(term_at).to_string())
@@ -346,7 +352,7 @@ impl Supervisor {
             .arg("--")
             .args(&spec.command)
             .envs(&spec.env)
-            .envs(self.store_env.iter().map(|(k, v)| (k, v)))
+            .envs(self.child_env.set.iter().map(|(k, v)| (k, v)))
             .env("FENCECRON_TOKEN", lease.token.to_string())
             .env("FENCECRON_RESOURCE", spec.resource.as_str())
             .env("FENCECRON_OWNER_ID", lease.owner_id.to_string())

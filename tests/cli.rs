@@ -931,6 +931,242 @@ fn unsupported_scheme_is_a_usage_error() {
     );
 }
 
+// ----------------------------------- no store: refuse, create nothing
+
+/// Every command that touches the store, as run by an operator who forgot
+/// to say which store: none of them needs anything but a store.
+fn store_commands() -> Vec<Vec<&'static str>> {
+    let owner = "00000000-0000-4000-8000-000000000000";
+    vec![
+        vec!["lease", "acquire", "r"],
+        vec!["lease", "list"],
+        vec!["lease", "renew", "r", "--owner-id", owner, "--token", "1"],
+        vec!["lease", "release", "r", "--owner-id", owner, "--token", "1"],
+        vec![
+            "put",
+            "k",
+            "--resource",
+            "r",
+            "--token",
+            "1",
+            "--value",
+            "v",
+        ],
+        vec!["get", "k", "--resource", "r"],
+        vec!["exec", "r", "--", "true"],
+        vec!["stale"],
+        vec!["bench", "--duration", "1s"],
+    ]
+}
+
+/// Runs each store command with no store URL and `config` as the config
+/// situation, in an empty directory and with `$STATE_DIRECTORY` pointing at
+/// another one; each must exit 2 with one sentence containing every part of
+/// `must_say`, and neither directory may gain a file.
+fn refuses_without_store(config: Option<&std::path::Path>, must_say: &[&str]) {
+    let cwd = tempfile::tempdir().unwrap();
+    let state = tempfile::tempdir().unwrap();
+    for args in store_commands() {
+        let mut cmd = fencecron(cwd.path());
+        cmd.args(&args).env("STATE_DIRECTORY", state.path());
+        if let Some(path) = config {
+            cmd.env("FENCECRON_CONFIG", path);
+        }
+        let out = expect_code(run(cmd, None), EXIT_USAGE, &args);
+        let msg = one_sentence(&out);
+        for part in must_say
+            .iter()
+            .chain(&["--config FILE", "--store URL", "$FENCECRON_STORE"])
+        {
+            assert!(msg.contains(part), "{args:?}: says {part:?}: {msg}");
+        }
+        for dir in [cwd.path(), state.path()] {
+            let created: Vec<_> = std::fs::read_dir(dir)
+                .unwrap()
+                .map(|e| e.unwrap().file_name())
+                .collect();
+            assert!(created.is_empty(), "{args:?} created {created:?}");
+        }
+    }
+}
+
+/// `$FENCECRON_CONFIG` names a file that does not exist: the message names
+/// it.
+#[test]
+fn store_commands_refuse_when_the_config_file_is_missing() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("jobs.toml");
+    refuses_without_store(
+        Some(&missing),
+        &[&missing.display().to_string(), "does not exist"],
+    );
+    assert!(!missing.exists());
+}
+
+/// Neither `$FENCECRON_CONFIG` nor the default file: the message says both.
+/// Only where `/etc/fencecron/jobs.toml` does not exist (on a host that has
+/// one, the commands rightly use it).
+#[test]
+fn store_commands_refuse_without_any_config() {
+    if std::path::Path::new("/etc/fencecron/jobs.toml").exists() {
+        eprintln!(
+            "\n*** SKIPPED store_commands_refuse_without_any_config: \
+             /etc/fencecron/jobs.toml exists on this host. ***\n"
+        );
+        return;
+    }
+    refuses_without_store(
+        None,
+        &[
+            "$FENCECRON_CONFIG is unset",
+            "/etc/fencecron/jobs.toml does not exist",
+        ],
+    );
+}
+
+// ------------------------------------------------ private SQLite files
+
+/// The mode bits of a file.
+fn mode(path: &std::path::Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .permissions()
+        .mode()
+        & 0o777
+}
+
+/// Every `fencecron.db*` file in `dir` (database, `-wal`, `-shm`, lock) is
+/// readable and writable by its owner only; returns their names.
+fn private_db_files(dir: &std::path::Path) -> Vec<String> {
+    let mut names = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let entry = entry.unwrap();
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with("fencecron.db") {
+            assert_eq!(mode(&entry.path()), 0o600, "{name} is not 0600");
+            names.push(name);
+        }
+    }
+    names.sort();
+    names
+}
+
+/// An explicit `--store sqlite://…` (relative, against the working
+/// directory) still works with no config, and the files it creates are
+/// private.
+#[test]
+fn explicit_sqlite_store_works_and_its_files_are_private() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = unique("cli-private");
+    let mut cmd = fencecron(dir.path());
+    cmd.args([
+        "lease",
+        "acquire",
+        &r,
+        "--json",
+        "--store",
+        "sqlite://fencecron.db",
+    ]);
+    let out = expect_code(run(cmd, None), 0, &["lease", "acquire", "--store"]);
+    let token = json_line(&out)["token"].as_i64().unwrap().to_string();
+    let mut cmd = fencecron(dir.path());
+    cmd.args([
+        "put",
+        "k",
+        "--resource",
+        &r,
+        "--token",
+        &token,
+        "--value",
+        "v",
+    ])
+    .env("FENCECRON_STORE", "sqlite://fencecron.db");
+    expect_code(run(cmd, None), 0, &["put", "$FENCECRON_STORE"]);
+    let names = private_db_files(dir.path());
+    for want in ["fencecron.db", "fencecron.db.migrate-lock"] {
+        assert!(names.iter().any(|n| n == want), "{want} in {names:?}");
+    }
+
+    // SQLite gives -wal and -shm the database's mode: look while a
+    // connection holds them open.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        use sqlx::{Connection, Executor};
+        let url = format!("sqlite://{}", dir.path().join("fencecron.db").display());
+        let mut conn = sqlx::SqliteConnection::connect(&url).await.unwrap();
+        conn.execute("PRAGMA journal_mode = WAL").await.unwrap();
+        // A write, so the WAL file certainly exists.
+        conn.execute("CREATE TABLE wal_probe (x INTEGER)")
+            .await
+            .unwrap();
+        let names = private_db_files(dir.path());
+        for want in ["fencecron.db-shm", "fencecron.db-wal"] {
+            assert!(names.iter().any(|n| n == want), "{want} in {names:?}");
+        }
+        conn.close().await.unwrap();
+    });
+}
+
+/// A config file without `[store]` keeps the documented default:
+/// `fencecron.db` in `$STATE_DIRECTORY`, private.
+#[test]
+fn config_without_store_uses_the_default_sqlite_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let config = dir.path().join("jobs.toml");
+    std::fs::write(&config, "[defaults]\nlease = \"30s\"\n").unwrap();
+    let mut cmd = fencecron(dir.path());
+    cmd.args(["lease", "acquire", &unique("cli-default")])
+        .env("FENCECRON_CONFIG", &config)
+        .env("STATE_DIRECTORY", state.path());
+    expect_code(
+        run(cmd, None),
+        0,
+        &["lease", "acquire", "(config, no [store])"],
+    );
+    let names = private_db_files(state.path());
+    assert!(names.iter().any(|n| n == "fencecron.db"), "{names:?}");
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        1,
+        "only jobs.toml"
+    );
+}
+
+// ------------------------------------------------ $FENCECRON_STORE_FILE
+
+/// `$FENCECRON_STORE_FILE` (how a job finds a store whose URL has a
+/// password) that names a missing file is a usage error naming it, and the
+/// file's URL is used when it exists.
+#[test]
+fn store_file_is_read_and_a_missing_one_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("gone").join("store-url");
+    let mut cmd = fencecron(dir.path());
+    cmd.args(["lease", "list"])
+        .env("FENCECRON_STORE_FILE", &missing);
+    let out = expect_code(
+        run(cmd, None),
+        EXIT_USAGE,
+        &["lease", "list", "(missing file)"],
+    );
+    let msg = one_sentence(&out);
+    assert!(
+        msg.contains("FENCECRON_STORE_FILE") && msg.contains(&missing.display().to_string()),
+        "{msg}"
+    );
+
+    let file = dir.path().join("store-url");
+    let db = dir.path().join("from-file.db");
+    std::fs::write(&file, format!("sqlite://{}\n", db.display())).unwrap();
+    let mut cmd = fencecron(dir.path());
+    cmd.args(["lease", "acquire", &unique("cli-file")])
+        .env("FENCECRON_STORE_FILE", &file);
+    expect_code(run(cmd, None), 0, &["lease", "acquire", "(store file)"]);
+    assert!(db.exists(), "the URL in the file was used");
+}
+
 // --------------------------------------------------------------- the macro
 
 fn run_case(backend: Backend, test: &str, case: fn(&Fx)) {

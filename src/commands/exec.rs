@@ -26,6 +26,9 @@ pub async fn run(cli: &Cli, args: &ExecArgs) -> Result<u8> {
         args.kill_grace.map(|d| d.0),
     )
     .map_err(|e| Error::Usage(e.to_string()))?;
+    // Before the lease is taken: failing to set up the job's environment
+    // must not leave a lease behind.
+    let child_env = ctx.child_env()?;
     // Signals are caught before anything else so that a SIGTERM during the
     // acquire still ends in an orderly release.
     let mut signals = Signals::new([SIGTERM, SIGINT, SIGHUP])
@@ -70,7 +73,7 @@ pub async fn run(cli: &Cli, args: &ExecArgs) -> Result<u8> {
         scheduled_at: None,
         inherit_stdio: true,
     };
-    let supervisor = Supervisor::new(store, ctx.node.clone(), ctx.child_store_env());
+    let supervisor = Supervisor::new(store, ctx.node.clone(), child_env);
     let result = supervisor
         .run(&spec, lease, sent, shutdown)
         .await

@@ -13,6 +13,8 @@ use std::sync::Arc;
 use crate::cli::{Cli, Command};
 use crate::config::{self, Config};
 use crate::error::{Error, Result};
+use crate::events;
+use crate::job_env::{self, ChildEnv, JobStore};
 use crate::store::{self, OpenOptions, Store, StoreUrl};
 
 /// What every command needs: the config (when there is one), the store URL
@@ -21,7 +23,8 @@ pub struct Context {
     pub config: Option<Config>,
     pub config_path: PathBuf,
     pub store_url: StoreUrl,
-    /// Whether the store came from `--store`/`$FENCECRON_STORE`.
+    /// Whether the store was given outside the config file: `--store`,
+    /// `$FENCECRON_STORE` or `$FENCECRON_STORE_FILE`.
     pub store_from_flag: bool,
     pub node: String,
 }
@@ -29,29 +32,36 @@ pub struct Context {
 impl Context {
     /// Resolves config and store. The config file is required when named by
     /// `--config` or `$FENCECRON_CONFIG`; the default path is optional for
-    /// commands that do not need jobs.
+    /// commands that do not need jobs. The store is, in order: `--store` or
+    /// `$FENCECRON_STORE`, the URL in the file `$FENCECRON_STORE_FILE`
+    /// names, the config's `[store]`, and for a config without `[store]` the
+    /// embedded SQLite default. With neither a config nor a store, a command
+    /// that needs no config (they all touch the store) refuses: it must not
+    /// fence against a database it would create on the spot (PRODUCT.md
+    /// principle 10).
     pub fn load(cli: &Cli, need_config: bool) -> Result<Context> {
         let (config_path, explicit) = match &cli.config {
             Some(p) => (p.clone(), true),
             None => (PathBuf::from(config::DEFAULT_PATH), false),
         };
-        let config = if explicit || need_config || config_path.exists() {
-            Some(config::load(&config_path)?)
+        let given = given_store(cli)?;
+        let config = if !need_config && given.is_none() && !config_path.exists() {
+            return Err(no_store(&config_path, explicit));
+        } else if explicit || need_config || config_path.exists() {
+            Some(match given {
+                Some(_) => config::load_store_given(&config_path)?,
+                None => config::load(&config_path)?,
+            })
         } else {
             None
         };
-        let (store_url, store_from_flag) = match &cli.store {
-            Some(raw) => (
-                StoreUrl::parse(raw).map_err(|m| Error::Usage(format!("--store: {m}")))?,
-                true,
-            ),
-            None => (
-                config
-                    .as_ref()
-                    .and_then(|c| c.store.clone())
-                    .unwrap_or_else(StoreUrl::default_sqlite),
-                false,
-            ),
+        let store_from_flag = given.is_some();
+        let store_url = match given {
+            Some(url) => url,
+            None => config
+                .as_ref()
+                .and_then(|c| c.store.clone())
+                .unwrap_or_else(StoreUrl::default_sqlite),
         };
         let node = std::env::var("FENCECRON_NODE")
             .ok()
@@ -68,29 +78,39 @@ impl Context {
         })
     }
 
-    /// The variables a job needs so that `fencecron put/get` inside it reach
-    /// this store: the config path, and the store URL when it was given on the
-    /// command line or is an (absolute) SQLite file. A PostgreSQL or MySQL
-    /// URL from the config file is not copied into every job's environment;
-    /// the job finds it through the config. `FENCECRON_BIN` is the running
-    /// binary, for jobs that call `fencecron put` when it is not on `PATH`.
-    pub fn child_store_env(&self) -> Vec<(String, String)> {
-        let mut env = Vec::new();
-        if let Ok(exe) = std::env::current_exe() {
-            env.push(("FENCECRON_BIN".to_string(), exe.display().to_string()));
+    /// Reads the config file again (SIGHUP), the way [`Context::load`] did:
+    /// when the store was given outside the file, `store.url_env` is not
+    /// read.
+    pub fn reload_config(&self) -> Result<Config, config::ConfigError> {
+        if self.store_from_flag {
+            config::load_store_given(&self.config_path)
+        } else {
+            config::load(&self.config_path)
         }
-        if self.config.is_some() {
-            let path =
-                std::path::absolute(&self.config_path).unwrap_or_else(|_| self.config_path.clone());
-            env.push(("FENCECRON_CONFIG".to_string(), path.display().to_string()));
+    }
+
+    /// What jobs started by this process get and lose so that `fencecron
+    /// put/get` inside them reach this store while the store's credentials
+    /// stay out of their environment (see [`crate::job_env`]). Call it while
+    /// the context still holds the config. May create the private file
+    /// holding the store URL; it is removed when the returned value (and
+    /// every clone) is dropped.
+    pub fn child_env(&self) -> Result<ChildEnv> {
+        let config = self.config.as_ref();
+        let env = ChildEnv::new(&JobStore {
+            url: &self.store_url,
+            config_path: config.map(|_| self.config_path.as_path()),
+            url_env: config.and_then(|c| c.store_url_env.as_deref()),
+        })
+        .map_err(|e| {
+            Error::Runtime(format!(
+                "cannot create the private file that gives jobs the store URL ({e}); check that $RUNTIME_DIRECTORY or the temporary directory is writable"
+            ))
+        })?;
+        if !env.scrubbed.is_empty() {
+            events::job_env_filtered(&env.scrubbed.join(","));
         }
-        if self.store_from_flag || self.store_url.backend() == store::Backend::Sqlite {
-            env.push((
-                "FENCECRON_STORE".to_string(),
-                self.store_url.expose().to_string(),
-            ));
-        }
-        env
+        Ok(env)
     }
 
     /// Opens the store and applies migrations (every command does, so any
@@ -100,6 +120,58 @@ impl Context {
         s.migrate().await?;
         Ok(s)
     }
+}
+
+/// The store given outside the config file: `--store` or `$FENCECRON_STORE`
+/// (clap reads both), else the URL in the file `$FENCECRON_STORE_FILE`
+/// names (how a job started by fencecron finds a store whose URL holds a
+/// password).
+fn given_store(cli: &Cli) -> Result<Option<StoreUrl>> {
+    if let Some(raw) = &cli.store {
+        return StoreUrl::parse(raw)
+            .map(Some)
+            .map_err(|m| Error::Usage(format!("--store: {m}")));
+    }
+    let Some(path) = std::env::var_os(job_env::STORE_FILE_VAR).filter(|p| !p.is_empty()) else {
+        return Ok(None);
+    };
+    let path = PathBuf::from(path);
+    let raw = job_env::read_url_file(&path).map_err(|e| {
+        Error::Usage(format!(
+            "cannot read the store URL from ${} ({}): {e}; it exists only while the fencecron that started this job runs, so pass --store URL or --config FILE instead",
+            job_env::STORE_FILE_VAR,
+            path.display()
+        ))
+    })?;
+    StoreUrl::parse(&raw).map(Some).map_err(|m| {
+        Error::Usage(format!(
+            "${} ({}): {m}",
+            job_env::STORE_FILE_VAR,
+            path.display()
+        ))
+    })
+}
+
+/// The refusal when there is neither a config file nor a store URL.
+fn no_store(config_path: &std::path::Path, explicit: bool) -> Error {
+    let looked_for = if !explicit {
+        format!(
+            "$FENCECRON_CONFIG is unset and the default config file {} does not exist",
+            config_path.display()
+        )
+    } else {
+        let from = match std::env::var_os("FENCECRON_CONFIG") {
+            Some(v) if v == config_path.as_os_str() => "$FENCECRON_CONFIG",
+            _ => "--config",
+        };
+        format!(
+            "the config file {} named by {from} does not exist",
+            config_path.display()
+        )
+    };
+    Error::Usage(format!(
+        "no store to fence against: {looked_for}; point this command at your fleet's store with --config FILE, --store URL or $FENCECRON_STORE (fencecron does not create a local database on its own)"
+    ))
 }
 
 /// This host's name, the default node id.

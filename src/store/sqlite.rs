@@ -13,6 +13,7 @@
 //! `synchronous = FULL`, because losing a committed fence increment on power
 //! loss could hand out the same token twice.
 
+use std::os::unix::fs::OpenOptionsExt;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -21,7 +22,7 @@ use nix::fcntl::{Flock, FlockArg};
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
-use sqlx::{Row, Sqlite, Transaction};
+use sqlx::{ConnectOptions, Row, Sqlite, Transaction};
 
 use super::postgres::stored;
 use super::*;
@@ -85,6 +86,8 @@ pub struct SqliteStore {
     url: StoreUrl,
     pool: SqlitePool,
     path: std::path::PathBuf,
+    /// `sqlite::memory:` and `?mode=memory`: no file to create.
+    in_memory: bool,
     call_timeout: Duration,
 }
 
@@ -99,6 +102,10 @@ impl SqliteStore {
             .busy_timeout(BUSY_TIMEOUT)
             .foreign_keys(false);
         let path = connect.get_filename().to_path_buf();
+        let in_memory = connect
+            .to_url_lossy()
+            .query_pairs()
+            .any(|(k, v)| k == "mode" && v == "memory");
         let pool = SqlitePoolOptions::new()
             .max_connections(opts.max_connections)
             .min_connections(0)
@@ -113,6 +120,7 @@ impl SqliteStore {
             url,
             pool,
             path,
+            in_memory,
             call_timeout: opts.call_timeout,
         })
     }
@@ -394,13 +402,18 @@ impl Store for SqliteStore {
             std::path::PathBuf::from(p)
         };
         let url = self.url.clone();
+        let db_path = (!self.in_memory).then(|| self.path.clone());
         let lock = tokio::task::spawn_blocking(move || {
             let file = std::fs::OpenOptions::new()
                 .create(true)
                 .truncate(false)
                 .write(true)
+                .mode(0o600)
                 .open(&lock_path)
                 .map_err(|e| unavailable(&url, sqlx::Error::Io(e)))?;
+            if let Some(db) = &db_path {
+                create_private(db);
+            }
             Flock::lock(file, FlockArg::LockExclusive)
                 .map_err(|(_, errno)| unavailable(&url, sqlx::Error::Io(errno.into())))
         })
@@ -618,4 +631,18 @@ impl Store for SqliteStore {
         tx.commit().await.map_err(|e| self.err(e))?;
         Ok(n)
     }
+}
+
+/// Creates the database file, if it does not exist yet, readable and
+/// writable by this user only (0600, less the umask): SQLite would create
+/// it 0644, and it holds every lease and fenced value. SQLite gives its
+/// `-wal` and `-shm` files the database file's mode. An existing file keeps
+/// its mode (an operator may have chosen a group on purpose). Errors are
+/// left for SQLite to report when it opens the file.
+fn create_private(path: &std::path::Path) {
+    let _ = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path);
 }

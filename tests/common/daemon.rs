@@ -30,6 +30,7 @@ use super::bin;
 pub struct DaemonOpts {
     pub node: String,
     pub config: PathBuf,
+    /// `--store`; empty for none.
     pub store: String,
     /// Run under `faketime -f OFFSET` (e.g. `"+2s"`): the daemon's clock is
     /// skewed, the store's is not.
@@ -105,14 +106,16 @@ impl Daemon {
     /// Starts `fencecron run` (in its own process group).
     pub fn spawn(opts: DaemonOpts) -> Daemon {
         let mut args: Vec<String> = Vec::new();
-        let flags = vec![
+        let mut flags = vec![
             "--config".to_string(),
             opts.config.display().to_string(),
-            "--store".to_string(),
-            opts.store.clone(),
             "--log-format".to_string(),
             "json".to_string(),
         ];
+        // An empty store: no `--store`, the config (or `opts.env`) names it.
+        if !opts.store.is_empty() {
+            flags.extend(["--store".to_string(), opts.store.clone()]);
+        }
         if opts.flags_before_subcommand {
             args.extend(flags.clone());
             args.extend([
@@ -140,6 +143,7 @@ impl Daemon {
         for var in [
             "FENCECRON_CONFIG",
             "FENCECRON_STORE",
+            "FENCECRON_STORE_FILE",
             "FENCECRON_LOG_FORMAT",
             "FENCECRON_LOG",
             "FENCECRON_NODE",

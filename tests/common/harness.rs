@@ -32,6 +32,7 @@ pub async fn open_store(ts: &TestStore, max_connections: u32) -> Arc<dyn Store> 
 const FENCECRON_VARS: &[&str] = &[
     "FENCECRON_CONFIG",
     "FENCECRON_STORE",
+    "FENCECRON_STORE_FILE",
     "FENCECRON_LOG_FORMAT",
     "FENCECRON_LOG",
     "RUST_LOG",
