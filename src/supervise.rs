@@ -868,8 +868,10 @@ impl<'a> Watch<'a> {
                             if !self.lost {
                                 self.confirmed = sent;
                                 self.next_renew = sent + self.spec.timing.renew_every;
-                                self.confirm_to_watchdog();
                                 events::lease_renewed(Some(&self.spec.job), self.lease, expires_at);
+                                // After the log line: the watchdog never holds
+                                // a later deadline than the log shows.
+                                self.confirm_to_watchdog();
                                 self.log_deadline();
                             }
                         }

@@ -1,0 +1,431 @@
+//! The run watchdog (PRODUCT.md principle 8): a job is dead before its lease
+//! can expire even when the process that supervises it is killed, aborts or
+//! stalls, and a restarted daemon gives back the leases of its own runs once
+//! they are provably dead, but never while one might still be alive.
+//!
+//! Every job here writes a heartbeat line (`TOKEN EPOCH_MS ROLE`) every
+//! 200 ms, and forks a second process of its group that does the same, so
+//! the checks cover the whole process group, not just its leader:
+//! no heartbeat of token N after N's stored expiry, none after the first
+//! heartbeat of a later token, and the group is gone.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use chrono::DateTime;
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use serde_json::Value;
+
+use common::daemon::{
+    group_alive, i64_field, is, job_toml, pid_of, run_cmd, secs, str_field, token_of, write_config,
+    Daemon, DaemonOpts,
+};
+use common::{unique, Backend, TestStore};
+
+/// A job that heartbeats from its leader and from a forked member of its
+/// group, and writes the leader's pid to `dir/pid.TOKEN`. With
+/// `ignore_term` it ignores SIGTERM (only SIGKILL ends it).
+fn heartbeat_cmd(dir: &Path, ignore_term: bool) -> Vec<String> {
+    let trap = if ignore_term { "trap '' TERM; " } else { "" };
+    vec![
+        "sh".into(),
+        "-c".into(),
+        format!(
+            r#"{trap}hb() {{ while :; do echo "$FENCECRON_TOKEN $(date +%s%3N) $1" >> "$D/hb"; sleep 0.2; done; }}; hb grandchild & echo $$ > "$D/pid.$FENCECRON_TOKEN"; hb leader"#
+        ),
+    ]
+    .into_iter()
+    .map(|s: String| s.replace("$D", &dir.display().to_string()))
+    .collect()
+}
+
+/// One heartbeat line.
+#[derive(Debug, Clone, Copy)]
+struct Beat {
+    token: i64,
+    at_ms: i64,
+    grandchild: bool,
+}
+
+fn beats(dir: &Path) -> Vec<Beat> {
+    let text = std::fs::read_to_string(dir.join("hb")).unwrap_or_default();
+    text.lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.len() == 3).then_some(())?;
+            Some(Beat {
+                token: f[0].parse().ok()?,
+                at_ms: f[1].parse().ok()?,
+                grandchild: f[2] == "grandchild",
+            })
+        })
+        .collect()
+}
+
+/// Waits until token `t` has heartbeats from both its leader and the other
+/// member of its group, `n` in all.
+fn wait_beats(dir: &Path, t: i64, n: usize, timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let b: Vec<Beat> = beats(dir).into_iter().filter(|b| b.token == t).collect();
+        if b.len() >= n && b.iter().any(|b| b.grandchild) && b.iter().any(|b| !b.grandchild) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "token {t}: only {} heartbeats within {timeout:?}",
+            b.len()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn ms_of(rfc3339: &str) -> i64 {
+    DateTime::parse_from_rfc3339(rfc3339)
+        .unwrap_or_else(|e| panic!("not RFC 3339: {rfc3339:?}: {e}"))
+        .timestamp_millis()
+}
+
+fn wall_ms() -> i64 {
+    chrono::Utc::now().timestamp_millis()
+}
+
+/// The latest expiry the store gave token `t`, as its holder logged it
+/// (`lease_acquired`, `lease_renewed`). The holder logs each renewal before
+/// it hands the new deadline to the watchdog, so the watchdog never works
+/// to a later expiry than this.
+fn logged_expiry(events: &[Value], t: i64) -> i64 {
+    events
+        .iter()
+        .filter(|e| (is(e, "lease_acquired") || is(e, "lease_renewed")) && token_of(e) == t)
+        .filter_map(|e| str_field(e, "expires_at").map(ms_of))
+        .max()
+        .unwrap_or_else(|| panic!("no expiry logged for token {t}"))
+}
+
+/// No heartbeat of `old` after its stored expiry or after the first
+/// heartbeat of `new`, and its process group is gone.
+fn assert_no_overlap(dir: &Path, old: i64, old_pgid: i32, expiry_ms: i64, new: i64) {
+    let all = beats(dir);
+    let last_old = all
+        .iter()
+        .filter(|b| b.token == old)
+        .map(|b| b.at_ms)
+        .max()
+        .expect("heartbeats of the old token");
+    let first_new = all
+        .iter()
+        .filter(|b| b.token == new)
+        .map(|b| b.at_ms)
+        .min()
+        .expect("heartbeats of the new token");
+    assert!(
+        !group_alive(old_pgid),
+        "the process group of token {old} ({old_pgid}) is still alive"
+    );
+    assert!(
+        last_old <= expiry_ms,
+        "token {old} heartbeat at {last_old}, {} ms after its stored expiry {expiry_ms}",
+        last_old - expiry_ms
+    );
+    assert!(
+        last_old < first_new,
+        "token {old} heartbeat at {last_old} after token {new}'s first at {first_new}"
+    );
+}
+
+fn read_pid(dir: &Path, token: i64) -> i32 {
+    common::daemon::read_pid_file(&dir.join(format!("pid.{token}")), secs(10))
+}
+
+/// Two daemons share a job; the one running it is hit with `how`. The other
+/// takes over after the lease expired, and the old run is gone before that.
+fn owner_fails(test: &str, how: Signal) {
+    let store = TestStore::new(Backend::Sqlite, test).expect("sqlite");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let job = unique("wd");
+    let config = write_config(
+        dir.path(),
+        "",
+        &[job_toml(
+            &job,
+            "* * * * * *",
+            &heartbeat_cmd(dir.path(), false),
+            "lease = \"5s\"",
+        )],
+    );
+    let a = Daemon::spawn(DaemonOpts::new(&unique("wd-a"), &config, &store.url).debug());
+    let b = Daemon::spawn(DaemonOpts::new(&unique("wd-b"), &config, &store.url).debug());
+    let deadline = Instant::now() + secs(30);
+    let (owner, other, started) = loop {
+        if let Some(e) = a.wait_for(|e| is(e, "job_started"), Duration::ZERO) {
+            break (&a, &b, e);
+        }
+        if let Some(e) = b.wait_for(|e| is(e, "job_started"), Duration::ZERO) {
+            break (&b, &a, e);
+        }
+        assert!(Instant::now() < deadline, "no job started on either daemon");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let t1 = token_of(&started);
+    let p1 = pid_of(&started);
+    assert_eq!(read_pid(dir.path(), t1), p1);
+    wait_beats(dir.path(), t1, 4, secs(10));
+
+    let hit_at = wall_ms();
+    owner.signal(how);
+    eprintln!(
+        "{how} sent to {} running token {t1} (pgid {p1})",
+        owner.node
+    );
+    if how != Signal::SIGSTOP {
+        // The watchdog saw its daemon go: SIGTERM at once, and this job
+        // obeys it, so nothing of it survives the grace (1 s for a 5 s
+        // lease), long before the lease runs out.
+        let gone_by = Instant::now() + secs(3);
+        while group_alive(p1) {
+            assert!(
+                Instant::now() < gone_by,
+                "token {t1}'s group still runs 3 s after its daemon got {how}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let last = beats(dir.path())
+            .iter()
+            .filter(|b| b.token == t1)
+            .map(|b| b.at_ms)
+            .max()
+            .unwrap();
+        assert!(
+            last <= hit_at + 1_500,
+            "token {t1} heartbeat {} ms after its daemon got {how}",
+            last - hit_at
+        );
+    }
+    let later = other.expect(
+        "the other daemon runs the job with a higher token",
+        |e| is(e, "job_started") && token_of(e) > t1,
+        secs(30),
+    );
+    let t2 = token_of(&later);
+    wait_beats(dir.path(), t2, 4, secs(10));
+    assert_no_overlap(dir.path(), t1, p1, logged_expiry(&owner.all(), t1), t2);
+    if how == Signal::SIGSTOP {
+        owner.signal(Signal::SIGCONT);
+        owner.expect(
+            "lease_lost once the paused daemon resumes",
+            |e| is(e, "lease_lost") && token_of(e) == t1,
+            secs(15),
+        );
+    }
+}
+
+#[test]
+fn daemon_sigkill_kills_its_job_sqlite() {
+    owner_fails("daemon_sigkill_kills_its_job_sqlite", Signal::SIGKILL);
+}
+
+#[test]
+fn daemon_sigstop_job_dies_before_expiry_sqlite() {
+    owner_fails(
+        "daemon_sigstop_job_dies_before_expiry_sqlite",
+        Signal::SIGSTOP,
+    );
+}
+
+#[test]
+fn daemon_sigabrt_kills_its_job_sqlite() {
+    owner_fails("daemon_sigabrt_kills_its_job_sqlite", Signal::SIGABRT);
+}
+
+/// `fencecron exec` killed with SIGKILL: its job goes at once, and the next
+/// owner (after the lease expired) sees no heartbeat of the old token.
+#[test]
+fn exec_sigkill_kills_its_job() {
+    let store = TestStore::new(Backend::Sqlite, "exec_sigkill_kills_its_job").expect("sqlite");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let resource = unique("wd-exec");
+    let log_path = dir.path().join("exec.log");
+    let mut cmd = common::harness::fencecron(dir.path());
+    cmd.args([
+        "--store",
+        &store.url,
+        "--log-format",
+        "json",
+        "exec",
+        &resource,
+        "--lease",
+        "5s",
+        "--",
+    ])
+    .args(heartbeat_cmd(dir.path(), false))
+    .env("FENCECRON_LOG", "debug,sqlx=off")
+    .stdout(Stdio::null())
+    .stderr(std::fs::File::create(&log_path).expect("log file"));
+    let mut exec = cmd.spawn().expect("start exec");
+    // Token 1: the resource is new.
+    let p1 = read_pid(dir.path(), 1);
+    wait_beats(dir.path(), 1, 4, secs(10));
+
+    let hit_at = wall_ms();
+    kill(Pid::from_raw(exec.id() as i32), Signal::SIGKILL).expect("kill exec");
+    let _ = exec.wait();
+    let gone_by = Instant::now() + secs(3);
+    while group_alive(p1) {
+        assert!(Instant::now() < gone_by, "exec's job survived it by 3 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let last = beats(dir.path()).iter().map(|b| b.at_ms).max().unwrap();
+    assert!(
+        last <= hit_at + 1_500,
+        "heartbeat {} ms after SIGKILL",
+        last - hit_at
+    );
+
+    // The lease stays held until it expires by the store's clock; then the
+    // next owner gets token 2.
+    let events: Vec<Value> = std::fs::read_to_string(&log_path)
+        .unwrap()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let expiry = logged_expiry(&events, 1);
+    let deadline = Instant::now() + secs(30);
+    let acquired_at = loop {
+        let out = run_cmd(
+            common::harness::fencecron(dir.path()).args([
+                "--store", &store.url, "lease", "acquire", &resource, "--json",
+            ]),
+            secs(30),
+        );
+        if out.status.code() == Some(0) {
+            let v: Value = serde_json::from_slice(&out.stdout).expect("json");
+            assert_eq!(i64_field(&v, "token"), Some(2), "{v}");
+            break wall_ms();
+        }
+        assert_eq!(out.status.code(), Some(75), "lease acquire: {out:?}");
+        assert!(Instant::now() < deadline, "the lease was never freed");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(last <= expiry && last < acquired_at);
+}
+
+/// Starts a single daemon for the restart tests.
+fn single(node: &str, config: &Path, store: &str) -> Daemon {
+    Daemon::spawn(DaemonOpts::new(node, config, store).debug())
+}
+
+fn restart_config(dir: &Path, job: &str, ignore_term: bool) -> PathBuf {
+    write_config(
+        dir,
+        "",
+        &[job_toml(
+            job,
+            "* * * * * *",
+            &heartbeat_cmd(dir, ignore_term),
+            "lease = \"30s\"\nkill_grace = \"3s\"",
+        )],
+    )
+}
+
+/// A daemon killed with SIGKILL and started again gives back the lease of
+/// its own dead run at once, instead of leaving the job blocked fleet-wide
+/// until the lease expires.
+#[test]
+fn restarted_daemon_releases_its_dead_run_sqlite() {
+    let store = TestStore::new(Backend::Sqlite, "restarted_releases").expect("sqlite");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let job = unique("wd-restart");
+    let config = restart_config(dir.path(), &job, false);
+    let node = unique("wd-r");
+    let first = single(&node, &config, &store.url);
+    let started = first.expect("job_started", |e| is(e, "job_started"), secs(30));
+    let t1 = token_of(&started);
+    let p1 = pid_of(&started);
+    wait_beats(dir.path(), t1, 3, secs(10));
+    let expiry = logged_expiry(&first.all(), t1);
+    // Kept (not dropped) until the end: dropping it would kill the jobs it
+    // saw start, doing the watchdog's work for it.
+    first.signal(Signal::SIGKILL);
+
+    let second = single(&node, &config, &store.url);
+    let recovered = second.expect(
+        "run_recovered for the dead run",
+        |e| is(e, "run_recovered") && token_of(e) == t1,
+        secs(15),
+    );
+    assert_eq!(
+        str_field(&recovered, "outcome"),
+        Some("released"),
+        "{recovered}"
+    );
+    let later = second.expect(
+        "the job runs again with a higher token",
+        |e| is(e, "job_started") && token_of(e) > t1,
+        secs(15),
+    );
+    let started_ms = ms_of(str_field(&later, "timestamp").expect("timestamp"));
+    assert!(
+        started_ms < expiry - 10_000,
+        "the next run waited for the old lease to expire ({started_ms} vs {expiry})"
+    );
+    let t2 = token_of(&later);
+    wait_beats(dir.path(), t2, 3, secs(10));
+    assert_no_overlap(dir.path(), t1, p1, expiry, t2);
+}
+
+/// A restarted daemon whose previous run is still being terminated (its job
+/// ignores SIGTERM, so it lives until the grace ends) waits for it to die
+/// before it gives the lease back.
+#[test]
+fn restarted_daemon_waits_for_a_run_still_alive_sqlite() {
+    let store = TestStore::new(Backend::Sqlite, "restarted_waits").expect("sqlite");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let job = unique("wd-alive");
+    let config = restart_config(dir.path(), &job, true);
+    let node = unique("wd-w");
+    let first = single(&node, &config, &store.url);
+    let started = first.expect("job_started", |e| is(e, "job_started"), secs(30));
+    let t1 = token_of(&started);
+    let p1 = pid_of(&started);
+    wait_beats(dir.path(), t1, 3, secs(10));
+    let expiry = logged_expiry(&first.all(), t1);
+    // Kept (not dropped) until the end: dropping it would kill the jobs it
+    // saw start, doing the watchdog's work for it.
+    first.signal(Signal::SIGKILL);
+
+    let second = single(&node, &config, &store.url);
+    let recovered = second.expect(
+        "run_recovered for the old run",
+        |e| is(e, "run_recovered") && token_of(e) == t1,
+        secs(20),
+    );
+    let recovered_ms = ms_of(str_field(&recovered, "timestamp").expect("timestamp"));
+    assert_eq!(
+        str_field(&recovered, "outcome"),
+        Some("released"),
+        "{recovered}"
+    );
+    let last_t1 = beats(dir.path())
+        .iter()
+        .filter(|b| b.token == t1)
+        .map(|b| b.at_ms)
+        .max()
+        .unwrap();
+    assert!(
+        recovered_ms >= last_t1,
+        "the lease was given back at {recovered_ms} while token {t1} still ran ({last_t1})"
+    );
+    let later = second.expect(
+        "the job runs again with a higher token",
+        |e| is(e, "job_started") && token_of(e) > t1,
+        secs(15),
+    );
+    let t2 = token_of(&later);
+    wait_beats(dir.path(), t2, 3, secs(10));
+    assert_no_overlap(dir.path(), t1, p1, expiry, t2);
+}
