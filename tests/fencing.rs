@@ -4,8 +4,11 @@
 //!
 //! 1. Daemon A runs the job with token N; the job starts its "work" (it
 //!    writes its pid, prints, and then works in short steps).
-//! 2. The test pauses A — the daemon and the job's process group — with
-//!    SIGSTOP. A stops renewing; its 5 s lease expires by the store's clock.
+//! 2. The test pauses A as a whole-host freeze would — the daemon, the run's
+//!    watchdog and the job's process group — with SIGSTOP. (Pausing the
+//!    daemon alone no longer lets the job outlive its lease: its watchdog
+//!    kills it; `tests/watchdog.rs` proves that.) A stops renewing; its 5 s
+//!    lease expires by the store's clock.
 //! 3. Daemon B, which was refused while A held the lease, takes a later
 //!    occurrence with token N+1; B's run writes `result` at once.
 //! 4. A resumes and its job writes `result` with token N: `fencecron put`
@@ -111,6 +114,14 @@ fn stale_of(dir: &Path, store: &str, resource: &str) -> Vec<Value> {
     }
 }
 
+/// The parent of `pid` (for a job's leader: its run watchdog).
+fn parent_of(pid: i32) -> Pid {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("job's /proc stat");
+    let rest = &stat[stat.rfind(')').expect("stat") + 2..];
+    let ppid = rest.split_whitespace().nth(1).expect("ppid");
+    Pid::from_raw(ppid.parse().expect("ppid is a number"))
+}
+
 /// The JSON events in a log text (one object per line).
 fn events_in(text: &str) -> Vec<Value> {
     text.lines()
@@ -197,9 +208,12 @@ fn paused_owner_is_fenced_off_after_its_lease_moves_on() {
         "B must not run while A holds the lease"
     );
 
-    // 2. Pause A: the daemon and the job's process group.
+    // 2. Pause A like a frozen host: the daemon, the run's watchdog (the
+    // job's parent) and the job's process group.
     let a_pid = a.pid();
+    let watchdog = parent_of(job_pid);
     kill(a_pid, Signal::SIGSTOP).expect("SIGSTOP daemon A");
+    kill(watchdog, Signal::SIGSTOP).expect("SIGSTOP A's run watchdog");
     killpg(Pid::from_raw(job_pid), Signal::SIGSTOP).expect("SIGSTOP A's job group");
 
     // 3. The lease expires; B takes a later occurrence with N+1 and writes.
@@ -245,7 +259,9 @@ fn paused_owner_is_fenced_off_after_its_lease_moves_on() {
     assert_eq!(str_field(&rejected, "key"), Some("result"), "{rejected}");
     assert_eq!(str_field(&rejected, "resource"), Some(job.as_str()));
 
-    // A's daemon resumes, finds its deadline passed and kills the job.
+    // A's daemon and watchdog resume, find the deadline passed and kill the
+    // job.
+    kill(watchdog, Signal::SIGCONT).expect("SIGCONT A's run watchdog");
     kill(a_pid, Signal::SIGCONT).expect("SIGCONT daemon A");
     let lost = a.expect(
         "A's lease_lost",
