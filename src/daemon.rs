@@ -30,6 +30,7 @@ use crate::commands::Context;
 use crate::config::{self, Job};
 use crate::error::{Error, Result};
 use crate::events;
+use crate::fence;
 use crate::names::Name;
 use crate::store::{self, rfc3339, AcquireOutcome, AcquireRequest, OpenOptions, Store, StoreTime};
 use crate::supervise::{RunSpec, SuperviseError, Supervisor};
@@ -371,6 +372,7 @@ impl Occurrence {
         self.tracker.spawn(async move {
             if let Ok(AcquireOutcome::Acquired(lease)) = attempt.await {
                 events::lease_acquired(Some(job.name.as_str()), &lease, &node);
+                fence::taken_over(&store, Some(job.name.as_str()), &lease, &node);
                 release_unused(store.as_ref(), &job, &lease).await;
             }
         });
@@ -442,6 +444,7 @@ impl Occurrence {
             match outcome {
                 Ok(AcquireOutcome::Acquired(lease)) => {
                     events::lease_acquired(Some(name), &lease, self.supervisor.node());
+                    fence::taken_over(&store, Some(name), &lease, self.supervisor.node());
                     let spec = spec_for(job, self.at);
                     match self
                         .supervisor

@@ -15,6 +15,10 @@ use crate::config::{self, Config};
 use crate::error::{Error, Result};
 use crate::store::{self, OpenOptions, Store, StoreUrl};
 
+/// How long a command that is about to exit waits for a stale-owner record
+/// it is storing in the background (e.g. of a takeover) to reach the store.
+pub(crate) const RECORD_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// What every command needs: the config (when there is one), the store URL
 /// and this node's id.
 pub struct Context {
