@@ -11,7 +11,7 @@ use tracing::{debug, error, info, warn};
 use tracing_subscriber::EnvFilter;
 
 use crate::cli::LogFormat;
-use crate::store::{Lease, StaleRecord, StoreTime, Takeover, Token};
+use crate::store::{EpochInfo, Lease, StaleRecord, StoreTime, Takeover, Token};
 
 /// Installs the global subscriber: logs go to stderr, `RUST_LOG` (or
 /// `FENCECRON_LOG`) filters, default `info` for fencecron's own events.
@@ -71,6 +71,19 @@ pub fn lease_taken_over(job: Option<&str>, lease: &Lease, previous: &Takeover, n
         expired_at = %previous.expired_at,
         node,
         "lease taken over from an owner that never released it"
+    );
+}
+
+/// `fencecron epoch advance` raised the epoch of fencing tokens.
+pub fn epoch_advanced(info: &EpochInfo) {
+    info!(
+        event = "epoch_advanced",
+        stored_epoch = info.stored,
+        effective_epoch = info.effective,
+        timeline = info.timeline,
+        lowest_token = info.lowest_token,
+        highest_token = info.highest_token,
+        "epoch of fencing tokens advanced"
     );
 }
 

@@ -3,6 +3,7 @@
 
 mod bench;
 mod check;
+mod epoch;
 mod exec;
 mod fenced;
 mod lease;
@@ -126,6 +127,7 @@ pub async fn dispatch(cli: Cli) -> Result<u8> {
         Command::Get(args) => fenced::get(&cli, args).await,
         Command::Stale(args) => fenced::stale(&cli, args).await,
         Command::Bench(args) => bench::run(&cli, args).await,
+        Command::Epoch(args) => epoch::run(&cli, args).await,
     }
 }
 
