@@ -1335,6 +1335,73 @@ async fn postgres_losing_acquire_writes_no_row_version() {
     pool.close().await;
 }
 
+/// MySQL/MariaDB, whose counters show what a statement touched: a losing
+/// acquire (one `CALL`) writes nothing and does not read the epoch either.
+/// It reads 3 index entries, as before epochs existed; with the epoch as an
+/// uncorrelated `WHERE id = 1` subquery MariaDB read it while optimising,
+/// for every loser (4).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_losing_acquire_reads_no_epoch_and_writes_nothing() {
+    let Some(ts) = TestStore::new(
+        Backend::MySql,
+        "mysql_losing_acquire_reads_no_epoch_and_writes_nothing",
+    ) else {
+        return;
+    };
+    let store = open_store(&ts, 4).await;
+    let s = store.as_ref();
+    let r = resource("handlers");
+    let _held = must_acquire(s, &r).await;
+    let pool = sqlx::MySqlPool::connect(&ts.url).await.expect("connect");
+    let mut conn = pool.acquire().await.expect("connection");
+    let counters = "SHOW SESSION STATUS WHERE Variable_name IN
+        ('Handler_read_key', 'Handler_read_rnd_next', 'Handler_update', 'Handler_write', 'Handler_delete')";
+    let read = |rows: Vec<(String, String)>| -> std::collections::HashMap<String, i64> {
+        rows.into_iter()
+            .map(|(k, v)| (k, v.parse().expect("counter")))
+            .collect()
+    };
+    let before = read(
+        sqlx::query_as(counters)
+            .fetch_all(&mut *conn)
+            .await
+            .expect("status"),
+    );
+    let row = sqlx::query("CALL fencecron_acquire(?, ?, ?, ?, ?)")
+        .bind(r.as_str())
+        .bind("loser")
+        .bind(NODE)
+        .bind(5_000_i64)
+        .bind(None::<i64>)
+        .fetch_one(&mut *conn)
+        .await
+        .expect("call");
+    let won: i64 = sqlx::Row::try_get(&row, 0).expect("won");
+    assert_eq!(won, 0, "the call must lose");
+    let after = read(
+        sqlx::query_as(counters)
+            .fetch_all(&mut *conn)
+            .await
+            .expect("status"),
+    );
+    let delta = |k: &str| after[k] - before[k];
+    for k in ["Handler_update", "Handler_write", "Handler_delete"] {
+        assert_eq!(delta(k), 0, "{k}: a losing acquire wrote");
+    }
+    assert_eq!(
+        delta("Handler_read_rnd_next"),
+        0,
+        "a losing acquire scanned"
+    );
+    assert!(
+        delta("Handler_read_key") <= 3,
+        "a losing acquire read {} index entries (3 expected): the epoch subquery ran",
+        delta("Handler_read_key")
+    );
+    drop(conn);
+    pool.close().await;
+}
+
 // --------------------------------------------------------------- the macro
 
 /// Opens the backend's store, migrates it, and runs one case under a time
