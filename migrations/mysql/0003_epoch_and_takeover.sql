@@ -32,16 +32,21 @@ ALTER TABLE fencecron_leases
 --   won, fence, owner_id, node, expires_at_ms, last_occurrence_ms, now_ms
 --   (as in 0002), then prev_owner_id, prev_node, prev_fence,
 --   prev_expires_at_ms (the vanished owner a winner took over from; NULL
---   after a clean hand-over, and meaningless for a loser).
--- The epoch is read inside the UPDATE's SET by a subquery correlated with
--- the row (an epoch only matters when it is above the row's own), so only a
--- winning call reads it: MariaDB reads an uncorrelated `WHERE id = 1` lookup
--- as a constant while optimising, also when no row matches (one more index
--- read per losing call, seen as Handler_read_key 4 instead of 3). A losing
--- call still matches no row, reads nothing more and writes nothing. MySQL assigns
--- a single-table UPDATE's SET list left to right, each assignment seeing
--- the ones before it: prev_* and released are assigned before the columns
--- they copy from change.
+--   after a clean hand-over, and for a loser).
+--
+-- The conditional UPDATE and, only when it won, a second UPDATE that lifts
+-- the fence to the epoch's first token run in one transaction: one commit
+-- as before, and no other session can see the row between the two (it is
+-- locked by the first). A losing call's UPDATE matches no row and its
+-- transaction is empty: it writes nothing and costs what it cost before.
+-- Reading the epoch inside the first UPDATE's SET would cost every loser
+-- too (measured on MariaDB 10.11: a `WHERE id = 1` subquery is read as a
+-- constant while optimising, one more index read per losing call; a
+-- correlated one is prepared on every execution, about 9 us more per
+-- losing UPDATE; a stored function pre-locks its table, about 4 us).
+-- MySQL assigns a single-table UPDATE's SET list left to right, each
+-- assignment seeing the ones before it: prev_* and released are assigned
+-- before the columns they copy from change.
 DROP PROCEDURE IF EXISTS fencecron_acquire;
 
 CREATE PROCEDURE fencecron_acquire(
@@ -68,22 +73,26 @@ BEGIN
     DECLARE v_prev_fence BIGINT;
     DECLARE v_prev_expires BIGINT;
     DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_found = 0;
+    -- Never leave the transaction open on a pooled connection.
+    DECLARE EXIT HANDLER FOR SQLEXCEPTION
+    BEGIN
+        ROLLBACK;
+        RESIGNAL;
+    END;
     -- Two callers creating the same new row: the second one's INSERT hits
     -- the primary key and competes through the UPDATE instead.
     DECLARE CONTINUE HANDLER FOR 1062 SET v_dup = 1;
 
     attempt: LOOP
         SET v_round = v_round + 1;
+        START TRANSACTION;
         UPDATE fencecron_leases
            SET prev_owner_id = IF(released, NULL, owner_id),
                prev_node = IF(released, NULL, node),
                prev_fence = IF(released, NULL, fence),
                prev_expires_at_ms = IF(released, NULL, expires_at_ms),
                released = FALSE,
-               fence = GREATEST(fence + 1,
-                   COALESCE((SELECT e.epoch FROM fencecron_epoch e
-                              WHERE e.epoch > fencecron_leases.fence DIV 4294967296), 0)
-                   * 4294967296 + 1),
+               fence = fence + 1,
                owner_id = p_owner, node = p_node,
                acquired_at_ms = CAST(FLOOR(UNIX_TIMESTAMP(SYSDATE(3)) * 1000) AS SIGNED),
                expires_at_ms = CAST(FLOOR(UNIX_TIMESTAMP(SYSDATE(3)) * 1000) AS SIGNED) + p_lease_ms,
@@ -93,6 +102,14 @@ BEGIN
            AND (p_occ_ms IS NULL OR last_occurrence_ms IS NULL OR last_occurrence_ms < p_occ_ms)
            AND (p_occ_ms IS NULL OR p_occ_ms <= CAST(FLOOR(UNIX_TIMESTAMP(SYSDATE(3)) * 1000) AS SIGNED));
         SET v_won = ROW_COUNT();
+        IF v_won = 1 THEN
+            UPDATE fencecron_leases
+               SET fence = GREATEST(fence,
+                   COALESCE((SELECT e.epoch FROM fencecron_epoch e WHERE e.id = 1), 0)
+                   * 4294967296 + 1)
+             WHERE resource = p_resource;
+        END IF;
+        COMMIT;
         SET v_found = 1;
         SELECT fence, owner_id, node, expires_at_ms, last_occurrence_ms,
                prev_owner_id, prev_node, prev_fence, prev_expires_at_ms

@@ -17,6 +17,29 @@ CREATE TABLE IF NOT EXISTS fencecron_epoch (
 );
 INSERT INTO fencecron_epoch (id, epoch) VALUES (1, 0) ON CONFLICT (id) DO NOTHING;
 
+-- The lowest token the effective epoch can issue: (epoch << 32) + 1. The
+-- timeline is the first 8 hex digits of the current WAL file name, which
+-- uses the timeline WAL is being inserted on: a promotion moves it at once
+-- (the control file's checkpoint timeline would lag until the next
+-- checkpoint). pg_walfile_name and pg_current_wal_lsn are executable by
+-- every role; pg_walfile_name fails on a standby, where no acquire can
+-- write anyway.
+--
+-- PL/pgSQL on purpose: the acquire calls it in its UPDATE's SET, so it runs
+-- only for a row that matched, and the planner cannot inline it. A
+-- subquery on fencecron_epoch there would put that table in every
+-- acquire's plan, opened and locked at each executor start also when the
+-- acquire loses (measured: about 4 us more per losing acquire).
+CREATE OR REPLACE FUNCTION fencecron_token_floor() RETURNS BIGINT
+    LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    RETURN ((COALESCE((SELECT epoch FROM fencecron_epoch WHERE id = 1), 0)
+             + (('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint - 1)
+               * 1024) << 32) + 1;
+END
+$$;
+
 -- Takeovers: `released` is set by release and cleared by acquire. A winning
 -- acquire that finds it clear took over a lease whose owner vanished
 -- without releasing it; the same UPDATE copies that owner's id, node, token

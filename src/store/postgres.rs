@@ -20,10 +20,12 @@
 //! (both executable by any role; no grant needed). A standby promoted after
 //! missing the old primary's last commits is on a later timeline, so its
 //! first token for any resource is above every token the old primary could
-//! have issued on its timeline. The epoch is computed only inside the
-//! `UPDATE`'s `SET`, which PostgreSQL evaluates for a row that matched: the
-//! stored epoch is an uncorrelated subquery (an init plan, run on first
-//! use), so a losing acquire neither reads it nor writes anything.
+//! have issued on its timeline. The epoch's first token comes from the
+//! PL/pgSQL function `fencecron_token_floor()` (migration 0002), called in
+//! the `UPDATE`'s `SET`, which PostgreSQL evaluates only for a row that
+//! matched; being opaque to the planner, it also keeps `fencecron_epoch`
+//! out of a losing acquire's plan. A loser writes nothing and reads nothing
+//! more than before.
 
 use std::time::Duration;
 
@@ -50,21 +52,13 @@ macro_rules! timeline {
     };
 }
 
-/// The effective epoch: stored epoch + (timeline − 1) × TIMELINE_WEIGHT.
-macro_rules! epoch {
-    () => {
-        concat!(
-            "(COALESCE((SELECT e.epoch FROM fencecron_epoch e WHERE e.id = 1), 0) + (",
-            timeline!(),
-            " - 1) * 1024)"
-        )
-    };
-}
-
-/// The first token of the effective epoch: `(epoch << 32) + 1`.
+/// The first token of the effective epoch, `(epoch << 32) + 1`: migration
+/// 0002's PL/pgSQL function, which reads the stored epoch and the timeline.
+/// A function rather than a subquery so that a losing acquire's plan does
+/// not even open `fencecron_epoch`.
 macro_rules! epoch_floor {
     () => {
-        concat!("((", epoch!(), " << 32) + 1)")
+        "fencecron_token_floor()"
     };
 }
 
@@ -143,11 +137,14 @@ const RELEASE: &str = concat!(
       RETURNING fence"
 );
 
-/// `fencecron epoch`: the stored epoch, the timeline and the highest fence.
+/// `fencecron epoch`: the stored epoch, the timeline, the effective epoch
+/// (from the same function the acquire uses) and the highest fence.
 const EPOCH: &str = concat!(
     "SELECT COALESCE((SELECT epoch FROM fencecron_epoch WHERE id = 1), 0) AS stored, ",
     timeline!(),
-    " AS timeline, (SELECT max(fence) FROM fencecron_leases) AS highest"
+    " AS timeline, (",
+    epoch_floor!(),
+    " - 1) >> 32 AS effective, (SELECT max(fence) FROM fencecron_leases) AS highest"
 );
 
 /// `fencecron epoch advance`: the stored epoch such that the effective one
@@ -346,11 +343,22 @@ impl PostgresStore {
             .await
             .map_err(|e| self.err(e))?;
         let col = |e: sqlx::Error| self.err(e);
-        Ok(EpochInfo::new(
+        let info = EpochInfo::new(
             row.try_get("stored").map_err(col)?,
             Some(row.try_get("timeline").map_err(col)?),
             row.try_get("highest").map_err(col)?,
-        ))
+        );
+        let effective: i64 = row.try_get("effective").map_err(col)?;
+        if effective != info.effective {
+            return Err(StoreError::Corrupt {
+                url: self.url.to_string(),
+                detail: format!(
+                    "fencecron_token_floor() says epoch {effective}, fencecron computes {}; was the function changed?",
+                    info.effective
+                ),
+            });
+        }
+        Ok(info)
     }
 
     async fn lease_row(&self, resource: &Name) -> Result<Option<(String, Token, i64)>, StoreError> {
