@@ -882,17 +882,19 @@ fn mysql_connection_limit_is_named() {
     let mut limited = url::Url::parse(&ts.url).expect("test URL parses");
     limited.set_username("fencecron_limited").unwrap();
     limited.set_password(Some("sekret3")).unwrap();
+    // The test URL's database, whatever it is called.
+    let database = limited.path().trim_start_matches('/').replace('`', "");
     let limited = limited.to_string();
     // Holds the user's only connection while the binary tries to connect.
     let _held = rt.block_on(async {
         use sqlx::{Connection, Executor};
         let mut root = sqlx::MySqlConnection::connect(&ts.url).await.unwrap();
         for sql in [
-            "CREATE USER IF NOT EXISTS 'fencecron_limited'@'127.0.0.1' IDENTIFIED BY 'sekret3'",
-            "ALTER USER 'fencecron_limited'@'127.0.0.1' IDENTIFIED BY 'sekret3' WITH MAX_USER_CONNECTIONS 1",
-            "GRANT ALL ON test.* TO 'fencecron_limited'@'127.0.0.1'",
+            "CREATE USER IF NOT EXISTS 'fencecron_limited'@'127.0.0.1' IDENTIFIED BY 'sekret3'".to_string(),
+            "ALTER USER 'fencecron_limited'@'127.0.0.1' IDENTIFIED BY 'sekret3' WITH MAX_USER_CONNECTIONS 1".to_string(),
+            format!("GRANT ALL ON `{database}`.* TO 'fencecron_limited'@'127.0.0.1'"),
         ] {
-            root.execute(sql).await.unwrap();
+            root.execute(sql.as_str()).await.unwrap();
         }
         sqlx::MySqlConnection::connect(&limited)
             .await
