@@ -86,6 +86,28 @@ pub enum Command {
     Stale(StaleArgs),
     /// Measure store latency and throughput against a bare round trip.
     Bench(BenchArgs),
+    /// Show the epoch of fencing tokens, or advance it (in failover hooks).
+    Epoch(EpochArgs),
+}
+
+/// `fencecron epoch [show|advance]`.
+#[derive(Debug, Args)]
+pub struct EpochArgs {
+    #[command(subcommand)]
+    pub action: Option<EpochAction>,
+    /// Print JSON.
+    #[arg(long, global = true)]
+    pub json: bool,
+}
+
+/// What `fencecron epoch` does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Subcommand)]
+pub enum EpochAction {
+    /// Print the stored and the effective epoch (the default).
+    Show,
+    /// Raise the epoch so that every later token is greater than every token
+    /// issued before, for any resource; run it in the store's promotion hook.
+    Advance,
 }
 
 /// `fencecron exec`.

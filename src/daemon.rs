@@ -30,6 +30,7 @@ use crate::commands::Context;
 use crate::config::Job;
 use crate::error::{Error, Result};
 use crate::events;
+use crate::fence;
 use crate::names::Name;
 use crate::runs::{self, RunRecords};
 use crate::store::{self, rfc3339, AcquireOutcome, AcquireRequest, OpenOptions, Store, StoreTime};
@@ -385,6 +386,7 @@ impl Occurrence {
         self.tracker.spawn(async move {
             if let Ok(AcquireOutcome::Acquired(lease)) = attempt.await {
                 events::lease_acquired(Some(job.name.as_str()), &lease, &node);
+                fence::taken_over(&store, Some(job.name.as_str()), &lease, &node);
                 release_unused(store.as_ref(), &job, &lease).await;
             }
         });
@@ -456,6 +458,7 @@ impl Occurrence {
             match outcome {
                 Ok(AcquireOutcome::Acquired(lease)) => {
                     events::lease_acquired(Some(name), &lease, self.supervisor.node());
+                    fence::taken_over(&store, Some(name), &lease, self.supervisor.node());
                     let spec = spec_for(job, self.at);
                     match self
                         .supervisor

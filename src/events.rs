@@ -11,7 +11,7 @@ use tracing::{debug, error, info, warn};
 use tracing_subscriber::EnvFilter;
 
 use crate::cli::LogFormat;
-use crate::store::{Lease, StaleRecord, StoreTime, Token};
+use crate::store::{EpochInfo, Lease, StaleRecord, StoreTime, Takeover, Token};
 
 /// Installs the global subscriber: logs go to stderr, `RUST_LOG` (or
 /// `FENCECRON_LOG`) filters, default `info` for fencecron's own events.
@@ -52,6 +52,38 @@ pub fn lease_acquired(job: Option<&str>, lease: &Lease, node: &str) {
         expires_at = %lease.expires_at,
         node,
         "lease acquired"
+    );
+}
+
+/// This acquisition took over a lease that expired without being released:
+/// its previous owner vanished (crashed, hung, was partitioned or killed)
+/// and may still be running somewhere. A stale-owner event.
+pub fn lease_taken_over(job: Option<&str>, lease: &Lease, previous: &Takeover, node: &str) {
+    warn!(
+        event = "lease_taken_over",
+        job,
+        resource = %lease.resource,
+        owner_id = %lease.owner_id,
+        token = lease.token,
+        previous_owner_id = %previous.owner_id,
+        previous_node = %previous.node,
+        previous_token = previous.token,
+        expired_at = %previous.expired_at,
+        node,
+        "lease taken over from an owner that never released it"
+    );
+}
+
+/// `fencecron epoch advance` raised the epoch of fencing tokens.
+pub fn epoch_advanced(info: &EpochInfo) {
+    info!(
+        event = "epoch_advanced",
+        stored_epoch = info.stored,
+        effective_epoch = info.effective,
+        timeline = info.timeline,
+        lowest_token = info.lowest_token,
+        highest_token = info.highest_token,
+        "epoch of fencing tokens advanced"
     );
 }
 

@@ -5,8 +5,15 @@
 //! refusal, for `put`) *and* logged as a stale-owner event here, so log
 //! monitoring and `fencecron stale` see the same facts.
 
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::task::JoinHandle;
+
 use crate::events;
-use crate::store::{NewStaleRecord, PutOutcome, PutRequest, StaleRecord, Store, StoreError};
+use crate::store::{
+    Lease, NewStaleRecord, PutOutcome, PutRequest, StaleKind, StaleRecord, Store, StoreError, Token,
+};
 
 /// Sends a fenced write; a rejection is logged as `stale_write_rejected`.
 pub async fn put(store: &dyn Store, req: &PutRequest<'_>) -> Result<PutOutcome, StoreError> {
@@ -26,6 +33,115 @@ pub async fn record(store: &dyn Store, rec: &NewStaleRecord<'_>) -> Option<Stale
         Err(e) => {
             events::stale_record_failed(rec.resource, &e.to_string());
             None
+        }
+    }
+}
+
+/// A stale-owner record to store from a background task (owned, so it can
+/// outlive its caller). The operation id is made up when it is stored.
+#[derive(Debug, Clone)]
+pub struct PendingRecord {
+    pub kind: StaleKind,
+    pub reason: String,
+    pub resource: String,
+    pub owner_id: Option<String>,
+    pub token: Token,
+    pub accepted_token: Option<Token>,
+    pub node: String,
+    pub job: Option<String>,
+    pub stage: String,
+}
+
+/// How often [`record_in_background`] tries before giving up.
+const RECORD_ATTEMPTS: u32 = 10;
+
+/// Stores a stale-owner record without making the caller wait: a background
+/// task tries up to 10 times, backing off from 1 s to 30 s while the store
+/// is unreachable (each failure logged as `store_unavailable`, giving up as
+/// `stale_record_failed`). The caller has already logged the event itself.
+/// The task is returned so a short-lived command can let it finish before
+/// it exits; the daemon lets it run.
+pub fn record_in_background(store: Arc<dyn Store>, rec: PendingRecord) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let op = uuid::Uuid::new_v4().to_string();
+        let new = NewStaleRecord {
+            kind: rec.kind,
+            reason: &rec.reason,
+            resource: &rec.resource,
+            key: None,
+            owner_id: rec.owner_id.as_deref(),
+            token: rec.token,
+            accepted_token: rec.accepted_token,
+            node: &rec.node,
+            job: rec.job.as_deref(),
+            stage: &rec.stage,
+            operation_id: &op,
+        };
+        let mut delay = Duration::from_secs(1);
+        for attempt in 1..=RECORD_ATTEMPTS {
+            match store.record_stale(&new).await {
+                Ok(_) => return,
+                Err(e) => {
+                    let retry = (attempt < RECORD_ATTEMPTS).then_some(delay);
+                    events::store_unavailable(
+                        "record_stale",
+                        rec.job.as_deref(),
+                        &e.to_string(),
+                        retry,
+                    );
+                    if retry.is_none() {
+                        break;
+                    }
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(30));
+                }
+            }
+        }
+        events::stale_record_failed(
+            &rec.resource,
+            &format!("gave up after {RECORD_ATTEMPTS} attempts"),
+        );
+    })
+}
+
+/// After a winning acquire: when it took over a lease that expired without
+/// being released, logs `lease_taken_over` and stores a `lease_taken_over`
+/// stale-owner record (the vanished owner's id, token and node; the new
+/// token as `accepted_token`) in the background. Returns the recording
+/// task, if there is one.
+pub fn taken_over(
+    store: &Arc<dyn Store>,
+    job: Option<&str>,
+    lease: &Lease,
+    node: &str,
+) -> Option<JoinHandle<()>> {
+    let previous = lease.taken_over.as_ref()?;
+    events::lease_taken_over(job, lease, previous, node);
+    Some(record_in_background(
+        store.clone(),
+        PendingRecord {
+            kind: StaleKind::LeaseTakenOver,
+            reason: "expired_unreleased".to_string(),
+            resource: lease.resource.clone(),
+            owner_id: Some(previous.owner_id.clone()),
+            token: previous.token,
+            accepted_token: Some(lease.token),
+            node: previous.node.clone(),
+            job: job.map(str::to_string),
+            stage: "acquire".to_string(),
+        },
+    ))
+}
+
+/// Lets a recording task of a command that is about to exit finish, for at
+/// most `limit`; a record still not stored then is reported as failed.
+pub async fn finish_recording(task: Option<JoinHandle<()>>, resource: &str, limit: Duration) {
+    if let Some(task) = task {
+        if tokio::time::timeout(limit, task).await.is_err() {
+            events::stale_record_failed(
+                resource,
+                "the store did not take the record before the command exited",
+            );
         }
     }
 }

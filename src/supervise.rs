@@ -560,46 +560,20 @@ impl Supervisor {
     /// Records a lost lease in the store, retrying in the background while
     /// the store is unreachable (the event itself is already logged).
     fn record_lost(&self, spec: &RunSpec, lease: &Lease, reason: &str) {
-        let store = self.store.clone();
-        let node = self.node.clone();
-        let job = spec.job.clone();
-        let resource = spec.resource.to_string();
-        let owner = lease.owner_id.to_string();
-        let token = lease.token;
-        let reason = reason.to_string();
-        tokio::spawn(async move {
-            let op = uuid::Uuid::new_v4().to_string();
-            let rec = NewStaleRecord {
+        fence::record_in_background(
+            self.store.clone(),
+            fence::PendingRecord {
                 kind: StaleKind::LeaseLost,
-                reason: &reason,
-                resource: &resource,
-                key: None,
-                owner_id: Some(&owner),
-                token,
+                reason: reason.to_string(),
+                resource: spec.resource.to_string(),
+                owner_id: Some(lease.owner_id.to_string()),
+                token: lease.token,
                 accepted_token: None,
-                node: &node,
-                job: Some(&job),
-                stage: "renew",
-                operation_id: &op,
-            };
-            let mut delay = Duration::from_secs(1);
-            for _ in 0..10 {
-                match store.record_stale(&rec).await {
-                    Ok(_) => return,
-                    Err(e) => {
-                        events::store_unavailable(
-                            "record_stale",
-                            Some(&job),
-                            &e.to_string(),
-                            Some(delay),
-                        );
-                        tokio::time::sleep(delay).await;
-                        delay = (delay * 2).min(Duration::from_secs(30));
-                    }
-                }
-            }
-            events::stale_record_failed(&resource, "gave up after 10 attempts");
-        });
+                node: self.node.clone(),
+                job: Some(spec.job.clone()),
+                stage: "renew".to_string(),
+            },
+        );
     }
 }
 

@@ -14,6 +14,7 @@ use base64::Engine as _;
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 
+use common::fresh::with_fresh_database;
 use common::harness::{clean, code, describe, fencecron, run};
 use common::{unique, Backend, TestStore};
 
@@ -881,17 +882,19 @@ fn mysql_connection_limit_is_named() {
     let mut limited = url::Url::parse(&ts.url).expect("test URL parses");
     limited.set_username("fencecron_limited").unwrap();
     limited.set_password(Some("sekret3")).unwrap();
+    // The test URL's database, whatever it is called.
+    let database = limited.path().trim_start_matches('/').replace('`', "");
     let limited = limited.to_string();
     // Holds the user's only connection while the binary tries to connect.
     let _held = rt.block_on(async {
         use sqlx::{Connection, Executor};
         let mut root = sqlx::MySqlConnection::connect(&ts.url).await.unwrap();
         for sql in [
-            "CREATE USER IF NOT EXISTS 'fencecron_limited'@'127.0.0.1' IDENTIFIED BY 'sekret3'",
-            "ALTER USER 'fencecron_limited'@'127.0.0.1' IDENTIFIED BY 'sekret3' WITH MAX_USER_CONNECTIONS 1",
-            "GRANT ALL ON test.* TO 'fencecron_limited'@'127.0.0.1'",
+            "CREATE USER IF NOT EXISTS 'fencecron_limited'@'127.0.0.1' IDENTIFIED BY 'sekret3'".to_string(),
+            "ALTER USER 'fencecron_limited'@'127.0.0.1' IDENTIFIED BY 'sekret3' WITH MAX_USER_CONNECTIONS 1".to_string(),
+            format!("GRANT ALL ON `{database}`.* TO 'fencecron_limited'@'127.0.0.1'"),
         ] {
-            root.execute(sql).await.unwrap();
+            root.execute(sql.as_str()).await.unwrap();
         }
         sqlx::MySqlConnection::connect(&limited)
             .await
@@ -1167,6 +1170,214 @@ fn store_file_is_read_and_a_missing_one_is_named() {
     assert!(db.exists(), "the URL in the file was used");
 }
 
+// ------------------------------------------------- epochs and takeovers
+
+/// The JSON log events of one run, by `event` name.
+fn events_named(out: &Output, event: &str) -> Vec<Value> {
+    String::from_utf8_lossy(&out.stderr)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v["event"] == event)
+        .collect()
+}
+
+/// Waits (by the store's own verdict, `lease list`) until a lease is no
+/// longer held.
+fn wait_not_held(fx: &Fx, resource: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while fx.listed(resource).expect("listed")["held"] == true {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{resource} still held after 20 s"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+}
+
+/// `fencecron epoch` shows the epoch; `epoch advance` (the failover hook)
+/// raises it, prints the new epoch and the lowest token it can issue, logs
+/// `epoch_advanced`, and every token issued afterwards — for a resource
+/// leased before and for one never leased — is greater than every earlier
+/// one; a write with an old token is refused once a newer one wrote. Runs
+/// on a database of its own: the epoch is store-wide.
+fn case_epoch_advance_via_cli(fx: &Fx) {
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let backend = fx.backend;
+    let dir = fx.dir.path().to_path_buf();
+    runtime.block_on(with_fresh_database(&fx.ts, move |url| async move {
+        let fx = Fx {
+            backend,
+            ts: TestStore::at(backend, url),
+            dir: tempfile::tempdir_in(&dir).expect("temp dir"),
+        };
+        let shown = fx.expect(&["epoch"], 0);
+        let before = text_fields(&shown);
+        assert_eq!(before.get("stored_epoch").map(String::as_str), Some("0"));
+        assert_eq!(
+            before.contains_key("timeline"),
+            backend == Backend::Postgres,
+            "{before:?}"
+        );
+        let mut earlier = Vec::new();
+        let r = unique("cli-epoch");
+        for _ in 0..3 {
+            let l = fx.acquire(&r, "5s");
+            earlier.push(l.token);
+            fx.release(&l);
+        }
+        let held = fx.acquire(&unique("cli-epoch-held"), "30s");
+        earlier.push(held.token);
+        let t_old = earlier[2].to_string();
+        fx.expect(
+            &[
+                "put",
+                "k",
+                "--resource",
+                &r,
+                "--token",
+                &t_old,
+                "--value",
+                "old",
+            ],
+            0,
+        );
+
+        let out = fx.expect(&["epoch", "advance", "--log-format", "json"], 0);
+        let adv = text_fields(&out);
+        let epoch: i64 = adv["epoch"].parse().expect("epoch");
+        let lowest: i64 = adv["lowest_token"].parse().expect("lowest_token");
+        assert_eq!(
+            epoch,
+            before["epoch"].parse::<i64>().unwrap() + 1,
+            "{adv:?}"
+        );
+        assert_eq!(lowest, (epoch << 32) + 1, "{adv:?}");
+        let logged = events_named(&out, "epoch_advanced");
+        assert_eq!(logged.len(), 1, "{}", describe(&out));
+        assert_eq!(logged[0]["lowest_token"], lowest);
+
+        let next = fx.acquire(&r, "5s");
+        let never = fx.acquire(&unique("cli-epoch-never"), "5s");
+        for t in &earlier {
+            assert!(
+                next.token > *t && never.token > *t,
+                "{} {} > {t}",
+                next.token,
+                never.token
+            );
+        }
+        assert_eq!((next.token, never.token), (lowest, lowest));
+        let t_new = next.token.to_string();
+        fx.expect(
+            &[
+                "put",
+                "k",
+                "--resource",
+                &r,
+                "--token",
+                &t_new,
+                "--value",
+                "new",
+            ],
+            0,
+        );
+        fx.expect(
+            &[
+                "put",
+                "k",
+                "--resource",
+                &r,
+                "--token",
+                &t_old,
+                "--value",
+                "stale",
+            ],
+            EXIT_STALE,
+        );
+
+        // JSON, and show agrees with what advance printed.
+        let again = json_line(&fx.expect(&["epoch", "advance", "--json"], 0));
+        assert_eq!(again["effective"], epoch + 1, "{again}");
+        assert_eq!(again["lowest_token"], ((epoch + 1) << 32) + 1, "{again}");
+        assert_eq!(
+            again["highest_token"],
+            next.token.max(never.token),
+            "{again}"
+        );
+        let show = json_line(&fx.expect(&["epoch", "show", "--json"], 0));
+        assert_eq!(show, again);
+        fx.release(&next);
+        let third = fx.acquire(&r, "5s");
+        assert!(third.token > next.token);
+    }));
+}
+
+/// A lease whose owner vanished (expired, never released) is taken over:
+/// the winner's `lease acquire` prints the previous owner, logs
+/// `lease_taken_over` (WARN) with both generations, and `fencecron stale`
+/// lists a `lease_taken_over` record naming the vanished owner.
+fn case_takeover_logged_and_listed(fx: &Fx) {
+    let r = unique("cli-takeover");
+    let mut cmd = fx.cmd(&["lease", "acquire", &r, "--lease", "5s", "--json"]);
+    cmd.env("FENCECRON_NODE", "node-gone");
+    let old = json_line(&expect_code(run(cmd, None), 0, &["lease", "acquire"]));
+    wait_not_held(fx, &r);
+
+    let mut cmd = fx.cmd(&[
+        "lease",
+        "acquire",
+        &r,
+        "--lease",
+        "5s",
+        "--log-format",
+        "json",
+    ]);
+    cmd.env("FENCECRON_NODE", "node-new");
+    let out = expect_code(run(cmd, None), 0, &["lease", "acquire", "(takeover)"]);
+    let fields = text_fields(&out);
+    assert_eq!(
+        fields["previous_owner_id"],
+        old["owner_id"].as_str().unwrap()
+    );
+    assert_eq!(fields["previous_node"], "node-gone");
+    assert_eq!(fields["previous_token"], old["token"].to_string());
+    assert_eq!(
+        fields["previous_expired_at"],
+        old["expires_at"].as_str().unwrap()
+    );
+    let new_token: i64 = fields["token"].parse().expect("token");
+
+    let ev = events_named(&out, "lease_taken_over");
+    assert_eq!(ev.len(), 1, "{}", describe(&out));
+    let ev = &ev[0];
+    assert_eq!(ev["level"], "WARN");
+    assert_eq!(ev["resource"], r.as_str());
+    assert_eq!(ev["owner_id"], fields["owner_id"].as_str());
+    assert_eq!(ev["token"], new_token);
+    assert_eq!(ev["previous_owner_id"], old["owner_id"]);
+    assert_eq!(ev["previous_node"], "node-gone");
+    assert_eq!(ev["previous_token"], old["token"]);
+    assert_eq!(ev["expired_at"], old["expires_at"]);
+    assert_eq!(ev["node"], "node-new");
+
+    let recs = fx.stale(&r, None);
+    assert_eq!(recs.len(), 1, "{recs:?}");
+    let rec = &recs[0];
+    assert_eq!(rec["kind"], "lease_taken_over");
+    assert_eq!(rec["reason"], "expired_unreleased");
+    assert_eq!(rec["owner_id"], old["owner_id"]);
+    assert_eq!(rec["token"], old["token"]);
+    assert_eq!(rec["accepted_token"], new_token);
+    assert_eq!(rec["node"], "node-gone");
+    assert_eq!(rec["stage"], "acquire");
+    let text = stdout(&fx.expect(&["stale"], 0));
+    assert!(
+        text.lines()
+            .any(|l| l.contains(r.as_str()) && l.contains("lease_taken_over")),
+        "{text}"
+    );
+}
+
 // --------------------------------------------------------------- the macro
 
 fn run_case(backend: Backend, test: &str, case: fn(&Fx)) {
@@ -1214,4 +1425,6 @@ cli_tests!(
     case_store_clock_decides_expiry,
     case_put_sources_and_get,
     case_put_stale_forged_once_and_stale_list,
+    case_epoch_advance_via_cli,
+    case_takeover_logged_and_listed,
 );

@@ -5,6 +5,7 @@ mod common;
 
 use std::process::{Child, Stdio};
 
+use common::fresh::with_fresh_database;
 use common::harness::fencecron;
 use common::{unique, Backend, TestStore};
 use sqlx::Executor;
@@ -161,7 +162,7 @@ async fn mysql_upgrade_from_0001_keeps_fences() {
                 .fetch_all(&check)
                 .await
                 .expect("migrations table");
-        assert_eq!(versions, vec![1, 2]);
+        assert_eq!(versions, vec![1, 2, 3]);
         check.close().await;
     };
     let result = tokio::spawn(result).await;
@@ -172,4 +173,187 @@ async fn mysql_upgrade_from_0001_keeps_fences() {
     if let Err(p) = result {
         std::panic::resume_unwind(p.into_panic());
     }
+}
+
+/// Applies only the migrations `files` of `backend` (the state a previous
+/// fencecron left) to the empty database at `url`, then inserts lease rows
+/// as that version wrote them: `upgraded` (fence 41, expired) and `held`
+/// (fence 7, held for an hour).
+async fn previous_version_database(backend: Backend, url: &str, files: &[&str]) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let sub = match backend {
+        Backend::Sqlite => "sqlite",
+        Backend::Postgres => "postgres",
+        Backend::MySql => "mysql",
+    };
+    for f in files {
+        std::fs::copy(
+            format!("{}/migrations/{sub}/{f}", env!("CARGO_MANIFEST_DIR")),
+            dir.path().join(f),
+        )
+        .expect("copy migration");
+    }
+    let migrator = sqlx::migrate::Migrator::new(dir.path())
+        .await
+        .expect("read old migrations");
+    let rows = "INSERT INTO fencecron_leases
+           (resource, fence, owner_id, node, acquired_at_ms, expires_at_ms, last_occurrence_ms)
+         VALUES ('upgraded', 41, 'old-owner', 'old-node', 0, 0, NULL),
+                ('held', 7, 'old-holder', 'old-node', 0, 4102444800000, NULL)";
+    match backend {
+        Backend::Sqlite => {
+            let opts = url
+                .parse::<sqlx::sqlite::SqliteConnectOptions>()
+                .expect("sqlite URL")
+                .create_if_missing(true);
+            let pool = sqlx::SqlitePool::connect_with(opts).await.expect("connect");
+            migrator.run(&pool).await.expect("apply old migrations");
+            pool.execute(rows).await.expect("old lease rows");
+            pool.close().await;
+        }
+        Backend::Postgres => {
+            let pool = sqlx::PgPool::connect(url).await.expect("connect");
+            migrator.run(&pool).await.expect("apply old migrations");
+            pool.execute(rows).await.expect("old lease rows");
+            pool.close().await;
+        }
+        Backend::MySql => {
+            let pool = sqlx::MySqlPool::connect(url).await.expect("connect");
+            migrator.run(&pool).await.expect("apply old migrations");
+            pool.execute(rows).await.expect("old lease rows");
+            pool.close().await;
+        }
+    }
+}
+
+/// Runs the binary against `url` and returns its JSON output (exit 0).
+fn json_of(url: &str, args: &[&str]) -> serde_json::Value {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let out = fencecron(dir.path())
+        .args(["--store", url])
+        .args(args)
+        .output()
+        .expect("run fencecron");
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("json")
+}
+
+/// A database a previous fencecron created (before epochs and takeovers)
+/// upgrades in place on the next command: existing fences continue (an
+/// expired lease's next token is fence + 1, a held lease stays held),
+/// existing rows count as released (no takeover reported for them), the
+/// new migration is recorded, and `epoch advance` then works on it.
+async fn upgrade_keeps_fences(backend: Backend, test: &str, old: &[&str], versions: &[i64]) {
+    let Some(ts) = TestStore::new(backend, test) else {
+        return;
+    };
+    let old: Vec<String> = old.iter().map(|s| s.to_string()).collect();
+    let versions = versions.to_vec();
+    with_fresh_database(&ts, move |url| async move {
+        let old: Vec<&str> = old.iter().map(String::as_str).collect();
+        previous_version_database(backend, &url, &old).await;
+
+        let lease = json_of(&url, &["lease", "acquire", "upgraded", "--json"]);
+        let epoch = json_of(&url, &["epoch", "--json"]);
+        let first = epoch["lowest_token"].as_i64().expect("lowest_token");
+        assert_eq!(
+            lease["token"].as_i64(),
+            Some(first.max(42)),
+            "the fence continues: {lease} ({epoch})"
+        );
+        assert!(lease.get("taken_over").is_none(), "{lease}");
+
+        let dir = tempfile::tempdir().expect("temp dir");
+        let held = fencecron(dir.path())
+            .args(["--store", &url, "lease", "acquire", "held"])
+            .output()
+            .expect("lease acquire");
+        assert_eq!(
+            held.status.code(),
+            Some(75),
+            "a lease held before the upgrade stays held: {}",
+            String::from_utf8_lossy(&held.stderr)
+        );
+        let listed = json_of(&url, &["lease", "list", "--json"]);
+        let held_row = listed
+            .as_array()
+            .expect("array")
+            .iter()
+            .find(|l| l["resource"] == "held")
+            .expect("held row")
+            .clone();
+        assert_eq!(held_row["token"], 7, "{held_row}");
+
+        let applied: Vec<i64> = match backend {
+            Backend::Sqlite => {
+                let opts = url
+                    .parse::<sqlx::sqlite::SqliteConnectOptions>()
+                    .expect("sqlite URL");
+                let pool = sqlx::SqlitePool::connect_with(opts).await.expect("connect");
+                sqlx::query_scalar("SELECT version FROM _sqlx_migrations ORDER BY version")
+                    .fetch_all(&pool)
+                    .await
+                    .expect("migrations table")
+            }
+            Backend::Postgres => {
+                let pool = sqlx::PgPool::connect(&url).await.expect("connect");
+                sqlx::query_scalar("SELECT version FROM _sqlx_migrations ORDER BY version")
+                    .fetch_all(&pool)
+                    .await
+                    .expect("migrations table")
+            }
+            Backend::MySql => {
+                let pool = sqlx::MySqlPool::connect(&url).await.expect("connect");
+                sqlx::query_scalar("SELECT version FROM _sqlx_migrations ORDER BY version")
+                    .fetch_all(&pool)
+                    .await
+                    .expect("migrations table")
+            }
+        };
+        assert_eq!(applied, versions);
+
+        let advanced = json_of(&url, &["epoch", "advance", "--json"]);
+        let lowest = advanced["lowest_token"].as_i64().expect("lowest_token");
+        assert!(lowest > 42, "{advanced}");
+        let next = json_of(&url, &["lease", "acquire", "never-before", "--json"]);
+        assert_eq!(next["token"].as_i64(), Some(lowest), "{next}");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn sqlite_upgrade_from_0001_keeps_fences() {
+    upgrade_keeps_fences(
+        Backend::Sqlite,
+        "sqlite_upgrade_from_0001_keeps_fences",
+        &["0001_init.sql"],
+        &[1, 2],
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn postgres_upgrade_from_0001_keeps_fences() {
+    upgrade_keeps_fences(
+        Backend::Postgres,
+        "postgres_upgrade_from_0001_keeps_fences",
+        &["0001_init.sql"],
+        &[1, 2],
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn mysql_upgrade_from_0002_keeps_fences() {
+    upgrade_keeps_fences(
+        Backend::MySql,
+        "mysql_upgrade_from_0002_keeps_fences",
+        &["0001_init.sql", "0002_acquire_procedure.sql"],
+        &[1, 2, 3],
+    )
+    .await;
 }

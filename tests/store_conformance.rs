@@ -15,12 +15,14 @@ use std::time::Duration;
 
 use fencecron::names::Name;
 use fencecron::store::{
-    AcquireOutcome, AcquireRequest, Lease, LeaseInfo, NewStaleRecord, PutOutcome, PutRequest,
-    Refusal, ReleaseOutcome, RenewOutcome, StaleKind, StaleRecord, Store, StoreTime, Token,
+    first_token_of, AcquireOutcome, AcquireRequest, Lease, LeaseInfo, NewStaleRecord, PutOutcome,
+    PutRequest, Refusal, ReleaseOutcome, RenewOutcome, StaleKind, StaleRecord, Store, StoreTime,
+    Takeover, Token,
 };
 use tokio::sync::Barrier;
 use uuid::Uuid;
 
+use common::fresh::with_fresh_database;
 use common::harness::open_store;
 use common::{unique, Backend, TestStore};
 
@@ -1024,6 +1026,382 @@ async fn case_purge_prefix(store: Arc<dyn Store>) {
     }
 }
 
+// ------------------------------------------- failover: epochs of tokens
+
+/// `advance_epoch` makes every later token greater than every earlier one:
+/// for a resource leased before, for one never leased, and for the next
+/// generation of a lease held across the advance (which itself keeps its
+/// token: its owner can still renew and write). Within an epoch tokens
+/// count up by one. Runs on a database of its own (the epoch is store-wide).
+async fn case_epoch_advance(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let start = s.epoch().await.expect("epoch reaches the store");
+    assert_eq!(start.highest_token, None, "a fresh database: {start:?}");
+    assert_eq!(start.lowest_token, first_token_of(start.effective));
+    let (r, ls) = generations(s, "epoch", 3).await;
+    let first = start.lowest_token;
+    assert_eq!(
+        ls.iter().map(|l| l.token).collect::<Vec<_>>(),
+        vec![first, first + 1, first + 2],
+        "tokens count up from the epoch's first token"
+    );
+    let held_r = resource("epoch-held");
+    let held = must_acquire(s, &held_r).await;
+    let mut earlier: Vec<Token> = ls.iter().map(|l| l.token).collect();
+    earlier.push(held.token);
+    let highest = *earlier.iter().max().unwrap();
+    assert_eq!(s.epoch().await.unwrap().highest_token, Some(highest));
+
+    let adv = s.advance_epoch().await.expect("advance reaches the store");
+    assert_eq!(
+        adv.effective,
+        start.effective.max(highest >> 32) + 1,
+        "{start:?} -> {adv:?}"
+    );
+    assert_eq!(adv.stored, start.stored + 1);
+    assert_eq!(adv.timeline, start.timeline);
+    assert_eq!(adv.lowest_token, first_token_of(adv.effective));
+    assert!(adv.lowest_token > highest, "{adv:?} vs {highest}");
+    assert_eq!(s.epoch().await.unwrap(), adv, "show agrees with advance");
+
+    let next = must_acquire(s, &r).await;
+    let never = must_acquire(s, &resource("epoch-never")).await;
+    for t in &earlier {
+        assert!(
+            next.token > *t,
+            "resource leased before: {} > {t}",
+            next.token
+        );
+        assert!(
+            never.token > *t,
+            "resource never leased: {} > {t}",
+            never.token
+        );
+    }
+    assert_eq!(next.token, adv.lowest_token);
+    assert_eq!(never.token, adv.lowest_token);
+
+    // The lease held across the advance keeps its token.
+    let held_owner = held.owner_id.to_string();
+    assert!(matches!(
+        s.renew(&held_r, &held_owner, held.token, LEASE)
+            .await
+            .unwrap(),
+        RenewOutcome::Renewed { .. }
+    ));
+    let k = name("key", "k");
+    assert_accepted(
+        &Put::new(&held_r, &k, b"held", held.token).send(s).await,
+        "the held generation writes after the advance",
+    );
+    must_release(s, &held).await;
+    let after_held = must_acquire(s, &held_r).await;
+    assert_eq!(after_held.token, adv.lowest_token);
+    assert_accepted(
+        &Put::new(&held_r, &k, b"new", after_held.token)
+            .send(s)
+            .await,
+        "the next generation",
+    );
+    let rec = rejection(
+        Put::new(&held_r, &k, b"old", held.token).send(s).await,
+        "the old generation after the new one wrote",
+    );
+    assert_eq!(
+        (rec.reason.as_str(), rec.accepted_token),
+        ("stale", Some(after_held.token))
+    );
+
+    // Counting goes on within the new epoch; another advance moves on again.
+    must_release(s, &next).await;
+    assert_eq!(must_acquire(s, &r).await.token, adv.lowest_token + 1);
+    let adv2 = s.advance_epoch().await.unwrap();
+    assert_eq!(adv2.effective, adv.effective + 1);
+    let after = must_acquire(s, &resource("epoch-after")).await;
+    assert_eq!(after.token, first_token_of(adv2.effective));
+}
+
+// ------------------------------------------------------------ takeovers
+
+async fn acquire_as(
+    s: &dyn Store,
+    r: &Name,
+    node: &str,
+    occurrence: Option<StoreTime>,
+) -> AcquireOutcome {
+    s.acquire(&AcquireRequest {
+        resource: r,
+        lease: LEASE,
+        node,
+        occurrence,
+    })
+    .await
+    .expect("acquire reaches the store")
+}
+
+fn acquired(out: AcquireOutcome, what: &str) -> Lease {
+    match out {
+        AcquireOutcome::Acquired(l) => l,
+        other => panic!("{what}: expected to acquire, got {other:?}"),
+    }
+}
+
+/// A lease given back is no takeover: not after a release, not after a
+/// release that came late (the lease had already expired, but its owner
+/// gave it up itself), and not the first acquisition of a resource. Nor do
+/// losing attempts on a released row (occurrence taken, not yet due) make
+/// the next winner report one. `lease acquire --json` has no `taken_over`.
+async fn case_release_is_no_takeover(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let r = resource("no-takeover");
+    let t = StoreTime(s.now().await.unwrap().0 / 1000 * 1000 - 60_000);
+    let a = acquired(acquire_as(s, &r, "node-a", Some(t)).await, "first");
+    assert_eq!(a.taken_over, None, "a first acquisition");
+    must_release(s, &a).await;
+    // Losers on the released row.
+    assert!(matches!(
+        acquire_as(s, &r, "node-x", Some(t)).await,
+        AcquireOutcome::OccurrenceTaken { .. }
+    ));
+    let future = StoreTime(t.0 + 3_600_000);
+    assert!(matches!(
+        acquire_as(s, &r, "node-x", Some(future)).await,
+        AcquireOutcome::NotYetDue { .. }
+    ));
+    let b = acquired(
+        acquire_as(s, &r, "node-b", Some(StoreTime(t.0 + 1_000))).await,
+        "after release",
+    );
+    assert_eq!(b.taken_over, None, "after a release");
+    assert!(
+        serde_json::to_value(&b)
+            .unwrap()
+            .get("taken_over")
+            .is_none(),
+        "no taken_over key without a takeover"
+    );
+
+    // Released only after it had expired: still given back by its owner.
+    wait_until_store_time(s, b.expires_at).await;
+    must_release(s, &b).await;
+    let c = acquired(
+        acquire_as(s, &r, "node-c", None).await,
+        "after a late release",
+    );
+    assert_eq!(c.taken_over, None, "after a late release");
+    assert_eq!(c.token, b.token + 1);
+}
+
+/// A lease that expired without being released is taken over, and the
+/// winner learns the vanished owner: its owner id, node, token and the
+/// store-clock expiry it had (the renewed one). The vanished owner's late
+/// release is refused. A takeover of a takeover names the latest owner.
+async fn case_expiry_is_a_takeover(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let r = resource("takeover");
+    let t = StoreTime(s.now().await.unwrap().0 / 1000 * 1000 - 60_000);
+    let a = acquired(acquire_as(s, &r, "node-a", Some(t)).await, "a");
+    let renewed = match s
+        .renew(&r, &a.owner_id.to_string(), a.token, LEASE)
+        .await
+        .unwrap()
+    {
+        RenewOutcome::Renewed { expires_at } => expires_at,
+        other => panic!("renew: {other:?}"),
+    };
+    wait_until_store_time(s, renewed).await;
+    let b = acquired(
+        acquire_as(s, &r, "node-b", Some(StoreTime(t.0 + 1_000))).await,
+        "b after a expired",
+    );
+    let expected = Takeover {
+        owner_id: a.owner_id.to_string(),
+        node: "node-a".to_string(),
+        token: a.token,
+        expired_at: renewed,
+    };
+    assert_eq!(b.taken_over.as_ref(), Some(&expected));
+    assert_eq!(b.token, a.token + 1);
+    let json = serde_json::to_value(&b).unwrap();
+    assert_eq!(json["taken_over"]["token"], a.token, "{json}");
+    assert_eq!(json["taken_over"]["node"], "node-a", "{json}");
+    // The vanished owner comes back too late.
+    assert!(matches!(
+        s.release(&r, &a.owner_id.to_string(), a.token)
+            .await
+            .unwrap(),
+        ReleaseOutcome::Refused(Refusal::NotOwner { .. })
+    ));
+
+    // b vanishes too (ad hoc this time): c takes over from b, not from a.
+    wait_until_store_time(s, b.expires_at).await;
+    let c = acquired(acquire_as(s, &r, "node-c", None).await, "c after b expired");
+    assert_eq!(
+        c.taken_over,
+        Some(Takeover {
+            owner_id: b.owner_id.to_string(),
+            node: "node-b".to_string(),
+            token: b.token,
+            expired_at: b.expires_at,
+        })
+    );
+    must_release(s, &c).await;
+    let d = acquired(
+        acquire_as(s, &r, "node-d", None).await,
+        "d after c released",
+    );
+    assert_eq!(d.taken_over, None);
+}
+
+/// A losing acquire changes nothing: the row (owner, node, token, expiry,
+/// last occurrence) is exactly as before, whether it lost to a holder, an
+/// occurrence already taken or one not yet due; and the next takeover still
+/// names the owner that actually held the lease.
+async fn case_losing_acquire_changes_nothing(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let r = resource("loser");
+    let t = StoreTime(s.now().await.unwrap().0 / 1000 * 1000 - 60_000);
+    let a = acquired(acquire_as(s, &r, "node-a", Some(t)).await, "a");
+    let before = row(s, &r).await;
+    for (occ, what) in [
+        (None, "ad hoc"),
+        (Some(StoreTime(t.0 + 1_000)), "newer occurrence"),
+        (Some(t), "same occurrence"),
+        (Some(StoreTime(t.0 + 3_600_000)), "future occurrence"),
+    ] {
+        let out = acquire_as(s, &r, "node-x", occ).await;
+        assert!(
+            !matches!(out, AcquireOutcome::Acquired(_)),
+            "{what}: must lose, got {out:?}"
+        );
+        assert_eq!(row(s, &r).await, before, "{what}: the row is untouched");
+    }
+    wait_until_store_time(s, a.expires_at).await;
+    let b = acquired(acquire_as(s, &r, "node-b", None).await, "b");
+    assert_eq!(
+        b.taken_over.map(|p| (p.owner_id, p.node, p.token)),
+        Some((a.owner_id.to_string(), "node-a".to_string(), a.token))
+    );
+}
+
+/// PostgreSQL, where "writes nothing" can be seen: a losing acquire leaves
+/// the row's version (`xmin`) as it was — no new tuple, no WAL — also now
+/// that a winner evaluates the epoch and copies the previous owner. A
+/// release, which does write, changes it (so the check can see a write).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_losing_acquire_writes_no_row_version() {
+    let Some(ts) = TestStore::new(
+        Backend::Postgres,
+        "postgres_losing_acquire_writes_no_row_version",
+    ) else {
+        return;
+    };
+    let store = open_store(&ts, 4).await;
+    let s = store.as_ref();
+    let pool = sqlx::PgPool::connect(&ts.url).await.expect("connect");
+    let xmin = |r: Name| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar::<_, String>(
+                "SELECT xmin::text FROM fencecron_leases WHERE resource = $1",
+            )
+            .bind(r.as_str())
+            .fetch_one(&pool)
+            .await
+            .expect("lease row")
+        }
+    };
+    let r = resource("xmin");
+    let t = StoreTime(s.now().await.unwrap().0 / 1000 * 1000 - 60_000);
+    let a = acquired(acquire_as(s, &r, "node-a", Some(t)).await, "a");
+    let version = xmin(r.clone()).await;
+    for occ in [None, Some(StoreTime(t.0 + 1_000)), Some(t)] {
+        assert!(!matches!(
+            acquire_as(s, &r, "node-x", occ).await,
+            AcquireOutcome::Acquired(_)
+        ));
+    }
+    assert_eq!(
+        xmin(r.clone()).await,
+        version,
+        "a losing acquire wrote a row version"
+    );
+    must_release(s, &a).await;
+    assert_ne!(
+        xmin(r.clone()).await,
+        version,
+        "a release writes a new version"
+    );
+    pool.close().await;
+}
+
+/// MySQL/MariaDB, whose counters show what a statement touched: a losing
+/// acquire (one `CALL`) writes nothing and does not read the epoch either.
+/// It reads 3 index entries, as before epochs existed; with the epoch as an
+/// uncorrelated `WHERE id = 1` subquery MariaDB read it while optimising,
+/// for every loser (4).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_losing_acquire_reads_no_epoch_and_writes_nothing() {
+    let Some(ts) = TestStore::new(
+        Backend::MySql,
+        "mysql_losing_acquire_reads_no_epoch_and_writes_nothing",
+    ) else {
+        return;
+    };
+    let store = open_store(&ts, 4).await;
+    let s = store.as_ref();
+    let r = resource("handlers");
+    let _held = must_acquire(s, &r).await;
+    let pool = sqlx::MySqlPool::connect(&ts.url).await.expect("connect");
+    let mut conn = pool.acquire().await.expect("connection");
+    let counters = "SHOW SESSION STATUS WHERE Variable_name IN
+        ('Handler_read_key', 'Handler_read_rnd_next', 'Handler_update', 'Handler_write', 'Handler_delete')";
+    let read = |rows: Vec<(String, String)>| -> std::collections::HashMap<String, i64> {
+        rows.into_iter()
+            .map(|(k, v)| (k, v.parse().expect("counter")))
+            .collect()
+    };
+    let before = read(
+        sqlx::query_as(counters)
+            .fetch_all(&mut *conn)
+            .await
+            .expect("status"),
+    );
+    let row = sqlx::query("CALL fencecron_acquire(?, ?, ?, ?, ?)")
+        .bind(r.as_str())
+        .bind("loser")
+        .bind(NODE)
+        .bind(5_000_i64)
+        .bind(None::<i64>)
+        .fetch_one(&mut *conn)
+        .await
+        .expect("call");
+    let won: i64 = sqlx::Row::try_get(&row, 0).expect("won");
+    assert_eq!(won, 0, "the call must lose");
+    let after = read(
+        sqlx::query_as(counters)
+            .fetch_all(&mut *conn)
+            .await
+            .expect("status"),
+    );
+    let delta = |k: &str| after[k] - before[k];
+    for k in ["Handler_update", "Handler_write", "Handler_delete"] {
+        assert_eq!(delta(k), 0, "{k}: a losing acquire wrote");
+    }
+    assert_eq!(
+        delta("Handler_read_rnd_next"),
+        0,
+        "a losing acquire scanned"
+    );
+    assert!(
+        delta("Handler_read_key") <= 3,
+        "a losing acquire read {} index entries (3 expected): the epoch subquery ran",
+        delta("Handler_read_key")
+    );
+    drop(conn);
+    pool.close().await;
+}
+
 // --------------------------------------------------------------- the macro
 
 /// Opens the backend's store, migrates it, and runs one case under a time
@@ -1063,6 +1441,54 @@ macro_rules! backend_tests {
     };
 }
 
+/// Like [`run_case`], on a database of the case's own.
+async fn run_isolated_case<F, Fut>(backend: Backend, test: &str, case: F)
+where
+    F: FnOnce(Arc<dyn Store>) -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let Some(ts) = TestStore::new(backend, test) else {
+        return;
+    };
+    let test = test.to_string();
+    with_fresh_database(&ts, move |url| async move {
+        let fresh = TestStore::at(backend, url);
+        let store = open_store(&fresh, 20).await;
+        tokio::time::timeout(Duration::from_secs(90), case(store))
+            .await
+            .unwrap_or_else(|_| panic!("{test} on {backend:?} did not finish within 90 s"));
+    })
+    .await;
+}
+
+macro_rules! isolated_tests {
+    ($module:ident, $backend:expr, [$($case:ident),* $(,)?]) => {
+        mod $module {
+            use super::*;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    run_isolated_case(
+                        $backend,
+                        concat!(stringify!($module), "::", stringify!($case)),
+                        super::$case,
+                    )
+                    .await;
+                }
+            )*
+        }
+    };
+}
+
+/// Cases that change store-wide state, each on a database of its own.
+macro_rules! isolated_conformance {
+    ($($case:ident),* $(,)?) => {
+        isolated_tests!(sqlite_isolated, Backend::Sqlite, [$($case),*]);
+        isolated_tests!(postgres_isolated, Backend::Postgres, [$($case),*]);
+        isolated_tests!(mysql_isolated, Backend::MySql, [$($case),*]);
+    };
+}
+
 macro_rules! conformance {
     ($($case:ident),* $(,)?) => {
         backend_tests!(sqlite, Backend::Sqlite, [$($case),*]);
@@ -1088,4 +1514,9 @@ conformance!(
     case_concurrent_puts,
     case_values_round_trip,
     case_purge_prefix,
+    case_release_is_no_takeover,
+    case_expiry_is_a_takeover,
+    case_losing_acquire_changes_nothing,
 );
+
+isolated_conformance!(case_epoch_advance);

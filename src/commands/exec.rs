@@ -10,12 +10,13 @@ use tokio_util::sync::CancellationToken;
 use crate::cli::{Cli, ExecArgs};
 use crate::error::{Error, Result};
 use crate::events;
+use crate::fence;
 use crate::names::Name;
 use crate::store::{AcquireOutcome, AcquireRequest, OpenOptions};
 use crate::supervise::{LeaseTiming, RunSpec, Supervisor, DEFAULT_LEASE};
 
 use super::lease::held_error;
-use super::Context;
+use super::{Context, RECORD_WAIT};
 
 pub async fn run(cli: &Cli, args: &ExecArgs) -> Result<u8> {
     let ctx = Context::load(cli, false)?;
@@ -61,6 +62,8 @@ pub async fn run(cli: &Cli, args: &ExecArgs) -> Result<u8> {
         other => return Err(held_error(&resource, &other)),
     };
     events::lease_acquired(Some(resource.as_str()), &lease, &ctx.node);
+    // Stored in the background; the command waits for it only at its end.
+    let recording = fence::taken_over(&store, Some(resource.as_str()), &lease, &ctx.node);
     let spec = RunSpec {
         job: resource.to_string(),
         resource,
@@ -73,11 +76,11 @@ pub async fn run(cli: &Cli, args: &ExecArgs) -> Result<u8> {
         scheduled_at: None,
         inherit_stdio: true,
     };
+    let resource_name = spec.resource.to_string();
     let supervisor = Supervisor::new(store, ctx.node.clone(), child_env);
-    let result = supervisor
-        .run(&spec, lease, sent, shutdown)
-        .await
-        .map_err(|e| Error::Runtime(e.to_string()))?;
+    let result = supervisor.run(&spec, lease, sent, shutdown).await;
+    fence::finish_recording(recording, &resource_name, RECORD_WAIT).await;
+    let result = result.map_err(|e| Error::Runtime(e.to_string()))?;
     signal_task.abort();
     Ok(result.shell_code())
 }

@@ -145,12 +145,12 @@ pub async fn stale(cli: &Cli, args: &StaleArgs) -> Result<u8> {
         print_json(&records)?;
     } else {
         println!(
-            "{:<24} {:<15} {:<7} {:<24} {:<16} {:>6} {:>8} {:<16} STAGE",
+            "{:<24} {:<16} {:<18} {:<24} {:<16} {:>6} {:>8} {:<16} STAGE",
             "AT", "KIND", "REASON", "RESOURCE", "KEY", "TOKEN", "ACCEPTED", "NODE"
         );
         for r in records {
             println!(
-                "{:<24} {:<15} {:<7} {:<24} {:<16} {:>6} {:>8} {:<16} {}",
+                "{:<24} {:<16} {:<18} {:<24} {:<16} {:>6} {:>8} {:<16} {}",
                 r.at.to_string(),
                 r.kind.as_str(),
                 r.reason,

@@ -4,13 +4,14 @@ use serde_json::json;
 
 use crate::cli::{Cli, LeaseCommand};
 use crate::error::{Error, Result};
+use crate::fence;
 use crate::names::Name;
 use crate::store::{
     AcquireOutcome, AcquireRequest, OpenOptions, ReleaseOutcome, RenewOutcome, StoreTime,
 };
 use crate::supervise::DEFAULT_LEASE;
 
-use super::{print_json, Context};
+use super::{print_json, Context, RECORD_WAIT};
 
 pub async fn run(cli: &Cli, cmd: &LeaseCommand) -> Result<u8> {
     let ctx = Context::load(cli, false)?;
@@ -33,6 +34,7 @@ pub async fn run(cli: &Cli, cmd: &LeaseCommand) -> Result<u8> {
                 .await?;
             match outcome {
                 AcquireOutcome::Acquired(l) => {
+                    let recording = fence::taken_over(&store, None, &l, &ctx.node);
                     if *json {
                         print_json(&l)?;
                     } else {
@@ -40,7 +42,14 @@ pub async fn run(cli: &Cli, cmd: &LeaseCommand) -> Result<u8> {
                         println!("owner_id={}", l.owner_id);
                         println!("token={}", l.token);
                         println!("expires_at={}", l.expires_at);
+                        if let Some(prev) = &l.taken_over {
+                            println!("previous_owner_id={}", prev.owner_id);
+                            println!("previous_node={}", prev.node);
+                            println!("previous_token={}", prev.token);
+                            println!("previous_expired_at={}", prev.expired_at);
+                        }
                     }
+                    fence::finish_recording(recording, &l.resource, RECORD_WAIT).await;
                     Ok(0)
                 }
                 other => Err(held_error(&resource, &other)),

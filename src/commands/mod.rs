@@ -3,6 +3,7 @@
 
 mod bench;
 mod check;
+mod epoch;
 mod exec;
 mod fenced;
 mod lease;
@@ -16,6 +17,10 @@ use crate::error::{Error, Result};
 use crate::events;
 use crate::job_env::{self, ChildEnv, JobStore};
 use crate::store::{self, OpenOptions, Store, StoreUrl};
+
+/// How long a command that is about to exit waits for a stale-owner record
+/// it is storing in the background (e.g. of a takeover) to reach the store.
+pub(crate) const RECORD_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// What every command needs: the config (when there is one), the store URL
 /// and this node's id.
@@ -194,6 +199,7 @@ pub async fn dispatch(cli: Cli) -> Result<u8> {
         Command::Get(args) => fenced::get(&cli, args).await,
         Command::Stale(args) => fenced::stale(&cli, args).await,
         Command::Bench(args) => bench::run(&cli, args).await,
+        Command::Epoch(args) => epoch::run(&cli, args).await,
     }
 }
 

@@ -12,7 +12,15 @@
 //!   call, so per-process clock fakes cannot skew it);
 //! * renew and release match owner id *and* token;
 //! * a fenced write compares, checks for forgery, writes and records a
-//!   rejection in one statement or one transaction.
+//!   rejection in one statement or one transaction;
+//! * tokens are `epoch << 32 | counter` (see [`EPOCH_SHIFT`]): a winning
+//!   acquire sets the fence to `max(fence + 1, (epoch << 32) + 1)`, the
+//!   epoch being read by the acquiring statement itself, so a store that
+//!   lost its last commits in a failover still issues tokens above every
+//!   earlier one once its epoch moved on;
+//! * a winning acquire reports the previous generation when that one
+//!   expired without being released ([`Takeover`]); a losing acquire
+//!   writes nothing.
 
 mod mysql;
 mod postgres;
@@ -40,6 +48,27 @@ pub const MAX_LEASE: Duration = Duration::from_secs(300);
 
 /// A fencing token: the fence value of one ownership generation.
 pub type Token = i64;
+
+/// Tokens are `epoch << EPOCH_SHIFT | counter`. With epoch 0 (a database
+/// that never failed over and never had its epoch advanced) tokens are
+/// 1, 2, 3, …; a later epoch's tokens are above every token of an earlier
+/// one, whatever the counter of a resource reached (up to 2^32 − 1
+/// acquisitions of one resource per epoch).
+pub const EPOCH_SHIFT: u32 = 32;
+
+/// On PostgreSQL the effective epoch is `stored epoch + (timeline − 1) ×
+/// TIMELINE_WEIGHT`. A promotion moves a standby to a later timeline, which
+/// lifts the epoch by at least this much: above the old primary's epoch even
+/// when the standby also missed up to `TIMELINE_WEIGHT − 1` epoch advances
+/// (a plain `max(stored, timeline − 1)` would not move at all once the
+/// stored epoch is above the timeline). 1024 keeps tokens below 2^53 (exact
+/// in a JSON double) up to timeline 2048.
+pub const TIMELINE_WEIGHT: i64 = 1024;
+
+/// The lowest token an epoch can issue: `(epoch << 32) + 1`.
+pub fn first_token_of(epoch: i64) -> Token {
+    epoch.saturating_mul(1 << EPOCH_SHIFT).saturating_add(1)
+}
 
 /// A point in time as milliseconds since the Unix epoch, as read from the
 /// store's clock.
@@ -339,6 +368,79 @@ pub struct Lease {
     pub token: Token,
     /// The expiry the store computed from its own clock.
     pub expires_at: StoreTime,
+    /// Set when this acquisition took the lease over from an owner whose
+    /// lease expired without being released (it crashed, hung, lost its
+    /// network or was killed): that owner may still be running somewhere.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub taken_over: Option<Takeover>,
+}
+
+/// The previous generation of a lease that was taken over: it expired by
+/// the store's clock and was never released.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Takeover {
+    /// The vanished owner's id.
+    pub owner_id: String,
+    /// The node it ran on.
+    pub node: String,
+    /// Its token.
+    pub token: Token,
+    /// When its lease expired, by the store's clock.
+    pub expired_at: StoreTime,
+}
+
+impl Takeover {
+    /// From the `prev_*` columns a winning acquire returns: all set after a
+    /// takeover, all NULL after a clean hand-over or a first acquisition.
+    pub(crate) fn from_columns(
+        owner_id: Option<String>,
+        node: Option<String>,
+        token: Option<Token>,
+        expired_at: Option<i64>,
+    ) -> Option<Takeover> {
+        match (owner_id, node, token, expired_at) {
+            (Some(owner_id), Some(node), Some(token), Some(expired_at)) => Some(Takeover {
+                owner_id,
+                node,
+                token,
+                expired_at: StoreTime(expired_at),
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// The store-wide epoch of fencing tokens, as `fencecron epoch` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct EpochInfo {
+    /// The epoch stored in `fencecron_epoch` (raised by `epoch advance`).
+    pub stored: i64,
+    /// PostgreSQL's current timeline; `None` on other backends.
+    pub timeline: Option<i64>,
+    /// The epoch acquisitions use now: `stored` on SQLite and MySQL,
+    /// `stored + (timeline − 1) × 1024` on PostgreSQL.
+    pub effective: i64,
+    /// The lowest token an acquisition can issue now: `(effective << 32) + 1`
+    /// (a resource whose fence is already higher continues from its fence).
+    pub lowest_token: Token,
+    /// The highest token ever issued for any resource, if any.
+    pub highest_token: Option<Token>,
+}
+
+impl EpochInfo {
+    pub(crate) fn new(stored: i64, timeline: Option<i64>, highest_token: Option<Token>) -> Self {
+        let effective = match timeline {
+            Some(tl) => stored + (tl - 1) * TIMELINE_WEIGHT,
+            None => stored,
+        };
+        EpochInfo {
+            stored,
+            timeline,
+            effective,
+            lowest_token: first_token_of(effective),
+            highest_token,
+        }
+    }
 }
 
 /// What an acquisition attempt ended with.
@@ -487,6 +589,10 @@ pub struct StoredValue {
 pub enum StaleKind {
     WriteRejected,
     LeaseLost,
+    /// A lease that expired without being released was taken over: the
+    /// record names the vanished owner (owner_id, token, node) and the new
+    /// token (accepted_token).
+    LeaseTakenOver,
 }
 
 impl StaleKind {
@@ -494,14 +600,15 @@ impl StaleKind {
         match self {
             StaleKind::WriteRejected => "write_rejected",
             StaleKind::LeaseLost => "lease_lost",
+            StaleKind::LeaseTakenOver => "lease_taken_over",
         }
     }
 
     fn parse(s: &str) -> StaleKind {
-        if s == "lease_lost" {
-            StaleKind::LeaseLost
-        } else {
-            StaleKind::WriteRejected
+        match s {
+            "lease_lost" => StaleKind::LeaseLost,
+            "lease_taken_over" => StaleKind::LeaseTakenOver,
+            _ => StaleKind::WriteRejected,
         }
     }
 }
@@ -614,6 +721,16 @@ pub trait Store: Send + Sync + 'static {
 
     /// The store's clock.
     async fn now(&self) -> Result<StoreTime, StoreError>;
+
+    /// The stored and effective epoch of fencing tokens.
+    async fn epoch(&self) -> Result<EpochInfo, StoreError>;
+
+    /// Raises the stored epoch, in one transaction, so that the effective
+    /// epoch becomes `max(effective, highest fence >> 32) + 1`: every token
+    /// issued afterwards, for any resource (also one never leased), is
+    /// greater than every token this store, or a primary it replicated from,
+    /// could have issued before. For failover hooks.
+    async fn advance_epoch(&self) -> Result<EpochInfo, StoreError>;
 
     /// Sends one raw statement for the benchmark. `resource` must be a
     /// bench resource; `owner_id`/`token` come from a previous

@@ -12,7 +12,10 @@
 //! needs a whole row back (the expiry for a winner, the holder for a loser),
 //! so it is a stored procedure (migration 0002) that runs the conditional
 //! `UPDATE` and reads the row on the server: one round trip, and a losing
-//! acquire still writes nothing.
+//! acquire still writes nothing. Migration 0003 replaced it with one that
+//! also applies the stored epoch (MySQL has no timeline to derive one from;
+//! `fencecron epoch advance` in the promotion hook raises it) and returns
+//! the vanished owner of a takeover.
 
 use std::time::Duration;
 
@@ -30,8 +33,8 @@ macro_rules! now_ms {
     };
 }
 
-/// The acquisition: migration 0002's procedure, which holds the
-/// conditional `UPDATE`.
+/// The acquisition: the procedure (of migration 0003, which replaced
+/// 0002's), which holds the conditional `UPDATE`.
 const CALL_ACQUIRE: &str = "CALL fencecron_acquire(?, ?, ?, ?, ?)";
 
 const RENEW: &str = concat!(
@@ -44,8 +47,21 @@ const RENEW: &str = concat!(
 const RELEASE: &str = concat!(
     "UPDATE fencecron_leases SET expires_at_ms = LEAST(expires_at_ms, ",
     now_ms!(),
-    ") WHERE resource = ? AND owner_id = ? AND fence = ?"
+    "), released = TRUE WHERE resource = ? AND owner_id = ? AND fence = ?"
 );
+
+/// `fencecron epoch`: the stored epoch and the highest fence.
+const EPOCH: &str =
+    "SELECT COALESCE((SELECT epoch FROM fencecron_epoch WHERE id = 1), 0) AS stored,
+            (SELECT MAX(fence) FROM fencecron_leases) AS highest";
+
+/// `fencecron epoch advance`: max(stored, highest fence >> 32) + 1, in one
+/// transaction with the read of the result. The read of the leases is a
+/// locking read inside the `INSERT … SELECT`, so an acquire still running
+/// with the old epoch finishes first or waits for the new one.
+const ADVANCE_EPOCH: &str = "INSERT INTO fencecron_epoch (id, epoch)
+     SELECT 1, COALESCE(MAX(fence), 0) DIV 4294967296 + 1 FROM fencecron_leases
+     ON DUPLICATE KEY UPDATE epoch = GREATEST(fencecron_epoch.epoch, VALUES(epoch) - 1) + 1";
 
 const LEASE_ROW: &str =
     "SELECT owner_id, fence, expires_at_ms FROM fencecron_leases WHERE resource = ?";
@@ -160,6 +176,12 @@ impl MySqlStore {
         let expires_at: Option<i64> = row.try_get(4).map_err(col)?;
         let last_occurrence: Option<i64> = row.try_get(5).map_err(col)?;
         let now: i64 = row.try_get(6).map_err(col)?;
+        let taken_over = Takeover::from_columns(
+            row.try_get(7).map_err(col)?,
+            row.try_get(8).map_err(col)?,
+            row.try_get(9).map_err(col)?,
+            row.try_get(10).map_err(col)?,
+        );
         let (Some(fence), Some(owner_id), Some(node), Some(expires_at)) =
             (fence, owner_id, node, expires_at)
         else {
@@ -184,6 +206,7 @@ impl MySqlStore {
                 owner_id: owner,
                 token: fence,
                 expires_at: StoreTime(expires_at),
+                taken_over,
             }));
         }
         Ok(classify_loss(
@@ -196,6 +219,22 @@ impl MySqlStore {
                 now,
             },
             req.occurrence,
+        ))
+    }
+
+    async fn epoch_inner<'e, E>(&self, ex: E) -> Result<EpochInfo, StoreError>
+    where
+        E: sqlx::MySqlExecutor<'e>,
+    {
+        let row = sqlx::query(EPOCH)
+            .fetch_one(ex)
+            .await
+            .map_err(|e| self.err(e))?;
+        let col = |e: sqlx::Error| self.err(e);
+        Ok(EpochInfo::new(
+            row.try_get("stored").map_err(col)?,
+            None,
+            row.try_get("highest").map_err(col)?,
         ))
     }
 
@@ -481,6 +520,24 @@ impl Store for MySqlStore {
                 .await
                 .map_err(|e| self.err(e))?;
             Ok(StoreTime(now))
+        })
+        .await
+    }
+
+    async fn epoch(&self) -> Result<EpochInfo, StoreError> {
+        timed(&self.url, self.call_timeout, self.epoch_inner(&self.pool)).await
+    }
+
+    async fn advance_epoch(&self) -> Result<EpochInfo, StoreError> {
+        timed(&self.url, self.call_timeout, async {
+            let mut tx = self.pool.begin().await.map_err(|e| self.err(e))?;
+            sqlx::query(ADVANCE_EPOCH)
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| self.err(e))?;
+            let info = self.epoch_inner(&mut *tx).await?;
+            tx.commit().await.map_err(|e| self.err(e))?;
+            Ok(info)
         })
         .await
     }

@@ -13,6 +13,19 @@
 //! lease is held, matches no row and writes nothing (no WAL, no fsync); the
 //! row is created by a separate `INSERT … ON CONFLICT DO NOTHING` only the
 //! first time a resource is ever leased.
+//!
+//! Failover: the epoch of a new token (see [`super::EPOCH_SHIFT`]) is the
+//! stored epoch plus `(timeline − 1) × 1024`, the timeline read by the
+//! acquiring statement itself from `pg_walfile_name(pg_current_wal_lsn())`
+//! (both executable by any role; no grant needed). A standby promoted after
+//! missing the old primary's last commits is on a later timeline, so its
+//! first token for any resource is above every token the old primary could
+//! have issued on its timeline. The epoch's first token comes from the
+//! PL/pgSQL function `fencecron_token_floor()` (migration 0002), called in
+//! the `UPDATE`'s `SET`, which PostgreSQL evaluates only for a row that
+//! matched; being opaque to the planner, it also keeps `fencecron_epoch`
+//! out of a losing acquire's plan. A loser writes nothing and reads nothing
+//! more than before.
 
 use std::time::Duration;
 
@@ -29,10 +42,40 @@ macro_rules! now_ms {
     };
 }
 
+/// The current timeline: the first 8 hex digits of the current WAL file's
+/// name. `pg_walfile_name` uses the timeline WAL is being inserted on, which
+/// a promotion moves to a new one at once (the control file's checkpoint
+/// timeline would lag until the next checkpoint).
+macro_rules! timeline {
+    () => {
+        "(('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint)"
+    };
+}
+
+/// The first token of the effective epoch, `(epoch << 32) + 1`: migration
+/// 0002's PL/pgSQL function, which reads the stored epoch and the timeline.
+/// A function rather than a subquery so that a losing acquire's plan does
+/// not even open `fencecron_epoch`.
+macro_rules! epoch_floor {
+    () => {
+        "fencecron_token_floor()"
+    };
+}
+
+/// The winning path assigns `prev_*` from the row as it was (PostgreSQL's
+/// `SET` expressions all see the old row) when the previous generation was
+/// not released, and `RETURNING` hands them back with the new fence.
 const ACQUIRE: &str = concat!(
     "WITH won AS (
        UPDATE fencecron_leases
-          SET fence = fence + 1, owner_id = $2, node = $3,
+          SET prev_owner_id = CASE WHEN released THEN NULL ELSE owner_id END,
+              prev_node = CASE WHEN released THEN NULL ELSE node END,
+              prev_fence = CASE WHEN released THEN NULL ELSE fence END,
+              prev_expires_at_ms = CASE WHEN released THEN NULL ELSE expires_at_ms END,
+              released = FALSE,
+              fence = GREATEST(fence + 1, ",
+    epoch_floor!(),
+    "), owner_id = $2, node = $3,
               acquired_at_ms = ",
     now_ms!(),
     ", expires_at_ms = ",
@@ -47,26 +90,30 @@ const ACQUIRE: &str = concat!(
           AND ($5::bigint IS NULL OR $5 <= ",
     now_ms!(),
     ")
-    RETURNING fence, expires_at_ms)
+    RETURNING fence, expires_at_ms, prev_owner_id, prev_node, prev_fence, prev_expires_at_ms)
      SELECT TRUE AS won, fence, expires_at_ms, ''::text AS owner_id, ''::text AS node,
-            NULL::bigint AS last_occurrence_ms, 0::bigint AS now_ms
+            NULL::bigint AS last_occurrence_ms, 0::bigint AS now_ms,
+            prev_owner_id, prev_node, prev_fence, prev_expires_at_ms
        FROM won
      UNION ALL
      SELECT FALSE, fence, expires_at_ms, owner_id, node, last_occurrence_ms, ",
     now_ms!(),
-    "
+    ", NULL::text, NULL::text, NULL::bigint, NULL::bigint
        FROM fencecron_leases
       WHERE resource = $1 AND NOT EXISTS (SELECT 1 FROM won)"
 );
 
 const CREATE: &str = concat!(
     "INSERT INTO fencecron_leases
-       (resource, fence, owner_id, node, acquired_at_ms, expires_at_ms, last_occurrence_ms)
-     SELECT $1, 1, $2, $3, ",
+       (resource, fence, owner_id, node, acquired_at_ms, expires_at_ms, last_occurrence_ms,
+        released)
+     SELECT $1, ",
+    epoch_floor!(),
+    ", $2, $3, ",
     now_ms!(),
     ", ",
     now_ms!(),
-    " + $4, $5::bigint WHERE ($5::bigint IS NULL OR $5 <= ",
+    " + $4, $5::bigint, FALSE WHERE ($5::bigint IS NULL OR $5 <= ",
     now_ms!(),
     ")
      ON CONFLICT (resource) DO NOTHING
@@ -85,9 +132,33 @@ const RENEW: &str = concat!(
 const RELEASE: &str = concat!(
     "UPDATE fencecron_leases SET expires_at_ms = LEAST(expires_at_ms, ",
     now_ms!(),
-    ")
+    "), released = TRUE
       WHERE resource = $1 AND owner_id = $2 AND fence = $3
       RETURNING fence"
+);
+
+/// `fencecron epoch`: the stored epoch, the timeline, the effective epoch
+/// (from the same function the acquire uses) and the highest fence.
+const EPOCH: &str = concat!(
+    "SELECT COALESCE((SELECT epoch FROM fencecron_epoch WHERE id = 1), 0) AS stored, ",
+    timeline!(),
+    " AS timeline, (",
+    epoch_floor!(),
+    " - 1) >> 32 AS effective, (SELECT max(fence) FROM fencecron_leases) AS highest"
+);
+
+/// `fencecron epoch advance`: the stored epoch such that the effective one
+/// becomes max(effective, highest fence >> 32) + 1. In one statement (its
+/// own transaction); a concurrent acquire that still used the old epoch
+/// issued a token below the new epoch's first one.
+const ADVANCE_EPOCH: &str = concat!(
+    "INSERT INTO fencecron_epoch AS e (id, epoch)
+     SELECT 1, GREATEST(0, (COALESCE(max(fence), 0) >> 32) - (",
+    timeline!(),
+    " - 1) * 1024) + 1 FROM fencecron_leases
+     ON CONFLICT (id) DO UPDATE
+        SET epoch = GREATEST(e.epoch, EXCLUDED.epoch - 1) + 1
+     RETURNING e.epoch"
 );
 
 const LEASE_ROW: &str =
@@ -192,11 +263,19 @@ impl PostgresStore {
                 let fence: i64 = row.try_get("fence").map_err(|e| self.err(e))?;
                 let expires_at: i64 = row.try_get("expires_at_ms").map_err(|e| self.err(e))?;
                 if won {
+                    let col = |e: sqlx::Error| self.err(e);
+                    let taken_over = Takeover::from_columns(
+                        row.try_get("prev_owner_id").map_err(col)?,
+                        row.try_get("prev_node").map_err(col)?,
+                        row.try_get("prev_fence").map_err(col)?,
+                        row.try_get("prev_expires_at_ms").map_err(col)?,
+                    );
                     return Ok(AcquireOutcome::Acquired(Lease {
                         resource: req.resource.to_string(),
                         owner_id: owner,
                         token: fence,
                         expires_at: StoreTime(expires_at),
+                        taken_over,
                     }));
                 }
                 let loss = LossRow {
@@ -225,6 +304,7 @@ impl PostgresStore {
                     owner_id: owner,
                     token: row.try_get("fence").map_err(|e| self.err(e))?,
                     expires_at: StoreTime(row.try_get("expires_at_ms").map_err(|e| self.err(e))?),
+                    taken_over: None,
                 }));
             }
             // Not created: either the occurrence is not due yet by the
@@ -252,6 +332,33 @@ impl PostgresStore {
             .await
             .map_err(|e| self.err(e))?;
         Ok(StoreTime(now))
+    }
+
+    async fn epoch_inner<'e, E>(&self, ex: E) -> Result<EpochInfo, StoreError>
+    where
+        E: sqlx::PgExecutor<'e>,
+    {
+        let row = sqlx::query(EPOCH)
+            .fetch_one(ex)
+            .await
+            .map_err(|e| self.err(e))?;
+        let col = |e: sqlx::Error| self.err(e);
+        let info = EpochInfo::new(
+            row.try_get("stored").map_err(col)?,
+            Some(row.try_get("timeline").map_err(col)?),
+            row.try_get("highest").map_err(col)?,
+        );
+        let effective: i64 = row.try_get("effective").map_err(col)?;
+        if effective != info.effective {
+            return Err(StoreError::Corrupt {
+                url: self.url.to_string(),
+                detail: format!(
+                    "fencecron_token_floor() says epoch {effective}, fencecron computes {}; was the function changed?",
+                    info.effective
+                ),
+            });
+        }
+        Ok(info)
     }
 
     async fn lease_row(&self, resource: &Name) -> Result<Option<(String, Token, i64)>, StoreError> {
@@ -509,6 +616,24 @@ impl Store for PostgresStore {
 
     async fn now(&self) -> Result<StoreTime, StoreError> {
         timed(&self.url, self.call_timeout, self.now_inner()).await
+    }
+
+    async fn epoch(&self) -> Result<EpochInfo, StoreError> {
+        timed(&self.url, self.call_timeout, self.epoch_inner(&self.pool)).await
+    }
+
+    async fn advance_epoch(&self) -> Result<EpochInfo, StoreError> {
+        timed(&self.url, self.call_timeout, async {
+            let mut tx = self.pool.begin().await.map_err(|e| self.err(e))?;
+            sqlx::query(ADVANCE_EPOCH)
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| self.err(e))?;
+            let info = self.epoch_inner(&mut *tx).await?;
+            tx.commit().await.map_err(|e| self.err(e))?;
+            Ok(info)
+        })
+        .await
     }
 
     async fn raw(

@@ -52,19 +52,63 @@ pub(crate) fn kernel_now_ms() -> i64 {
     ts.tv_sec * 1000 + ts.tv_nsec / 1_000_000
 }
 
-const ACQUIRE: &str = "UPDATE fencecron_leases
-    SET fence = fence + 1, owner_id = ?2, node = ?3, acquired_at_ms = ?4,
+/// The first token of the stored epoch, `(epoch << 32) + 1` (SQLite has no
+/// timeline: the epoch is only the stored one).
+macro_rules! epoch_floor {
+    () => {
+        "((COALESCE((SELECT e.epoch FROM fencecron_epoch e WHERE e.id = 1), 0) << 32) + 1)"
+    };
+}
+
+/// The winning acquire: `prev_*` copy the vanished owner when the previous
+/// generation was not released (every `SET` expression sees the old row),
+/// and the fence moves to at least the epoch's first token. The epoch
+/// subquery runs only for a row that matched: a losing acquire reads and
+/// writes nothing more than before.
+const ACQUIRE: &str = concat!(
+    "UPDATE fencecron_leases
+    SET prev_owner_id = CASE WHEN released THEN NULL ELSE owner_id END,
+        prev_node = CASE WHEN released THEN NULL ELSE node END,
+        prev_fence = CASE WHEN released THEN NULL ELSE fence END,
+        prev_expires_at_ms = CASE WHEN released THEN NULL ELSE expires_at_ms END,
+        released = 0,
+        fence = max(fence + 1, ",
+    epoch_floor!(),
+    "), owner_id = ?2, node = ?3, acquired_at_ms = ?4,
         expires_at_ms = ?4 + ?5, last_occurrence_ms = COALESCE(?6, last_occurrence_ms)
   WHERE resource = ?1 AND expires_at_ms <= ?4
     AND (?6 IS NULL OR last_occurrence_ms IS NULL OR last_occurrence_ms < ?6)
     AND (?6 IS NULL OR ?6 <= ?4)
-RETURNING fence, expires_at_ms";
+RETURNING fence, expires_at_ms, prev_owner_id, prev_node, prev_fence, prev_expires_at_ms"
+);
+
+/// The first acquisition of a resource.
+const CREATE: &str = concat!(
+    "INSERT INTO fencecron_leases
+       (resource, fence, owner_id, node, acquired_at_ms, expires_at_ms, last_occurrence_ms,
+        released)
+     VALUES (?1, ",
+    epoch_floor!(),
+    ", ?2, ?3, ?4, ?4 + ?5, ?6, 0)
+     RETURNING fence, expires_at_ms, prev_owner_id, prev_node, prev_fence, prev_expires_at_ms"
+);
+
+/// `fencecron epoch advance`: max(stored, highest fence >> 32) + 1.
+const ADVANCE_EPOCH: &str = "INSERT INTO fencecron_epoch (id, epoch)
+     SELECT 1, (COALESCE(max(fence), 0) >> 32) + 1 FROM fencecron_leases WHERE 1
+     ON CONFLICT (id) DO UPDATE SET epoch = max(epoch, excluded.epoch - 1) + 1";
+
+/// `fencecron epoch`: the stored epoch and the highest fence.
+const EPOCH: &str =
+    "SELECT COALESCE((SELECT epoch FROM fencecron_epoch WHERE id = 1), 0) AS stored,
+            (SELECT max(fence) FROM fencecron_leases) AS highest";
 
 const RENEW: &str = "UPDATE fencecron_leases SET expires_at_ms = ?4 + ?5
   WHERE resource = ?1 AND owner_id = ?2 AND fence = ?3 AND expires_at_ms > ?4
 RETURNING expires_at_ms";
 
-const RELEASE: &str = "UPDATE fencecron_leases SET expires_at_ms = MIN(expires_at_ms, ?4)
+const RELEASE: &str =
+    "UPDATE fencecron_leases SET expires_at_ms = MIN(expires_at_ms, ?4), released = 1
   WHERE resource = ?1 AND owner_id = ?2 AND fence = ?3";
 
 /// The conditional write; the `WHERE` before `ON CONFLICT` (which SQLite's
@@ -159,6 +203,15 @@ impl SqliteStore {
         .transpose()
     }
 
+    fn epoch_info(&self, row: &sqlx::sqlite::SqliteRow) -> Result<EpochInfo, StoreError> {
+        let col = |e: sqlx::Error| self.err(e);
+        Ok(EpochInfo::new(
+            row.try_get("stored").map_err(col)?,
+            None,
+            row.try_get("highest").map_err(col)?,
+        ))
+    }
+
     async fn acquire_inner(&self, req: &AcquireRequest<'_>) -> Result<AcquireOutcome, StoreError> {
         let owner = fresh_owner();
         let owner_s = owner.to_string();
@@ -207,31 +260,34 @@ impl SqliteStore {
                         store_now: StoreTime(now),
                     });
                 }
-                sqlx::query(
-                    "INSERT INTO fencecron_leases
-                       (resource, fence, owner_id, node, acquired_at_ms, expires_at_ms, last_occurrence_ms)
-                     VALUES (?1, 1, ?2, ?3, ?4, ?4 + ?5, ?6)
-                     RETURNING fence, expires_at_ms",
-                )
-                .bind(req.resource.as_str())
-                .bind(&owner_s)
-                .bind(req.node)
-                .bind(now)
-                .bind(lease)
-                .bind(occ)
-                .fetch_one(&mut *tx)
-                .await
-                .map_err(|e| self.err(e))?
+                sqlx::query(CREATE)
+                    .bind(req.resource.as_str())
+                    .bind(&owner_s)
+                    .bind(req.node)
+                    .bind(now)
+                    .bind(lease)
+                    .bind(occ)
+                    .fetch_one(&mut *tx)
+                    .await
+                    .map_err(|e| self.err(e))?
             }
         };
-        let token: i64 = row.try_get("fence").map_err(|e| self.err(e))?;
-        let expires_at: i64 = row.try_get("expires_at_ms").map_err(|e| self.err(e))?;
+        let col = |e: sqlx::Error| self.err(e);
+        let token: i64 = row.try_get("fence").map_err(col)?;
+        let expires_at: i64 = row.try_get("expires_at_ms").map_err(col)?;
+        let taken_over = Takeover::from_columns(
+            row.try_get("prev_owner_id").map_err(col)?,
+            row.try_get("prev_node").map_err(col)?,
+            row.try_get("prev_fence").map_err(col)?,
+            row.try_get("prev_expires_at_ms").map_err(col)?,
+        );
         tx.commit().await.map_err(|e| self.err(e))?;
         Ok(AcquireOutcome::Acquired(Lease {
             resource: req.resource.to_string(),
             owner_id: owner,
             token,
             expires_at: StoreTime(expires_at),
+            taken_over,
         }))
     }
 
@@ -537,6 +593,35 @@ impl Store for SqliteStore {
 
     async fn now(&self) -> Result<StoreTime, StoreError> {
         Ok(StoreTime(kernel_now_ms()))
+    }
+
+    async fn epoch(&self) -> Result<EpochInfo, StoreError> {
+        timed(&self.url, self.call_timeout, async {
+            let row = sqlx::query(EPOCH)
+                .fetch_one(&self.pool)
+                .await
+                .map_err(|e| self.err(e))?;
+            self.epoch_info(&row)
+        })
+        .await
+    }
+
+    async fn advance_epoch(&self) -> Result<EpochInfo, StoreError> {
+        timed(&self.url, self.call_timeout, async {
+            let mut tx = self.write_tx().await?;
+            sqlx::query(ADVANCE_EPOCH)
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| self.err(e))?;
+            let row = sqlx::query(EPOCH)
+                .fetch_one(&mut *tx)
+                .await
+                .map_err(|e| self.err(e))?;
+            let info = self.epoch_info(&row)?;
+            tx.commit().await.map_err(|e| self.err(e))?;
+            Ok(info)
+        })
+        .await
     }
 
     async fn raw(

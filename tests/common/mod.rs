@@ -37,6 +37,16 @@ pub struct TestStore {
 }
 
 impl TestStore {
+    /// A store at a given URL (e.g. a database of a test's own, see
+    /// [`fresh`]); nothing is removed when it is dropped.
+    pub fn at(backend: Backend, url: String) -> TestStore {
+        TestStore {
+            backend,
+            url,
+            _dir: None,
+        }
+    }
+
     /// The store for `backend`, or `None` (after a loud message) when its
     /// server is not configured. Panics under `CI=true` instead of skipping.
     pub fn new(backend: Backend, test: &str) -> Option<TestStore> {
@@ -84,4 +94,5 @@ pub fn unique(prefix: &str) -> String {
 pub mod harness;
 
 pub mod daemon;
+pub mod fresh;
 pub mod proxy;
