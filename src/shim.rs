@@ -146,6 +146,19 @@ fn parse(args: &[OsString]) -> Option<(u64, u64, u64, Vec<OsString>)> {
 /// The shim's entry point; `args` are those after [`SHIM_ARG`]. Never
 /// returns: it exits the way the job did.
 pub fn main(args: Vec<OsString>) -> ! {
+    // Both pipes must be there: were either descriptor closed, the signalfd
+    // created below would take its number and be misread as a pipe.
+    for fd in [CTL_FD, STATUS_FD] {
+        // SAFETY: fstat into a zeroed, live stat struct.
+        let is_pipe = unsafe {
+            let mut st: libc::stat = std::mem::zeroed();
+            libc::fstat(fd, &mut st) == 0 && (st.st_mode & libc::S_IFMT) == libc::S_IFIFO
+        };
+        if !is_pipe {
+            eprintln!("fencecron __shim: internal use only (descriptors 3 and 4 must be pipes)");
+            std::process::exit(127);
+        }
+    }
     // The pipes from the daemon must not reach the job.
     for fd in [CTL_FD, STATUS_FD] {
         // SAFETY: fcntl on a descriptor number; fails harmlessly if closed.
