@@ -201,6 +201,51 @@ pub struct Supervisor {
     /// its successor can give back the leases of runs that are provably
     /// dead (`None` for `exec`).
     records: Option<Arc<RunRecords>>,
+    /// How each run's watchdog is started.
+    shim: Arc<ShimProgram>,
+}
+
+/// How to start a run's watchdog: the small `fencecron-shim` installed
+/// beside this binary, else this binary's own `__shim` mode (the same code,
+/// about 1 ms slower to start: the full binary has 40 times the
+/// relocations). The small one is opened once, at start-up, and executed
+/// through that descriptor, so a package upgrade that replaces it on disk
+/// cannot pair this daemon with another version's watchdog.
+struct ShimProgram {
+    exec: PathBuf,
+    internal: bool,
+    _file: Option<OwnedFd>,
+}
+
+impl ShimProgram {
+    fn locate() -> ShimProgram {
+        let beside = std::env::current_exe()
+            .ok()
+            .map(|exe| exe.with_file_name(shim::SHIM_NAME));
+        if let Some(path) = beside {
+            use std::os::unix::fs::PermissionsExt;
+            let runnable = std::fs::metadata(&path)
+                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
+            // Above 3 and 4, which the watchdog's pipes are moved to before
+            // it is executed through this descriptor.
+            let opened = runnable
+                .then(|| std::fs::File::open(&path).ok())
+                .flatten()
+                .and_then(|f| dup_above(&OwnedFd::from(f), 10).ok());
+            if let Some(fd) = opened {
+                return ShimProgram {
+                    exec: PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd())),
+                    internal: false,
+                    _file: Some(fd),
+                };
+            }
+        }
+        ShimProgram {
+            exec: PathBuf::from("/proc/self/exe"),
+            internal: true,
+            _file: None,
+        }
+    }
 }
 
 /// Errors before the child ran.
@@ -220,6 +265,7 @@ impl Supervisor {
             node,
             child_env,
             records: None,
+            shim: Arc::new(ShimProgram::locate()),
         }
     }
 
@@ -340,13 +386,15 @@ impl Supervisor {
         // that moving one there cannot overwrite the other.
         let ctl_r = dup_above(&ctl_r, 10).map_err(|e| io("cannot duplicate a pipe", e))?;
         let st_w = dup_above(&st_w, 10).map_err(|e| io("cannot duplicate a pipe", e))?;
-        let mut cmd = Command::new("/proc/self/exe");
+        let mut cmd = Command::new(&self.shim.exec);
         for name in &self.child_env.remove {
             cmd.env_remove(name);
         }
-        cmd.arg0(shim::SHIM_NAME)
-            .arg(shim::SHIM_ARG)
-            .arg(to_monotonic(term_at).to_string())
+        cmd.arg0(shim::SHIM_NAME);
+        if self.shim.internal {
+            cmd.arg(shim::SHIM_ARG);
+        }
+        cmd.arg(to_monotonic(term_at).to_string())
             .arg(to_monotonic(kill_at).to_string())
             .arg(spec.timing.kill_grace.as_millis().to_string())
             .arg("--")

@@ -429,3 +429,34 @@ fn restarted_daemon_waits_for_a_run_still_alive_sqlite() {
     wait_beats(dir.path(), t2, 3, secs(10));
     assert_no_overlap(dir.path(), t1, p1, expiry, t2);
 }
+
+/// Installed alone (no `fencecron-shim` beside it), `fencecron` runs its
+/// own `__shim` mode as the watchdog; beside it, the small binary is used.
+#[test]
+fn watchdog_binary_is_found_beside_fencecron_or_built_in() {
+    let store = TestStore::new(Backend::Sqlite, "watchdog_binary").expect("sqlite");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let alone = dir.path().join("alone");
+    std::fs::create_dir(&alone).unwrap();
+    let copy = alone.join("fencecron");
+    std::fs::copy(common::bin(), &copy).expect("copy the binary");
+    let watchdog_of = |bin: &Path| {
+        let mut cmd = common::harness::clean(std::process::Command::new(bin), dir.path());
+        cmd.args(["--store", &store.url, "exec", &unique("wd-bin"), "--"])
+            .args(["sh", "-c", "tr '\\0' ' ' < /proc/$PPID/cmdline; exit 7"]);
+        let out = run_cmd(&mut cmd, secs(30));
+        assert_eq!(
+            out.status.code(),
+            Some(7),
+            "the job's exit code passes through"
+        );
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    let built_in = watchdog_of(&copy);
+    assert!(built_in.starts_with("fencecron-shim __shim "), "{built_in}");
+    let beside = watchdog_of(&common::bin());
+    assert!(
+        beside.starts_with("fencecron-shim ") && !beside.contains("__shim"),
+        "{beside}"
+    );
+}
