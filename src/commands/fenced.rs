@@ -9,6 +9,7 @@ use crate::cli::{Cli, GetArgs, PutArgs, StaleArgs};
 use crate::error::{Error, Result};
 use crate::fence;
 use crate::names::Name;
+use crate::output::Out;
 use crate::store::{OpenOptions, PutOutcome, PutRequest, StoreTime};
 
 use super::{print_json, Context};
@@ -68,11 +69,17 @@ pub async fn put(cli: &Cli, args: &PutArgs) -> Result<u8> {
     };
     match fence::put(store.as_ref(), &req).await? {
         PutOutcome::Accepted { written_at } => {
-            println!("accepted: {resource}/{key} token={token} written_at={written_at}");
+            writeln!(
+                Out::stdout(),
+                "accepted: {resource}/{key} token={token} written_at={written_at}"
+            )?;
             Ok(0)
         }
         PutOutcome::AlreadyApplied => {
-            println!("already applied: {resource}/{key} token={token}; nothing changed");
+            writeln!(
+                Out::stdout(),
+                "already applied: {resource}/{key} token={token}; nothing changed"
+            )?;
             Ok(0)
         }
         PutOutcome::Rejected(rec) => {
@@ -121,11 +128,9 @@ pub async fn get(cli: &Cli, args: &GetArgs) -> Result<u8> {
         }
         print_json(&obj)?;
     } else {
-        use std::io::Write;
-        let mut out = std::io::stdout().lock();
-        out.write_all(&v.value)
-            .and_then(|_| out.flush())
-            .map_err(|e| Error::Runtime(format!("cannot write the value to stdout: {e}")))?;
+        let mut out = Out::stdout();
+        out.write_all(&v.value)?;
+        out.flush()?;
     }
     Ok(0)
 }
@@ -144,12 +149,15 @@ pub async fn stale(cli: &Cli, args: &StaleArgs) -> Result<u8> {
     if args.json {
         print_json(&records)?;
     } else {
-        println!(
+        let mut out = Out::stdout();
+        writeln!(
+            out,
             "{:<24} {:<15} {:<7} {:<24} {:<16} {:>6} {:>8} {:<16} STAGE",
             "AT", "KIND", "REASON", "RESOURCE", "KEY", "TOKEN", "ACCEPTED", "NODE"
-        );
+        )?;
         for r in records {
-            println!(
+            writeln!(
+                out,
                 "{:<24} {:<15} {:<7} {:<24} {:<16} {:>6} {:>8} {:<16} {}",
                 r.at.to_string(),
                 r.kind.as_str(),
@@ -161,7 +169,7 @@ pub async fn stale(cli: &Cli, args: &StaleArgs) -> Result<u8> {
                     .map_or_else(|| "-".to_string(), |t| t.to_string()),
                 r.node,
                 r.stage
-            );
+            )?;
         }
     }
     Ok(0)

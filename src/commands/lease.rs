@@ -5,8 +5,9 @@ use serde_json::json;
 use crate::cli::{Cli, LeaseCommand};
 use crate::error::{Error, Result};
 use crate::names::Name;
+use crate::output::Out;
 use crate::store::{
-    AcquireOutcome, AcquireRequest, OpenOptions, ReleaseOutcome, RenewOutcome, StoreTime,
+    AcquireOutcome, AcquireRequest, Lease, OpenOptions, ReleaseOutcome, RenewOutcome, StoreTime,
 };
 use crate::supervise::DEFAULT_LEASE;
 
@@ -33,13 +34,19 @@ pub async fn run(cli: &Cli, cmd: &LeaseCommand) -> Result<u8> {
                 .await?;
             match outcome {
                 AcquireOutcome::Acquired(l) => {
-                    if *json {
-                        print_json(&l)?;
+                    let printed = if *json {
+                        print_json(&l)
                     } else {
-                        println!("resource={}", l.resource);
-                        println!("owner_id={}", l.owner_id);
-                        println!("token={}", l.token);
-                        println!("expires_at={}", l.expires_at);
+                        print_lease(&l)
+                    };
+                    if let Err(e) = printed {
+                        // Nobody learned the owner id and token, so nobody
+                        // could use or release this lease: give it back
+                        // rather than block the resource until it expires.
+                        let _ = store
+                            .release(&resource, &l.owner_id.to_string(), l.token)
+                            .await;
+                        return Err(e);
                     }
                     Ok(0)
                 }
@@ -66,7 +73,7 @@ pub async fn run(cli: &Cli, cmd: &LeaseCommand) -> Result<u8> {
                             "expires_at": expires_at,
                         }))?;
                     } else {
-                        println!("expires_at={expires_at}");
+                        writeln!(Out::stdout(), "expires_at={expires_at}")?;
                     }
                     Ok(0)
                 }
@@ -95,12 +102,15 @@ pub async fn run(cli: &Cli, cmd: &LeaseCommand) -> Result<u8> {
             if *json {
                 print_json(&leases)?;
             } else {
-                println!(
+                let mut out = Out::stdout();
+                writeln!(
+                    out,
                     "{:<32} {:>8} {:<5} {:<24} {:<36} NODE",
                     "RESOURCE", "TOKEN", "HELD", "EXPIRES_AT", "OWNER_ID"
-                );
+                )?;
                 for l in leases {
-                    println!(
+                    writeln!(
+                        out,
                         "{:<32} {:>8} {:<5} {:<24} {:<36} {}",
                         l.resource,
                         l.token,
@@ -108,12 +118,21 @@ pub async fn run(cli: &Cli, cmd: &LeaseCommand) -> Result<u8> {
                         l.expires_at.to_string(),
                         l.owner_id,
                         l.node
-                    );
+                    )?;
                 }
             }
             Ok(0)
         }
     }
+}
+
+/// `lease acquire`'s text output: one `key=value` line per field.
+fn print_lease(l: &Lease) -> Result<()> {
+    let mut out = Out::stdout();
+    writeln!(out, "resource={}", l.resource)?;
+    writeln!(out, "owner_id={}", l.owner_id)?;
+    writeln!(out, "token={}", l.token)?;
+    writeln!(out, "expires_at={}", l.expires_at)
 }
 
 /// The lease length from a flag, checked before the store is touched.
