@@ -8,6 +8,7 @@
 //! * any other write error (`> /dev/full`: ENOSPC): one sentence on stderr,
 //!   exit 1.
 //!
+//! Shell-`eval`-able `key=value` lines are built with [`shell_quote`].
 //! `clippy::print_stdout` is denied crate-wide so no `println!` creeps back.
 
 use std::fmt;
@@ -46,8 +47,45 @@ impl Out {
     }
 }
 
+/// A value quoted for a POSIX shell: the whole value in single quotes, each
+/// `'` written as `'\''`. Inside single quotes nothing is special (`$`,
+/// backticks, `\`, `;`, spaces, newlines), so `eval "$(fencecron lease
+/// acquire …)"` sets each variable to exactly the printed value and runs
+/// nothing.
+pub fn shell_quote(value: &str) -> String {
+    let mut q = String::with_capacity(value.len() + 2);
+    q.push('\'');
+    for c in value.chars() {
+        if c == '\'' {
+            q.push_str("'\\''");
+        } else {
+            q.push(c);
+        }
+    }
+    q.push('\'');
+    q
+}
+
+/// Writes one `key='value'` line for `eval`.
+pub fn assignment(out: &mut Out, key: &str, value: impl fmt::Display) -> Result<()> {
+    writeln!(out, "{key}={}", shell_quote(&value.to_string()))
+}
+
 /// Writes a fatal error's one sentence to stderr. A stderr that cannot be
 /// written to is ignored: there is nowhere left to report it.
 pub fn error_line(message: impl fmt::Display) {
     let _ = writeln!(io::stderr().lock(), "fencecron: {message}");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quotes() {
+        assert_eq!(shell_quote(""), "''");
+        assert_eq!(shell_quote("job"), "'job'");
+        assert_eq!(shell_quote("it's"), "'it'\\''s'");
+        assert_eq!(shell_quote("x$(id)`id`;\\"), "'x$(id)`id`;\\'");
+    }
 }

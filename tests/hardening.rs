@@ -7,14 +7,19 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Output, Stdio};
+use std::process::{Command, Output, Stdio};
 
-use common::harness::{code, describe, fencecron};
+use common::harness::{clean, code, describe, fencecron, run};
 
 const EXIT_RUNTIME: i32 = 1;
+const EXIT_USAGE: i32 = 2;
 
 fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// A scratch directory and a SQLite store inside it.
@@ -22,6 +27,113 @@ fn scratch() -> (tempfile::TempDir, String) {
     let dir = tempfile::tempdir().expect("temp dir");
     let url = format!("sqlite://{}", dir.path().join("fencecron.db").display());
     (dir, url)
+}
+
+/// Files in `dir` whose name starts with `pwned`: what an injected command
+/// would have created.
+fn pwned(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .expect("read scratch dir")
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("pwned"))
+        .collect()
+}
+
+// ------------------------------------------------------- item 4: eval
+
+/// Runs `eval "$(fencecron … ARGS)"` in a real `sh` in `dir` and returns
+/// the named variables as the shell holds them afterwards, NUL-separated so
+/// that nothing (spaces, quotes, trailing blanks) is lost.
+fn eval_vars(dir: &Path, store: &str, args: &[&str], vars: &[&str]) -> (Output, Vec<String>) {
+    let print: String = vars.iter().map(|v| format!(" \"${v}\"")).collect();
+    let script = format!(
+        "store=$1; shift; eval \"$(\"$0\" --store \"$store\" \"$@\")\" && printf '%s\\0'{print}"
+    );
+    let mut cmd = clean(Command::new("sh"), dir);
+    cmd.arg("-c")
+        .arg(script)
+        .arg(common::bin())
+        .arg(store)
+        .args(args);
+    let out = run(cmd, None);
+    let values = out
+        .stdout
+        .split(|b| *b == 0)
+        .map(|v| String::from_utf8(v.to_vec()).expect("UTF-8 value"))
+        .collect::<Vec<_>>();
+    (out, values)
+}
+
+/// `eval "$(fencecron lease acquire NAME)"` runs nothing that is in NAME,
+/// and `$resource` comes out exactly equal to NAME, for every character a
+/// resource name may hold (names cannot hold control characters, so no
+/// newline). `lease renew`'s `expires_at=` line is quoted the same way.
+#[test]
+fn eval_of_lease_output_runs_nothing_from_a_hostile_name() {
+    let (dir, store) = scratch();
+    let hostile = [
+        "x$(touch pwned)",
+        "x`touch pwned-bq`",
+        "a; touch pwned-semi; b",
+        "it's $(touch pwned-q)'",
+        "'",
+        "''",
+        "\"$(touch pwned-dq)\"",
+        "back\\slash\\",
+        "spaces  and trailing ",
+        " leading",
+        "$HOME ${PATH} $1 $@ *",
+        "| touch pwned-pipe &",
+        "é ü 名前 🙂",
+        "#comment",
+        "a=b c=d",
+    ];
+    for name in hostile {
+        let (out, vars) = eval_vars(
+            dir.path(),
+            &store,
+            &["lease", "acquire", name],
+            &["resource", "owner_id", "token", "expires_at"],
+        );
+        assert_eq!(code(&out), 0, "{name:?}: {}", describe(&out));
+        assert_eq!(vars[0], name, "$resource for {name:?}: {}", describe(&out));
+        uuid::Uuid::parse_str(&vars[1]).expect("$owner_id is a UUID");
+        assert_eq!(vars[2], "1", "$token for {name:?}");
+        chrono::DateTime::parse_from_rfc3339(&vars[3]).expect("$expires_at is RFC 3339");
+        assert!(pwned(dir.path()).is_empty(), "{name:?} ran a command");
+
+        let (out, renewed) = eval_vars(
+            dir.path(),
+            &store,
+            &[
+                "lease",
+                "renew",
+                name,
+                "--owner-id",
+                &vars[1],
+                "--token",
+                &vars[2],
+            ],
+            &["expires_at"],
+        );
+        assert_eq!(code(&out), 0, "renew {name:?}: {}", describe(&out));
+        chrono::DateTime::parse_from_rfc3339(&renewed[0]).expect("renewed $expires_at");
+    }
+    assert!(pwned(dir.path()).is_empty());
+
+    // Newlines cannot be smuggled in: a name with a control character is
+    // refused before anything is printed.
+    let out = run(
+        {
+            let mut c = fencecron(dir.path());
+            c.args(["--store", &store, "lease", "acquire", "x\ntouch pwned-nl"]);
+            c
+        },
+        None,
+    );
+    assert_eq!(code(&out), EXIT_USAGE, "{}", describe(&out));
+    assert!(stdout(&out).is_empty());
 }
 
 // ------------------------------------------------ item 6: stdout errors

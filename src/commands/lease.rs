@@ -5,7 +5,7 @@ use serde_json::json;
 use crate::cli::{Cli, LeaseCommand};
 use crate::error::{Error, Result};
 use crate::names::Name;
-use crate::output::Out;
+use crate::output::{self, Out};
 use crate::store::{
     AcquireOutcome, AcquireRequest, Lease, OpenOptions, ReleaseOutcome, RenewOutcome, StoreTime,
 };
@@ -73,7 +73,7 @@ pub async fn run(cli: &Cli, cmd: &LeaseCommand) -> Result<u8> {
                             "expires_at": expires_at,
                         }))?;
                     } else {
-                        writeln!(Out::stdout(), "expires_at={expires_at}")?;
+                        output::assignment(&mut Out::stdout(), "expires_at", expires_at)?;
                     }
                     Ok(0)
                 }
@@ -126,13 +126,15 @@ pub async fn run(cli: &Cli, cmd: &LeaseCommand) -> Result<u8> {
     }
 }
 
-/// `lease acquire`'s text output: one `key=value` line per field.
+/// `lease acquire`'s text output: one `key='value'` line per field, quoted
+/// for the documented `eval "$(fencecron lease acquire …)"`, so a resource
+/// named `x$(touch pwned)` sets `$resource` to exactly that and runs nothing.
 fn print_lease(l: &Lease) -> Result<()> {
     let mut out = Out::stdout();
-    writeln!(out, "resource={}", l.resource)?;
-    writeln!(out, "owner_id={}", l.owner_id)?;
-    writeln!(out, "token={}", l.token)?;
-    writeln!(out, "expires_at={}", l.expires_at)
+    output::assignment(&mut out, "resource", &l.resource)?;
+    output::assignment(&mut out, "owner_id", l.owner_id)?;
+    output::assignment(&mut out, "token", l.token)?;
+    output::assignment(&mut out, "expires_at", l.expires_at)
 }
 
 /// The lease length from a flag, checked before the store is touched.
