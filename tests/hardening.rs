@@ -249,3 +249,147 @@ fn unwritable_stdout_is_a_clean_exit_not_a_panic() {
         assert_eq!(held, row["resource"] == "seed", "{row}");
     }
 }
+
+// ----------------------------------------------- item 6: config limits
+
+/// A valid config padded with comment lines to exactly `len` bytes.
+fn padded_config(len: usize) -> String {
+    let mut text =
+        String::from("[[job]]\nname = \"a\"\nschedule = \"0 0 1 1 *\"\ncommand = [\"true\"]\n");
+    let line = format!("# {}\n", "x".repeat(97));
+    while text.len() + line.len() <= len {
+        text.push_str(&line);
+    }
+    text.push_str(&"#".repeat(len - text.len() - 1));
+    text.push('\n');
+    assert_eq!(text.len(), len);
+    text
+}
+
+/// A config file above 1 MiB is refused by name, by `check`, by the other
+/// commands that load it and by `run`; one of exactly 1 MiB is fine. The
+/// file is never read whole (a FIFO or `/dev/zero` would never end).
+#[test]
+fn config_larger_than_the_limit_is_refused_everywhere_it_is_loaded() {
+    let (dir, store) = scratch();
+    let limit = fencecron::config::MAX_CONFIG_BYTES as usize;
+    let at_limit = dir.path().join("at-limit.toml");
+    std::fs::write(&at_limit, padded_config(limit)).unwrap();
+    let over = dir.path().join("over.toml");
+    std::fs::write(&over, padded_config(limit + 1)).unwrap();
+
+    let mut check = fencecron(dir.path());
+    check.args(["check", "--config"]).arg(&at_limit);
+    let out = run(check, None);
+    assert_eq!(code(&out), 0, "{}", describe(&out));
+
+    let over_s = over.display().to_string();
+    for args in [
+        vec!["check"],
+        vec!["lease", "list"],
+        vec!["stale", "--store", &store],
+        vec!["run"],
+    ] {
+        let mut cmd = fencecron(dir.path());
+        cmd.args(&args).arg("--config").arg(&over);
+        let out = run(cmd, None);
+        assert_eq!(code(&out), EXIT_USAGE, "{args:?}: {}", describe(&out));
+        let err = stderr(&out);
+        assert!(
+            err.starts_with(&format!("fencecron: {over_s}: ")) && err.contains("1048576 bytes"),
+            "{args:?}: the error names the file and the limit: {err}"
+        );
+        assert_eq!(err.lines().count(), 1, "{err}");
+    }
+}
+
+/// SIGHUP with a config grown past the limit: `config_invalid` names the
+/// file and the limit, and the daemon goes on with its old jobs.
+#[test]
+fn reload_of_an_oversized_config_keeps_the_old_one() {
+    use common::daemon::{ev, secs, str_field, Daemon, DaemonOpts};
+    let (dir, store) = scratch();
+    let config = dir.path().join("jobs.toml");
+    std::fs::write(&config, padded_config(200)).unwrap();
+    let mut d = Daemon::spawn(DaemonOpts::new("hup", &config, &store));
+    d.expect("daemon_started", ev("daemon_started"), secs(30));
+    std::fs::write(
+        &config,
+        padded_config(fencecron::config::MAX_CONFIG_BYTES as usize + 1),
+    )
+    .unwrap();
+    let cut = d.len();
+    d.signal(nix::sys::signal::Signal::SIGHUP);
+    let (_, invalid) = d.expect_from(cut, "config_invalid", ev("config_invalid"), secs(30));
+    let error = str_field(&invalid, "error").unwrap_or("");
+    assert!(
+        error.contains(&config.display().to_string()) && error.contains("1048576 bytes"),
+        "{invalid}"
+    );
+    assert!(d.is_running());
+    d.stop(secs(30));
+}
+
+/// A NUL byte (`\u0000` in TOML) in anything that reaches the OS as a
+/// C string is refused by `check` with the file, line and key.
+#[test]
+fn nul_bytes_in_paths_args_env_and_urls_are_refused_with_file_line_key() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let job = "[[job]]\nname = \"a\"\nschedule = \"0 0 1 1 *\"\n";
+    let cases = [
+        (
+            format!("{job}command = [\"true\"]\nworkdir = \"/tmp\\u0000x\"\n"),
+            5,
+            "job `a`.workdir",
+        ),
+        (
+            format!("{job}command = [\"true\", \"a\\u0000b\"]\n"),
+            4,
+            "job `a`.command",
+        ),
+        (
+            format!("{job}command = [\"true\"]\nenv = {{ \"K\\u0000\" = \"v\" }}\n"),
+            5,
+            "job `a`.env.\"K\\0\"",
+        ),
+        (
+            format!("{job}command = [\"true\"]\nenv = {{ K = \"v\\u0000\" }}\n"),
+            5,
+            "job `a`.env.K",
+        ),
+        (
+            format!("{job}command = [\"true\"]\nenv = {{ \"K=V\" = \"v\" }}\n"),
+            5,
+            "job `a`.env.K=V",
+        ),
+        (
+            format!("[store]\nurl = \"sqlite:///tmp/x\\u0000.db\"\n{job}command = [\"true\"]\n"),
+            2,
+            "store.url",
+        ),
+        (
+            format!("[store]\nurl_env = \"A\\u0000B\"\n{job}command = [\"true\"]\n"),
+            2,
+            "store.url_env",
+        ),
+        (
+            format!("[store]\nurl_env = \"A=B\"\n{job}command = [\"true\"]\n"),
+            2,
+            "store.url_env",
+        ),
+    ];
+    for (text, line, key) in cases {
+        let config = dir.path().join("jobs.toml");
+        std::fs::write(&config, &text).unwrap();
+        let mut cmd = fencecron(dir.path());
+        cmd.args(["check", "--config"]).arg(&config);
+        let out = run(cmd, None);
+        assert_eq!(code(&out), EXIT_USAGE, "{text}: {}", describe(&out));
+        let err = stderr(&out);
+        let want = format!("fencecron: {}:{line}:", config.display());
+        assert!(
+            err.starts_with(&want) && err.contains(&format!(": {key}: ")),
+            "{text:?}: want {want}…{key}: {err}"
+        );
+    }
+}
