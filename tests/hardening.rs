@@ -393,3 +393,69 @@ fn nul_bytes_in_paths_args_env_and_urls_are_refused_with_file_line_key() {
         );
     }
 }
+
+// --------------------------------------------- item 6: URL redaction
+
+/// A password in a URL's query string, in any case or spelling, never
+/// reaches stdout or stderr: not in `check`'s summary, not in the error of
+/// an unreachable store. PostgreSQL, whose driver reads only `password=`,
+/// refuses the other spellings instead of ignoring them.
+#[test]
+fn query_string_passwords_are_redacted_in_every_spelling() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    for key in [
+        "PASSWORD",
+        "Password",
+        "password",
+        "pwd",
+        "pass",
+        "sslpassword",
+    ] {
+        // An ssl-mode the driver rejects: the command fails at once, with
+        // the URL in its message.
+        let url = format!("mysql://root@127.0.0.1:1/test?{key}=hunter2&ssl-mode=bogus");
+        let config = dir.path().join("jobs.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "[store]\nurl = \"{url}\"\n[[job]]\nname = \"a\"\nschedule = \"0 0 1 1 *\"\ncommand = [\"true\"]\n"
+            ),
+        )
+        .unwrap();
+        let mut check = fencecron(dir.path());
+        check.args(["check", "--config"]).arg(&config);
+        let out = run(check, None);
+        assert_eq!(code(&out), 0, "{}", describe(&out));
+        assert!(
+            !describe(&out).contains("hunter2") && stdout(&out).contains(&format!("{key}=***")),
+            "{}",
+            describe(&out)
+        );
+
+        let mut list = fencecron(dir.path());
+        list.args(["lease", "list", "--store", &url]);
+        let out = run(list, None);
+        assert_eq!(code(&out), EXIT_RUNTIME, "{}", describe(&out));
+        assert!(
+            !describe(&out).contains("hunter2") && stderr(&out).contains(&format!("{key}=***")),
+            "{}",
+            describe(&out)
+        );
+
+        let pg = format!("postgres://postgres@127.0.0.1:1/test?{key}=hunter2&sslmode=bogus");
+        let mut list = fencecron(dir.path());
+        list.args(["lease", "list", "--store", &pg]);
+        let out = run(list, None);
+        assert!(!describe(&out).contains("hunter2"), "{}", describe(&out));
+        if key == "password" {
+            assert_eq!(code(&out), EXIT_RUNTIME, "{}", describe(&out));
+        } else {
+            assert_eq!(code(&out), EXIT_USAGE, "{}", describe(&out));
+            assert!(
+                stderr(&out).contains(&format!("`{key}`")),
+                "{}",
+                describe(&out)
+            );
+        }
+    }
+}
