@@ -10,6 +10,7 @@ use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
 use common::harness::{clean, code, describe, fencecron, run};
+use common::{unique, Backend, TestStore};
 
 const EXIT_RUNTIME: i32 = 1;
 const EXIT_USAGE: i32 = 2;
@@ -458,4 +459,150 @@ fn query_string_passwords_are_redacted_in_every_spelling() {
             );
         }
     }
+}
+
+// ------------------------------------------- item 6: value size limits
+
+const MAX_VALUE: usize = fencecron::fence::MAX_VALUE_BYTES;
+
+/// `put` refuses a value above 8 MiB from a file or stdin before touching
+/// the store (exit 2, naming the source and the limit), and a value of
+/// exactly 8 MiB is stored and read back on every backend.
+#[test]
+fn put_refuses_values_above_the_limit_and_takes_one_at_it_everywhere() {
+    for backend in [Backend::Sqlite, Backend::Postgres, Backend::MySql] {
+        let Some(ts) = TestStore::new(backend, "put_value_limit") else {
+            continue;
+        };
+        let dir = tempfile::tempdir().expect("temp dir");
+        let resource = unique("value-limit");
+        let lease = with_stdout(
+            dir.path(),
+            &ts.url,
+            &["lease", "acquire", &resource, "--json"],
+            Stdio::piped(),
+        );
+        assert_eq!(code(&lease), 0, "{}", describe(&lease));
+        let lease: serde_json::Value = serde_json::from_slice(&lease.stdout).expect("JSON");
+        let owner = lease["owner_id"].as_str().unwrap().to_string();
+        let token = lease["token"].to_string();
+        let put = |source: &[&str], stdin: Option<&[u8]>| {
+            let mut cmd = fencecron(dir.path());
+            cmd.args(["--store", &ts.url, "put", "k", "--resource", &resource])
+                .args(["--owner-id", &owner, "--token", &token])
+                .args(source);
+            run(cmd, stdin)
+        };
+
+        let over = dir.path().join("over.bin");
+        std::fs::write(&over, vec![7u8; MAX_VALUE + 1]).unwrap();
+        let out = put(&["--file", over.to_str().unwrap()], None);
+        assert_eq!(code(&out), EXIT_USAGE, "{backend:?}: {}", describe(&out));
+        let err = stderr(&out);
+        assert!(
+            err.contains("8388608 bytes") && err.contains(over.to_str().unwrap()),
+            "{err}"
+        );
+        let out = put(&[], Some(&vec![7u8; MAX_VALUE + 1]));
+        assert_eq!(code(&out), EXIT_USAGE, "{backend:?}: {}", describe(&out));
+        assert!(stderr(&out).contains("from stdin"), "{}", describe(&out));
+
+        let at = dir.path().join("at.bin");
+        let value: Vec<u8> = (0..MAX_VALUE).map(|i| (i % 251) as u8).collect();
+        std::fs::write(&at, &value).unwrap();
+        let out = put(&["--file", at.to_str().unwrap()], None);
+        assert_eq!(code(&out), 0, "{backend:?}: {}", describe(&out));
+        let mut get = fencecron(dir.path());
+        get.args(["--store", &ts.url, "get", "k", "--resource", &resource]);
+        let out = run(get, None);
+        assert_eq!(code(&out), 0, "{backend:?}: {}", describe(&out));
+        assert!(
+            out.stdout == value,
+            "{backend:?}: the 8 MiB value round-trips"
+        );
+    }
+}
+
+/// A value too large for the MySQL server's `max_allowed_packet` is named
+/// as such, with the size and the server's setting, both when the server
+/// answers error 1153 (just over) and when it drops the connection while the
+/// value is still being sent (far over); and the store keeps working.
+#[tokio::test]
+async fn mysql_value_over_max_allowed_packet_names_the_setting() {
+    use fencecron::names::Name;
+    use fencecron::store::{AcquireOutcome, AcquireRequest, PutRequest, StoreError};
+    let Some(ts) = TestStore::new(Backend::MySql, "mysql_max_allowed_packet") else {
+        return;
+    };
+    let store = common::harness::open_store(&ts, 2).await;
+    let max: u64 = {
+        use sqlx::Connection;
+        let mut c = sqlx::MySqlConnection::connect(&ts.url).await.unwrap();
+        let max: i64 = sqlx::query_scalar("SELECT CAST(@@max_allowed_packet AS SIGNED)")
+            .fetch_one(&mut c)
+            .await
+            .unwrap();
+        max as u64
+    };
+    if max > 256 << 20 {
+        eprintln!("\n*** SKIPPED mysql_value_over_max_allowed_packet_names_the_setting: max_allowed_packet is {max} bytes, too large to exceed in a test ***\n");
+        return;
+    }
+    let resource = Name::parse("resource", &unique("packet")).unwrap();
+    let key = Name::parse("key", "k").unwrap();
+    let AcquireOutcome::Acquired(lease) = store
+        .acquire(&AcquireRequest {
+            resource: &resource,
+            lease: std::time::Duration::from_secs(30),
+            node: "test",
+            occurrence: None,
+        })
+        .await
+        .unwrap()
+    else {
+        panic!("acquire");
+    };
+    let owner = lease.owner_id.to_string();
+    for size in [max as usize + 1024, 3 * max as usize] {
+        let value = vec![1u8; size];
+        let err = store
+            .put(&PutRequest {
+                resource: &resource,
+                key: &key,
+                value: &value,
+                token: lease.token,
+                owner_id: Some(&owner),
+                once: false,
+                node: "test",
+                job: None,
+                stage: "test",
+                operation_id: uuid::Uuid::new_v4(),
+            })
+            .await
+            .expect_err("a value over max_allowed_packet is refused");
+        assert!(
+            matches!(&err, StoreError::PacketTooLarge { size: s, max: Some(m), .. } if *s == size && *m == max),
+            "{size} bytes: {err:?}"
+        );
+        let msg = err.to_string();
+        assert!(
+            msg.contains("max_allowed_packet") && msg.contains(&size.to_string()),
+            "{msg}"
+        );
+    }
+    let ok = store
+        .put(&PutRequest {
+            resource: &resource,
+            key: &key,
+            value: b"small",
+            token: lease.token,
+            owner_id: Some(&owner),
+            once: false,
+            node: "test",
+            job: None,
+            stage: "test",
+            operation_id: uuid::Uuid::new_v4(),
+        })
+        .await;
+    assert!(ok.is_ok(), "the store works after the refusal: {ok:?}");
 }

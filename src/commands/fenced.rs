@@ -41,18 +41,26 @@ pub async fn put(cli: &Cli, args: &PutArgs) -> Result<u8> {
         )));
     }
     let stage = Name::parse("stage", &args.stage).map_err(Error::Usage)?;
-    let value = match (&args.value, &args.file) {
-        (Some(v), _) => v.clone().into_bytes(),
-        (None, Some(f)) => std::fs::read(f)
-            .map_err(|e| Error::Usage(format!("cannot read --file {}: {e}", f.display())))?,
-        (None, None) => {
-            let mut buf = Vec::new();
-            std::io::stdin()
-                .read_to_end(&mut buf)
-                .map_err(|e| Error::Runtime(format!("cannot read the value from stdin: {e}")))?;
-            buf
-        }
+    let (value, from) = match (&args.value, &args.file) {
+        (Some(v), _) => (v.clone().into_bytes(), "--value".to_string()),
+        (None, Some(f)) => (
+            std::fs::File::open(f)
+                .and_then(read_capped)
+                .map_err(|e| Error::Usage(format!("cannot read --file {}: {e}", f.display())))?,
+            format!("--file {}", f.display()),
+        ),
+        (None, None) => (
+            read_capped(std::io::stdin().lock())
+                .map_err(|e| Error::Runtime(format!("cannot read the value from stdin: {e}")))?,
+            "stdin".to_string(),
+        ),
     };
+    if value.len() > fence::MAX_VALUE_BYTES {
+        return Err(Error::Usage(format!(
+            "the value from {from} is larger than {} bytes (8 MiB), the most fencecron stores under one key; keep large data elsewhere and put a reference to it (a path, a URL, a checksum) under the fence",
+            fence::MAX_VALUE_BYTES
+        )));
+    }
     let job = std::env::var("FENCECRON_JOB").ok();
     let store = ctx.store(&OpenOptions::default()).await?;
     let req = PutRequest {
@@ -99,6 +107,15 @@ pub async fn put(cli: &Cli, args: &PutArgs) -> Result<u8> {
             )))
         }
     }
+}
+
+/// Reads at most one byte more than [`fence::MAX_VALUE_BYTES`]: enough to
+/// tell that a value is too large without holding all of it in memory.
+fn read_capped(r: impl Read) -> std::io::Result<Vec<u8>> {
+    let mut buf = Vec::new();
+    r.take(fence::MAX_VALUE_BYTES as u64 + 1)
+        .read_to_end(&mut buf)?;
+    Ok(buf)
 }
 
 pub async fn get(cli: &Cli, args: &GetArgs) -> Result<u8> {

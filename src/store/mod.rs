@@ -333,6 +333,19 @@ pub enum StoreError {
         #[source]
         source: sqlx::migrate::MigrateError,
     },
+    /// The MySQL server refused a statement larger than its
+    /// `max_allowed_packet` (a large `put` value); `max` is the server's
+    /// setting when it could be read.
+    #[error(
+        "the MySQL server at {url} refused the value of {size} bytes: with the statement around it, it exceeds the server's max_allowed_packet{} ({detail}); raise max_allowed_packet on the server (SET GLOBAL max_allowed_packet = …, and in its config file) or store a smaller value",
+        max.map_or_else(String::new, |m| format!(" of {m} bytes"))
+    )]
+    PacketTooLarge {
+        url: String,
+        size: usize,
+        max: Option<u64>,
+        detail: String,
+    },
     /// The store answered something this version cannot interpret.
     #[error("the store at {url} returned unexpected data: {detail}")]
     Corrupt { url: String, detail: String },
