@@ -606,3 +606,128 @@ async fn mysql_value_over_max_allowed_packet_names_the_setting() {
         .await;
     assert!(ok.is_ok(), "the store works after the refusal: {ok:?}");
 }
+
+// ------------------------------------- item 6: SQLite files of others
+
+/// `fencecron ARGS --store sqlite://DB` in `dir`, with a time limit.
+fn sqlite_cmd(dir: &Path, db: &Path, args: &[&str]) -> Output {
+    let mut cmd = fencecron(dir);
+    cmd.args(args)
+        .arg("--store")
+        .arg(format!("sqlite://{}", db.display()));
+    common::daemon::run_cmd(&mut cmd, std::time::Duration::from_secs(60))
+}
+
+/// The bytes and modification time of a file, to show it was not touched.
+fn snapshot(p: &Path) -> (Vec<u8>, std::time::SystemTime) {
+    (
+        std::fs::read(p).unwrap(),
+        std::fs::metadata(p).unwrap().modified().unwrap(),
+    )
+}
+
+/// A SQLite store that another user could rewrite is refused, before
+/// anything is written to it: a database, `-wal` or migration lock file
+/// owned by another user (made with chown, so this part needs root and says
+/// SKIPPED otherwise), one writable by group or others, and a database in a
+/// world-writable directory (the issue's case: pre-created there by
+/// `nobody`). The daemon refuses at start. A private store still works.
+#[test]
+fn sqlite_files_another_user_could_rewrite_are_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let root = nix::unistd::geteuid().is_root();
+    let nobody = nix::unistd::User::from_name("nobody").ok().flatten();
+
+    let refused = |dir: &Path, db: &Path, culprit: &Path, why: &str| {
+        let files: Vec<&Path> = [db, culprit].into_iter().filter(|p| p.is_file()).collect();
+        let before: Vec<_> = files.iter().map(|p| snapshot(p)).collect();
+        for args in [&["lease", "list"][..], &["lease", "acquire", "r"]] {
+            let out = sqlite_cmd(dir, db, args);
+            assert_eq!(code(&out), EXIT_RUNTIME, "{args:?}: {}", describe(&out));
+            let err = stderr(&out);
+            assert!(
+                err.contains(&culprit.display().to_string()) && err.contains(why),
+                "{args:?}: the error names {} and why ({why}): {err}",
+                culprit.display()
+            );
+            assert_eq!(err.lines().count(), 1, "{err}");
+        }
+        let after: Vec<_> = files.iter().map(|p| snapshot(p)).collect();
+        assert!(before == after, "{files:?} untouched");
+    };
+    // A store made by fencecron itself, then tampered with.
+    let fresh = || {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let db = dir.path().join("fencecron.db");
+        let out = sqlite_cmd(dir.path(), &db, &["lease", "acquire", "r"]);
+        assert_eq!(code(&out), 0, "{}", describe(&out));
+        (dir, db)
+    };
+    let with_suffix = |db: &Path, s: &str| {
+        let mut p = db.as_os_str().to_os_string();
+        p.push(s);
+        std::path::PathBuf::from(p)
+    };
+
+    // Group- or world-writable files.
+    for (suffix, mode) in [("", 0o666), ("", 0o620), ("-wal", 0o666), ("-shm", 0o606)] {
+        let (dir, db) = fresh();
+        let f = with_suffix(&db, suffix);
+        if !f.exists() {
+            std::fs::write(&f, b"").unwrap();
+        }
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(mode)).unwrap();
+        refused(dir.path(), &db, &f, "writable by other users");
+    }
+
+    // A world-writable (sticky) directory: refused even for a database
+    // this user made, since others can plant its -wal there.
+    let (dir, db) = fresh();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
+    refused(dir.path(), &db, dir.path(), "writable by other users");
+
+    match (root, &nobody) {
+        (true, Some(nobody)) => {
+            let theirs = |p: &Path| {
+                std::os::unix::fs::chown(p, Some(nobody.uid.as_raw()), Some(nobody.gid.as_raw()))
+                    .unwrap()
+            };
+            for suffix in ["", "-wal", ".migrate-lock"] {
+                let (dir, db) = fresh();
+                let f = with_suffix(&db, suffix);
+                if !f.exists() {
+                    std::fs::write(&f, b"").unwrap();
+                }
+                theirs(&f);
+                refused(dir.path(), &db, &f, "is owned by nobody");
+            }
+
+            // The issue's case: `nobody` pre-created the database, mode
+            // 0600, in a world-writable directory; and the daemon.
+            let dir = tempfile::tempdir().expect("temp dir");
+            std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o1777))
+                .unwrap();
+            let db = dir.path().join("fencecron.db");
+            std::fs::write(&db, b"").unwrap();
+            theirs(&db);
+            refused(dir.path(), &db, dir.path(), "writable by other users");
+            std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+            refused(dir.path(), &db, &db, "is owned by nobody");
+            let config = dir.path().join("jobs.toml");
+            std::fs::write(&config, padded_config(100)).unwrap();
+            let config = config.display().to_string();
+            let out = sqlite_cmd(dir.path(), &db, &["run", "--config", &config]);
+            assert_eq!(code(&out), EXIT_RUNTIME, "{}", describe(&out));
+            assert!(stderr(&out).contains("is owned by nobody"), "{}", describe(&out));
+        }
+        _ => eprintln!(
+            "\n*** SKIPPED the other-owner part of sqlite_files_another_user_could_rewrite_are_refused: \
+             it needs root (to chown a file to `nobody`) and a `nobody` user ***\n"
+        ),
+    }
+
+    // A private store works.
+    let (dir, db) = fresh();
+    let out = sqlite_cmd(dir.path(), &db, &["lease", "list"]);
+    assert_eq!(code(&out), 0, "{}", describe(&out));
+}

@@ -346,6 +346,10 @@ pub enum StoreError {
         max: Option<u64>,
         detail: String,
     },
+    /// A SQLite database file (or its directory, `-wal`, `-shm` or lock
+    /// file) that another user could rewrite, rewinding its fences.
+    #[error("{detail}")]
+    Unprotected { detail: String },
     /// The store answered something this version cannot interpret.
     #[error("the store at {url} returned unexpected data: {detail}")]
     Corrupt { url: String, detail: String },
