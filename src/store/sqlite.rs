@@ -724,11 +724,11 @@ fn refuse_unprotected(
         "rewrite its leases and rewind fencing tokens"
     };
     if meta.uid() != nix::unistd::geteuid().as_raw() {
+        let owner = user_name(meta.uid());
         return Err(StoreError::Unprotected {
             detail: format!(
-                "the SQLite {what} {} is owned by {}, not by {me}, the user this fencecron runs as, so that user could {harm}; if it is your store, chown it to {me} (all fencecron instances on a host must run as one user), else move it away and let fencecron create its own",
+                "the SQLite {what} {} is owned by {owner}, not by {me}, the user this fencecron runs as, so {owner} could {harm}; if it is your store, run fencecron as {owner} (e.g. sudo -u {owner} fencecron …; all instances on a host must run as one user), else move it away and let fencecron create its own",
                 path.display(),
-                user_name(meta.uid()),
             ),
         });
     }
