@@ -731,3 +731,265 @@ fn sqlite_files_another_user_could_rewrite_are_refused() {
     let out = sqlite_cmd(dir.path(), &db, &["lease", "list"]);
     assert_eq!(code(&out), 0, "{}", describe(&out));
 }
+
+// ------------------------------------------------ item 7: the unit
+
+/// The unit file of the repository.
+fn unit_path() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("systemd/fencecron.service")
+}
+
+/// Whether a tool is on PATH; prints a visible SKIPPED line when not.
+fn have(tool: &str, test: &str) -> bool {
+    let found = Command::new("sh")
+        .args(["-c", &format!("command -v {tool}")])
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !found {
+        eprintln!("\n*** SKIPPED {test}: `{tool}` is not installed ***\n");
+    }
+    found
+}
+
+/// `systemd-analyze security` rates the unit at most 2.0 and `systemd-analyze
+/// verify` finds nothing to say about it (with ExecStart= pointed at the
+/// binary under test, since the unit names its installed path).
+#[test]
+fn systemd_unit_exposure_is_at_most_2_0_and_verify_is_clean() {
+    let test = "systemd_unit_exposure_is_at_most_2_0_and_verify_is_clean";
+    if !have("systemd-analyze", test) {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let unit = dir.path().join("fencecron.service");
+    let text = std::fs::read_to_string(unit_path()).expect("read the unit");
+    std::fs::write(
+        &unit,
+        text.replace(
+            "/usr/local/bin/fencecron",
+            &common::bin().display().to_string(),
+        ),
+    )
+    .unwrap();
+
+    let out = Command::new("systemd-analyze")
+        .arg("verify")
+        .arg(&unit)
+        .output()
+        .expect("systemd-analyze verify");
+    assert!(
+        out.status.success() && out.stdout.is_empty() && out.stderr.is_empty(),
+        "systemd-analyze verify: {}",
+        describe(&out)
+    );
+
+    let out = Command::new("systemd-analyze")
+        .args(["security", "--offline=yes", "--no-pager"])
+        .arg(&unit)
+        .output()
+        .expect("systemd-analyze security");
+    let text = stdout(&out);
+    let exposure: f64 = text
+        .lines()
+        .find_map(|l| l.split_once("Overall exposure level for fencecron.service: "))
+        .and_then(|(_, rest)| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no exposure level in: {}", describe(&out)));
+    eprintln!("systemd-analyze security: fencecron.service exposure {exposure}");
+    assert!(
+        exposure <= 2.0,
+        "the unit's exposure is {exposure}, above 2.0:\n{text}"
+    );
+}
+
+/// The system calls the unit's `SystemCallFilter=` lines allow, expanded
+/// with `systemd-analyze syscall-filter`: the first line is the allow list,
+/// later `~` lines take calls out of it, later plain lines add some back.
+fn unit_allowed_syscalls(unit: &str) -> std::collections::BTreeSet<String> {
+    use std::collections::{BTreeMap, BTreeSet};
+    let listing = Command::new("systemd-analyze")
+        .arg("syscall-filter")
+        .output()
+        .expect("systemd-analyze syscall-filter");
+    let mut groups: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut current = None;
+    for line in stdout(&listing).lines() {
+        let t = line.trim();
+        if line.starts_with('@') {
+            current = Some(t.to_string());
+            groups.insert(t.to_string(), Vec::new());
+        } else if let Some(g) = &current {
+            if !t.is_empty() && !t.starts_with('#') {
+                groups.get_mut(g).unwrap().push(t.to_string());
+            }
+        }
+    }
+    fn expand(name: &str, groups: &BTreeMap<String, Vec<String>>, out: &mut BTreeSet<String>) {
+        match groups.get(name) {
+            Some(members) => {
+                for m in members {
+                    expand(m, groups, out);
+                }
+            }
+            None if !name.starts_with('@') => {
+                out.insert(name.to_string());
+            }
+            None => panic!("unknown syscall group {name}"),
+        }
+    }
+    let mut allowed = BTreeSet::new();
+    let mut first = true;
+    for line in unit.lines() {
+        let Some(value) = line.trim().strip_prefix("SystemCallFilter=") else {
+            continue;
+        };
+        let (deny, names) = match value.strip_prefix('~') {
+            Some(rest) => (true, rest),
+            None => (false, value),
+        };
+        assert!(
+            !(first && deny),
+            "the unit's first SystemCallFilter= is an allow list"
+        );
+        first = false;
+        let mut set = BTreeSet::new();
+        for n in names.split_whitespace() {
+            expand(n, &groups, &mut set);
+        }
+        if deny {
+            allowed.retain(|s| !set.contains(s));
+        } else {
+            allowed.extend(set);
+        }
+    }
+    assert!(!allowed.is_empty(), "the unit has a SystemCallFilter=");
+    allowed
+}
+
+/// The daemon running `jobs.example.toml` (schedules sped up) makes, with
+/// all its jobs and their `fencecron put`, only system calls the unit's
+/// `SystemCallFilter=` allows: traced with `strace -f`, as an unprivileged
+/// user like the unit's (as root, SQLite would also fchown its -wal to the
+/// database's owner, which the unit's user never does). All three example
+/// jobs must finish with exit 0.
+#[test]
+fn unit_syscall_filter_allows_the_daemon_and_the_example_jobs() {
+    use std::io::BufRead;
+    use std::os::unix::process::CommandExt;
+    let test = "unit_syscall_filter_allows_the_daemon_and_the_example_jobs";
+    if !have("systemd-analyze", test) || !have("strace", test) {
+        return;
+    }
+    let allowed = unit_allowed_syscalls(&std::fs::read_to_string(unit_path()).unwrap());
+    let dir = tempfile::tempdir().expect("temp dir");
+    let d = dir.path();
+    let example =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("jobs.example.toml"))
+            .unwrap();
+    let config = example
+        .replace("\"*/10 * * * * *\"", "\"*/2 * * * * *\"")
+        .replace("schedule = \"0 * * * * *\"", "schedule = \"*/2 * * * * *\"")
+        .replace(
+            "schedule = \"0 */5 * * * *\"",
+            "schedule = \"*/2 * * * * *\"",
+        )
+        .replace(
+            "workdir = \"/tmp\"",
+            &format!("workdir = \"{}\"", d.display()),
+        )
+        .replace(
+            "/tmp/fencecron-reports",
+            &d.join("reports").display().to_string(),
+        );
+    assert_eq!(config.matches("*/2 * * * * *").count(), 3, "{config}");
+    std::fs::write(d.join("jobs.toml"), config).unwrap();
+
+    let trace = d.join("trace.txt");
+    let mut cmd = clean(Command::new("strace"), d);
+    cmd.args(["-f", "-qq", "-o"])
+        .arg(&trace)
+        .arg(common::bin())
+        .args(["run", "--config", "jobs.toml", "--log-format", "json"])
+        .env("STATE_DIRECTORY", d)
+        .env("RUNTIME_DIRECTORY", d)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .process_group(0);
+    if nix::unistd::geteuid().is_root() {
+        let Some(nobody) = nix::unistd::User::from_name("nobody").ok().flatten() else {
+            eprintln!("\n*** SKIPPED {test}: running as root and there is no `nobody` user ***\n");
+            return;
+        };
+        for entry in walk(d) {
+            std::os::unix::fs::chown(&entry, Some(nobody.uid.as_raw()), Some(nobody.gid.as_raw()))
+                .unwrap();
+        }
+        cmd.uid(nobody.uid.as_raw()).gid(nobody.gid.as_raw());
+    }
+    let mut child = cmd.spawn().expect("spawn strace");
+    let pgid = nix::unistd::Pid::from_raw(child.id() as i32);
+    let log = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut finished = std::collections::BTreeMap::new();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(90);
+    let mut lines = Vec::new();
+    for line in log.lines() {
+        let line = line.unwrap_or_default();
+        lines.push(line.clone());
+        if let Ok(e) = serde_json::from_str::<serde_json::Value>(&line) {
+            if e["event"] == "job_finished" {
+                finished.insert(e["job"].as_str().unwrap_or("").to_string(), e.clone());
+            }
+        }
+        if finished.len() == 3 || std::time::Instant::now() > deadline {
+            break;
+        }
+    }
+    let _ = nix::sys::signal::killpg(pgid, nix::sys::signal::Signal::SIGTERM);
+    let _ = child.wait();
+    assert_eq!(
+        finished.keys().collect::<Vec<_>>(),
+        ["counter", "heartbeat", "report"],
+        "every example job ran under strace:\n{}",
+        lines.join("\n")
+    );
+    for (job, e) in &finished {
+        assert_eq!(e["exit_code"], 0, "{job}: {e}");
+    }
+    let trace = std::fs::read_to_string(&trace).expect("strace output");
+    let mut used = std::collections::BTreeSet::new();
+    for line in trace.lines() {
+        // "PID name(args) = r", "PID <... name resumed>…"
+        let rest = line.split_once(' ').map_or("", |(_, r)| r.trim_start());
+        let rest = rest.strip_prefix("<... ").unwrap_or(rest);
+        let name: String = rest
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        if !name.is_empty() && rest[name.len()..].starts_with(['(', ' ']) {
+            used.insert(name);
+        }
+    }
+    let denied: Vec<&String> = used.iter().filter(|s| !allowed.contains(*s)).collect();
+    eprintln!("{} system calls used: {used:?}", used.len());
+    assert!(
+        denied.is_empty(),
+        "the unit's SystemCallFilter= would refuse {denied:?}, which the daemon or an example job uses"
+    );
+}
+
+/// `dir` and everything below it.
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut all = vec![dir.to_path_buf()];
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                all.extend(walk(&p));
+            } else {
+                all.push(p);
+            }
+        }
+    }
+    all
+}
