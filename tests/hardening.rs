@@ -237,6 +237,22 @@ fn unwritable_stdout_is_a_clean_exit_not_a_panic() {
             "{args:?}: {err}"
         );
     }
+    // Stderr a closed pipe: a logged event (a forged write's
+    // `stale_write_rejected`) and the error sentence are dropped, and the
+    // exit code is still the documented one.
+    let mut forged = fencecron(dir.path());
+    forged
+        .args(["--store", &store, "put", "k", "--resource", "seed"])
+        .args(["--owner-id", &owner, "--token", "99", "--value", "v"])
+        .stdout(Stdio::null())
+        .stderr(closed_pipe());
+    let status = forged.status().expect("run fencecron");
+    assert_eq!(
+        status.code(),
+        Some(3),
+        "forged put with stderr closed: {status:?}"
+    );
+
     // The leases whose owner id and token nobody could read were given back.
     let out = with_stdout(
         dir.path(),
