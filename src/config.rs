@@ -23,6 +23,15 @@ use crate::supervise::{LeaseTiming, TimingError, DEFAULT_LEASE};
 /// `$FENCECRON_CONFIG` names one.
 pub const DEFAULT_PATH: &str = "/etc/fencecron/jobs.toml";
 
+/// The largest config file read, in bytes. A real `jobs.toml` is small (a
+/// thousand jobs with commands, resources and env take about 170 KB), while
+/// parsing TOML with the spans every error message needs costs over a
+/// hundred times the file's size in memory (18.8 MB of TOML took 2.4 GB). A
+/// file named by mistake (a log, a dump, `/dev/zero`) must not exhaust the
+/// host, least of all on SIGHUP while the daemon runs jobs: 1 MiB leaves room
+/// for thousands of jobs and bounds the parse to a few hundred MB at worst.
+pub const MAX_CONFIG_BYTES: u64 = 1024 * 1024;
+
 /// The largest `store.max_connections` accepted.
 pub const MAX_STORE_CONNECTIONS: u32 = 64;
 
@@ -155,21 +164,47 @@ pub fn load_store_given(path: &Path) -> Result<Config, ConfigError> {
 }
 
 fn load_with(path: &Path, read_url_env: bool) -> Result<Config, ConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
-        path: path.to_path_buf(),
-        line: None,
-        column: None,
-        key: None,
-        message: format!(
-            "cannot read the config file ({e}); pass --config FILE or set FENCECRON_CONFIG"
-        ),
-    })?;
+    let text = read_text(path)?;
     Parser {
         path,
         text: &text,
         read_url_env,
     }
     .parse()
+}
+
+/// Reads the whole file as UTF-8, refusing one larger than
+/// [`MAX_CONFIG_BYTES`] without reading more than one byte beyond the limit
+/// (a FIFO or a device has no size to check first).
+fn read_text(path: &Path) -> Result<String, ConfigError> {
+    use std::io::Read;
+    let fail = |message: String| ConfigError {
+        path: path.to_path_buf(),
+        line: None,
+        column: None,
+        key: None,
+        message,
+    };
+    let cannot_read = |e: std::io::Error| {
+        fail(format!(
+            "cannot read the config file ({e}); pass --config FILE or set FENCECRON_CONFIG"
+        ))
+    };
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(MAX_CONFIG_BYTES + 1).read_to_end(&mut bytes))
+        .map_err(cannot_read)?;
+    if bytes.len() as u64 > MAX_CONFIG_BYTES {
+        return Err(fail(format!(
+            "the config file is larger than {MAX_CONFIG_BYTES} bytes (1 MiB), the most fencecron reads; check that --config names your jobs.toml (a real one is a few KB)"
+        )));
+    }
+    String::from_utf8(bytes).map_err(|e| {
+        cannot_read(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("it is not UTF-8: {e}"),
+        ))
+    })
 }
 
 /// Validates config text; `path` is only used in messages.
@@ -360,6 +395,23 @@ impl Parser<'_> {
 
     fn store(&self, s: &Spanned<RawStore>) -> Result<Option<StoreUrl>, ConfigError> {
         let raw = s.get_ref();
+        if let Some(url) = raw.url.as_ref().filter(|u| u.get_ref().contains('\0')) {
+            return Err(self.at(
+                url.span(),
+                "store.url",
+                "the URL contains a NUL byte; remove the \\u0000",
+            ));
+        }
+        if let Some(var) = &raw.url_env {
+            let name = var.get_ref();
+            if name.is_empty() || name.contains('=') || name.contains('\0') {
+                return Err(self.at(
+                    var.span(),
+                    "store.url_env",
+                    format!("{name:?} is not an environment variable name; give a non-empty name without `=` or NUL, such as FENCECRON_DATABASE_URL"),
+                ));
+            }
+        }
         match (&raw.url, &raw.url_env) {
             (Some(_), Some(env)) => Err(self.at(
                 env.span(),
@@ -451,7 +503,7 @@ impl Parser<'_> {
             return Err(self.at(
                 raw.command.span(),
                 key("command"),
-                format!("argument {arg:?} contains a NUL byte"),
+                format!("argument {arg:?} contains a NUL byte, which no argument can hold; remove the \\u0000"),
             ));
         }
 
@@ -480,10 +532,16 @@ impl Parser<'_> {
         if let Some(e) = &raw.env {
             for (k, v) in e.get_ref() {
                 if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
+                    // A key with a NUL or newline is shown escaped.
+                    let shown = if k.chars().any(char::is_control) {
+                        format!("{k:?}")
+                    } else {
+                        k.clone()
+                    };
                     return Err(self.at(
                         e.span(),
-                        key(&format!("env.{k}")),
-                        "environment variable names must be non-empty without `=` or NUL, values without NUL",
+                        key(&format!("env.{shown}")),
+                        "environment variable names must be non-empty without `=` or NUL, and values without NUL; rename the variable or remove the \\u0000",
                     ));
                 }
                 if k.starts_with("FENCECRON_") {
@@ -503,6 +561,13 @@ impl Parser<'_> {
                     w.span(),
                     key("workdir"),
                     "workdir is empty; remove it or give a directory",
+                ))
+            }
+            Some(w) if w.get_ref().contains('\0') => {
+                return Err(self.at(
+                    w.span(),
+                    key("workdir"),
+                    "workdir contains a NUL byte, which no path can hold; remove the \\u0000",
                 ))
             }
             Some(w) => Some(PathBuf::from(w.get_ref())),

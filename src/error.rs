@@ -6,6 +6,8 @@
 use crate::config::ConfigError;
 use crate::store::StoreError;
 
+/// Exit code: success; also a command whose stdout reader went away.
+pub const EXIT_OK: u8 = 0;
 /// Exit code: runtime failure (store unreachable, I/O).
 pub const EXIT_RUNTIME: u8 = 1;
 /// Exit code: usage or configuration error.
@@ -42,6 +44,9 @@ pub enum Error {
     /// Local I/O or process failure.
     #[error("{0}")]
     Runtime(String),
+    /// Stdout could not be written (see [`crate::output`]).
+    #[error("cannot write the output to stdout ({0}); check where stdout goes, e.g. a full disk")]
+    Output(std::io::Error),
 }
 
 impl Error {
@@ -52,7 +57,16 @@ impl Error {
             Error::Store(_) | Error::Missing(_) | Error::Runtime(_) => EXIT_RUNTIME,
             Error::NotOwner(_) | Error::Stale(_) => EXIT_STALE,
             Error::Held(_) => EXIT_HELD,
+            Error::Output(_) if self.is_closed_pipe() => EXIT_OK,
+            Error::Output(_) => EXIT_RUNTIME,
         }
+    }
+
+    /// Whether this is stdout's reader having gone away (`… | head`): the
+    /// reader stopped on purpose, so the command ends quietly with
+    /// [`EXIT_OK`] and prints nothing (see [`crate::output`]).
+    pub fn is_closed_pipe(&self) -> bool {
+        matches!(self, Error::Output(e) if e.kind() == std::io::ErrorKind::BrokenPipe)
     }
 }
 

@@ -25,6 +25,9 @@ pub fn init(format: LogFormat) {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        // A log line that cannot be written (stderr a closed pipe) is
+        // dropped; the fallback would `eprintln!`, which panics then.
+        .log_internal_errors(false)
         .with_target(false);
     let _ = match format {
         LogFormat::Json => builder

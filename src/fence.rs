@@ -15,6 +15,16 @@ use crate::store::{
     Lease, NewStaleRecord, PutOutcome, PutRequest, StaleKind, StaleRecord, Store, StoreError, Token,
 };
 
+/// The largest value `fencecron put` stores under one key: 8 MiB. A fenced
+/// value is a result, a marker or a reference, not bulk data, and this is a
+/// size every supported server takes with its default settings (MariaDB's
+/// `max_allowed_packet` is 16 MiB, MySQL 8's 64 MiB; PostgreSQL and SQLite
+/// take about 1 GB), so a value that fits works on every backend. It also
+/// bounds the memory `put` needs, since the value is read whole before it
+/// is sent. A MySQL server configured below that still refuses with an
+/// error naming `max_allowed_packet`.
+pub const MAX_VALUE_BYTES: usize = 8 * 1024 * 1024;
+
 /// Sends a fenced write; a rejection is logged as `stale_write_rejected`.
 pub async fn put(store: &dyn Store, req: &PutRequest<'_>) -> Result<PutOutcome, StoreError> {
     let outcome = store.put(req).await?;

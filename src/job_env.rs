@@ -191,14 +191,15 @@ impl Credentials {
             add(p);
             has_password = true;
         }
-        // `?password=…` (and the like, e.g. `sslpassword`), as written and
-        // decoded.
+        // `?password=…` and every other spelling of a secret parameter
+        // (`PASSWORD`, `pwd`, `sslpassword`, …), as written and decoded.
         for pair in url.query().unwrap_or("").split('&') {
             if let Some((k, v)) = pair.split_once('=') {
-                if k.to_ascii_lowercase().contains("password") && !v.is_empty() {
+                let name = String::from_utf8_lossy(&percent_decode(k)).into_owned();
+                if crate::store::is_secret_param(&name) && !v.is_empty() {
                     add(v);
                     add(&v.replace('+', " "));
-                    has_password |= k.eq_ignore_ascii_case("password");
+                    has_password |= name.eq_ignore_ascii_case("password");
                 }
             }
         }

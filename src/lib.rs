@@ -6,6 +6,10 @@
 //! the job before it can no longer prove ownership. See `ARCHITECTURE.md`
 //! for the module map and the invariants each module owns.
 
+// Stdout is written only through `output::Out`, whose errors are values, not
+// panics (a closed pipe, a full disk).
+#![deny(clippy::print_stdout, clippy::print_stderr)]
+
 pub mod cli;
 pub mod commands;
 pub mod config;
@@ -15,6 +19,7 @@ pub mod events;
 pub mod fence;
 pub mod job_env;
 pub mod names;
+pub mod output;
 pub mod runs;
 pub mod schedule;
 pub mod shim;

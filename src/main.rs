@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use fencecron::cli::Cli;
-use fencecron::{commands, events};
+use fencecron::{commands, events, output};
 
 fn main() -> ExitCode {
     // The run watchdog is this binary too; it must start with no runtime,
@@ -23,14 +23,16 @@ fn main() -> ExitCode {
     {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("fencecron: cannot start the async runtime: {e}");
+            output::error_line(format_args!("cannot start the async runtime: {e}"));
             return ExitCode::from(fencecron::error::EXIT_RUNTIME);
         }
     };
     match runtime.block_on(commands::dispatch(cli)) {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
-            eprintln!("fencecron: {e}");
+            if !e.is_closed_pipe() {
+                output::error_line(&e);
+            }
             ExitCode::from(e.exit_code())
         }
     }

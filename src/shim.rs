@@ -155,7 +155,9 @@ pub fn main(args: Vec<OsString>) -> ! {
             libc::fstat(fd, &mut st) == 0 && (st.st_mode & libc::S_IFMT) == libc::S_IFIFO
         };
         if !is_pipe {
-            eprintln!("fencecron __shim: internal use only (descriptors 3 and 4 must be pipes)");
+            crate::output::error_line(
+                "__shim is for internal use only (descriptors 3 and 4 must be pipes)",
+            );
             std::process::exit(127);
         }
     }

@@ -186,8 +186,17 @@ fn text_fields(out: &Output) -> HashMap<String, String> {
     stdout(out)
         .lines()
         .filter_map(|l| l.split_once('='))
-        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .map(|(k, v)| (k.to_string(), shell_unquote(v)))
         .collect()
+}
+
+/// A value printed for `eval` (`'…'`, with `'` as `'\''`), unquoted.
+fn shell_unquote(v: &str) -> String {
+    let inner = v
+        .strip_prefix('\'')
+        .and_then(|v| v.strip_suffix('\''))
+        .unwrap_or_else(|| panic!("{v:?} is not single-quoted for eval"));
+    inner.replace("'\\''", "'")
 }
 
 /// A store URL of the backend's kind that cannot be opened: any command

@@ -45,6 +45,7 @@ use uuid::Uuid;
 use crate::cli::{BenchArgs, Cli};
 use crate::error::{Error, Result};
 use crate::names::Name;
+use crate::output::{self, Out};
 use crate::store::{
     AcquireOutcome, AcquireRequest, OpenOptions, PutOutcome, PutRequest, RawOp, ReleaseOutcome,
     RenewOutcome, Store, StoreError, Token, MAX_LEASE, MIN_LEASE,
@@ -105,14 +106,16 @@ pub async fn run(cli: &Cli, args: &BenchArgs) -> Result<u8> {
     );
     let mut signals = Signals::new([SIGINT, SIGTERM])
         .map_err(|e| Error::Runtime(format!("cannot install signal handlers: {e}")))?;
-    println!(
+    let mut out = Out::stdout();
+    writeln!(
+        out,
         "fencecron bench: store {} ({}), {} client(s), {} resource(s), {} per operation",
         ctx.store_url,
         store.backend(),
         args.clients,
         args.resources,
         humantime::format_duration(args.duration.0)
-    );
+    )?;
     let result = tokio::select! {
         r = measure(&store, &prefix, args) => Some(r),
         _ = signals.next() => None,
@@ -125,12 +128,12 @@ pub async fn run(cli: &Cli, args: &BenchArgs) -> Result<u8> {
     let cleaned = store.purge_prefix(&prefix).await;
     let Some(result) = result else {
         cleaned?;
-        eprintln!("fencecron bench: interrupted; its rows were removed");
+        output::error_line("bench: interrupted; its rows were removed");
         return Ok(130);
     };
     let report = result?;
     cleaned?;
-    print_report(&report);
+    print_report(&mut out, &report)?;
     Ok(0)
 }
 
@@ -426,8 +429,9 @@ fn stats(per_client: &[Samples], path: Path) -> Option<Stats> {
     })
 }
 
-fn print_report(report: &[(&'static str, Vec<Samples>)]) {
-    println!(
+fn print_report(out: &mut Out, report: &[(&'static str, Vec<Samples>)]) -> Result<()> {
+    writeln!(
+        out,
         "{:<16} {:>8} {:>5} {:>11} {:>11} {:>10} {:>11} {:>11} {:>11} {:>9} {:>9}",
         "operation",
         "n",
@@ -440,7 +444,7 @@ fn print_report(report: &[(&'static str, Vec<Samples>)]) {
         "ping_med_us",
         "vs_raw",
         "vs_ping"
-    );
+    )?;
     let mut odd_total = 0;
     for (label, per_client) in report {
         let (Some(f), Some(r), Some(p)) = (
@@ -448,12 +452,13 @@ fn print_report(report: &[(&'static str, Vec<Samples>)]) {
             stats(per_client, Path::Raw),
             stats(per_client, Path::Ping),
         ) else {
-            println!("{label:<16} (no complete samples)");
+            writeln!(out, "{label:<16} (no complete samples)")?;
             continue;
         };
         odd_total += f.odd + r.odd;
         let ratio = |a: Duration, b: Duration| a.as_secs_f64() / b.as_secs_f64().max(1e-9);
-        println!(
+        writeln!(
+            out,
             "{:<16} {:>8} {:>5} {:>11.1} {:>11.1} {:>10.0} {:>11.1} {:>11.1} {:>11.1} {:>8.2}x {:>8.2}x",
             label,
             f.n,
@@ -466,18 +471,27 @@ fn print_report(report: &[(&'static str, Vec<Samples>)]) {
             us(p.median),
             ratio(f.median, r.median),
             ratio(f.median, p.median),
-        );
+        )?;
     }
-    println!(
+    writeln!(
+        out,
         "vs_raw: fencecron median / the same SQL sent raw through the same pool (target <= 1.30x)"
-    );
-    println!("vs_ping: fencecron median / a bare SELECT 1 round trip, measured interleaved");
-    println!("ops/s: per client, calls / time spent in them on this path, summed over clients");
+    )?;
+    writeln!(
+        out,
+        "vs_ping: fencecron median / a bare SELECT 1 round trip, measured interleaved"
+    )?;
+    writeln!(
+        out,
+        "ops/s: per client, calls / time spent in them on this path, summed over clients"
+    )?;
     if odd_total > 0 {
-        println!(
+        writeln!(
+            out,
             "odd: {odd_total} call(s) did not have the measured outcome (e.g. a `held` acquire that won) and were left out"
-        );
+        )?;
     }
+    Ok(())
 }
 
 fn us(d: Duration) -> f64 {

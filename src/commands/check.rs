@@ -5,6 +5,7 @@ use chrono::Utc;
 
 use crate::cli::Cli;
 use crate::error::Result;
+use crate::output::Out;
 use crate::store::rfc3339;
 
 use super::Context;
@@ -14,15 +15,18 @@ pub fn run(cli: &Cli) -> Result<u8> {
     let Some(config) = ctx.config else {
         return Ok(0);
     };
-    println!(
+    let mut out = Out::stdout();
+    writeln!(
+        out,
         "{}: ok, {} job(s), store {}",
         config.path.display(),
         config.jobs.len(),
         ctx.store_url
-    );
+    )?;
     let now = Utc::now();
     for job in &config.jobs {
-        println!(
+        writeln!(
+            out,
             "job {} (resource {}, schedule \"{}\" in {}, lease {}, renew every {}, kill grace {})",
             job.name,
             job.resource,
@@ -31,9 +35,9 @@ pub fn run(cli: &Cli) -> Result<u8> {
             humantime::format_duration(job.timing.lease),
             humantime::format_duration(job.timing.renew_every),
             humantime::format_duration(job.timing.kill_grace),
-        );
+        )?;
         for at in job.schedule.upcoming(now, 3) {
-            println!("  next: {}", rfc3339(at));
+            writeln!(out, "  next: {}", rfc3339(at))?;
         }
     }
     Ok(0)

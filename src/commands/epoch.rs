@@ -8,6 +8,7 @@
 use crate::cli::{Cli, EpochAction, EpochArgs};
 use crate::error::Result;
 use crate::events;
+use crate::output::{self, Out};
 use crate::store::{EpochInfo, OpenOptions};
 
 use super::{print_json, Context};
@@ -26,21 +27,23 @@ pub async fn run(cli: &Cli, args: &EpochArgs) -> Result<u8> {
     if args.json {
         print_json(&info)?;
     } else {
-        print_text(&info);
+        print_text(&info)?;
     }
     Ok(0)
 }
 
-/// `key=value` lines, like `lease acquire`.
-fn print_text(info: &EpochInfo) {
-    println!("epoch={}", info.effective);
-    println!("stored_epoch={}", info.stored);
+/// `key='value'` lines, like `lease acquire` (`eval`-able).
+fn print_text(info: &EpochInfo) -> Result<()> {
+    let mut out = Out::stdout();
+    output::assignment(&mut out, "epoch", info.effective)?;
+    output::assignment(&mut out, "stored_epoch", info.stored)?;
     if let Some(tl) = info.timeline {
-        println!("timeline={tl}");
+        output::assignment(&mut out, "timeline", tl)?;
     }
-    println!("lowest_token={}", info.lowest_token);
-    match info.highest_token {
-        Some(t) => println!("highest_token={t}"),
-        None => println!("highest_token="),
-    }
+    output::assignment(&mut out, "lowest_token", info.lowest_token)?;
+    let highest = info
+        .highest_token
+        .map(|t| t.to_string())
+        .unwrap_or_default();
+    output::assignment(&mut out, "highest_token", highest)
 }

@@ -9,6 +9,7 @@ use crate::cli::{Cli, GetArgs, PutArgs, StaleArgs};
 use crate::error::{Error, Result};
 use crate::fence;
 use crate::names::Name;
+use crate::output::Out;
 use crate::store::{OpenOptions, PutOutcome, PutRequest, StoreTime};
 
 use super::{print_json, Context};
@@ -40,18 +41,26 @@ pub async fn put(cli: &Cli, args: &PutArgs) -> Result<u8> {
         )));
     }
     let stage = Name::parse("stage", &args.stage).map_err(Error::Usage)?;
-    let value = match (&args.value, &args.file) {
-        (Some(v), _) => v.clone().into_bytes(),
-        (None, Some(f)) => std::fs::read(f)
-            .map_err(|e| Error::Usage(format!("cannot read --file {}: {e}", f.display())))?,
-        (None, None) => {
-            let mut buf = Vec::new();
-            std::io::stdin()
-                .read_to_end(&mut buf)
-                .map_err(|e| Error::Runtime(format!("cannot read the value from stdin: {e}")))?;
-            buf
-        }
+    let (value, from) = match (&args.value, &args.file) {
+        (Some(v), _) => (v.clone().into_bytes(), "--value".to_string()),
+        (None, Some(f)) => (
+            std::fs::File::open(f)
+                .and_then(read_capped)
+                .map_err(|e| Error::Usage(format!("cannot read --file {}: {e}", f.display())))?,
+            format!("--file {}", f.display()),
+        ),
+        (None, None) => (
+            read_capped(std::io::stdin().lock())
+                .map_err(|e| Error::Runtime(format!("cannot read the value from stdin: {e}")))?,
+            "stdin".to_string(),
+        ),
     };
+    if value.len() > fence::MAX_VALUE_BYTES {
+        return Err(Error::Usage(format!(
+            "the value from {from} is larger than {} bytes (8 MiB), the most fencecron stores under one key; keep large data elsewhere and put a reference to it (a path, a URL, a checksum) under the fence",
+            fence::MAX_VALUE_BYTES
+        )));
+    }
     let job = std::env::var("FENCECRON_JOB").ok();
     let store = ctx.store(&OpenOptions::default()).await?;
     let req = PutRequest {
@@ -68,11 +77,17 @@ pub async fn put(cli: &Cli, args: &PutArgs) -> Result<u8> {
     };
     match fence::put(store.as_ref(), &req).await? {
         PutOutcome::Accepted { written_at } => {
-            println!("accepted: {resource}/{key} token={token} written_at={written_at}");
+            writeln!(
+                Out::stdout(),
+                "accepted: {resource}/{key} token={token} written_at={written_at}"
+            )?;
             Ok(0)
         }
         PutOutcome::AlreadyApplied => {
-            println!("already applied: {resource}/{key} token={token}; nothing changed");
+            writeln!(
+                Out::stdout(),
+                "already applied: {resource}/{key} token={token}; nothing changed"
+            )?;
             Ok(0)
         }
         PutOutcome::Rejected(rec) => {
@@ -92,6 +107,15 @@ pub async fn put(cli: &Cli, args: &PutArgs) -> Result<u8> {
             )))
         }
     }
+}
+
+/// Reads at most one byte more than [`fence::MAX_VALUE_BYTES`]: enough to
+/// tell that a value is too large without holding all of it in memory.
+fn read_capped(r: impl Read) -> std::io::Result<Vec<u8>> {
+    let mut buf = Vec::new();
+    r.take(fence::MAX_VALUE_BYTES as u64 + 1)
+        .read_to_end(&mut buf)?;
+    Ok(buf)
 }
 
 pub async fn get(cli: &Cli, args: &GetArgs) -> Result<u8> {
@@ -121,11 +145,9 @@ pub async fn get(cli: &Cli, args: &GetArgs) -> Result<u8> {
         }
         print_json(&obj)?;
     } else {
-        use std::io::Write;
-        let mut out = std::io::stdout().lock();
-        out.write_all(&v.value)
-            .and_then(|_| out.flush())
-            .map_err(|e| Error::Runtime(format!("cannot write the value to stdout: {e}")))?;
+        let mut out = Out::stdout();
+        out.write_all(&v.value)?;
+        out.flush()?;
     }
     Ok(0)
 }
@@ -144,12 +166,15 @@ pub async fn stale(cli: &Cli, args: &StaleArgs) -> Result<u8> {
     if args.json {
         print_json(&records)?;
     } else {
-        println!(
+        let mut out = Out::stdout();
+        writeln!(
+            out,
             "{:<24} {:<16} {:<18} {:<24} {:<16} {:>6} {:>8} {:<16} STAGE",
             "AT", "KIND", "REASON", "RESOURCE", "KEY", "TOKEN", "ACCEPTED", "NODE"
-        );
+        )?;
         for r in records {
-            println!(
+            writeln!(
+                out,
                 "{:<24} {:<16} {:<18} {:<24} {:<16} {:>6} {:>8} {:<16} {}",
                 r.at.to_string(),
                 r.kind.as_str(),
@@ -161,7 +186,7 @@ pub async fn stale(cli: &Cli, args: &StaleArgs) -> Result<u8> {
                     .map_or_else(|| "-".to_string(), |t| t.to_string()),
                 r.node,
                 r.stage
-            );
+            )?;
         }
     }
     Ok(0)

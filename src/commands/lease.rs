@@ -6,8 +6,9 @@ use crate::cli::{Cli, LeaseCommand};
 use crate::error::{Error, Result};
 use crate::fence;
 use crate::names::Name;
+use crate::output::{self, Out};
 use crate::store::{
-    AcquireOutcome, AcquireRequest, OpenOptions, ReleaseOutcome, RenewOutcome, StoreTime,
+    AcquireOutcome, AcquireRequest, Lease, OpenOptions, ReleaseOutcome, RenewOutcome, StoreTime,
 };
 use crate::supervise::DEFAULT_LEASE;
 
@@ -35,19 +36,20 @@ pub async fn run(cli: &Cli, cmd: &LeaseCommand) -> Result<u8> {
             match outcome {
                 AcquireOutcome::Acquired(l) => {
                     let recording = fence::taken_over(&store, None, &l, &ctx.node);
-                    if *json {
-                        print_json(&l)?;
+                    let printed = if *json {
+                        print_json(&l)
                     } else {
-                        println!("resource={}", l.resource);
-                        println!("owner_id={}", l.owner_id);
-                        println!("token={}", l.token);
-                        println!("expires_at={}", l.expires_at);
-                        if let Some(prev) = &l.taken_over {
-                            println!("previous_owner_id={}", prev.owner_id);
-                            println!("previous_node={}", prev.node);
-                            println!("previous_token={}", prev.token);
-                            println!("previous_expired_at={}", prev.expired_at);
-                        }
+                        print_lease(&l)
+                    };
+                    if let Err(e) = printed {
+                        // Nobody learned the owner id and token, so nobody
+                        // could use or release this lease: give it back
+                        // rather than block the resource until it expires.
+                        let _ = store
+                            .release(&resource, &l.owner_id.to_string(), l.token)
+                            .await;
+                        fence::finish_recording(recording, &l.resource, RECORD_WAIT).await;
+                        return Err(e);
                     }
                     fence::finish_recording(recording, &l.resource, RECORD_WAIT).await;
                     Ok(0)
@@ -75,7 +77,7 @@ pub async fn run(cli: &Cli, cmd: &LeaseCommand) -> Result<u8> {
                             "expires_at": expires_at,
                         }))?;
                     } else {
-                        println!("expires_at={expires_at}");
+                        output::assignment(&mut Out::stdout(), "expires_at", expires_at)?;
                     }
                     Ok(0)
                 }
@@ -104,12 +106,15 @@ pub async fn run(cli: &Cli, cmd: &LeaseCommand) -> Result<u8> {
             if *json {
                 print_json(&leases)?;
             } else {
-                println!(
+                let mut out = Out::stdout();
+                writeln!(
+                    out,
                     "{:<32} {:>8} {:<5} {:<24} {:<36} NODE",
                     "RESOURCE", "TOKEN", "HELD", "EXPIRES_AT", "OWNER_ID"
-                );
+                )?;
                 for l in leases {
-                    println!(
+                    writeln!(
+                        out,
                         "{:<32} {:>8} {:<5} {:<24} {:<36} {}",
                         l.resource,
                         l.token,
@@ -117,12 +122,30 @@ pub async fn run(cli: &Cli, cmd: &LeaseCommand) -> Result<u8> {
                         l.expires_at.to_string(),
                         l.owner_id,
                         l.node
-                    );
+                    )?;
                 }
             }
             Ok(0)
         }
     }
+}
+
+/// `lease acquire`'s text output: one `key='value'` line per field, quoted
+/// for the documented `eval "$(fencecron lease acquire …)"`, so a resource
+/// named `x$(touch pwned)` sets `$resource` to exactly that and runs nothing.
+fn print_lease(l: &Lease) -> Result<()> {
+    let mut out = Out::stdout();
+    output::assignment(&mut out, "resource", &l.resource)?;
+    output::assignment(&mut out, "owner_id", l.owner_id)?;
+    output::assignment(&mut out, "token", l.token)?;
+    output::assignment(&mut out, "expires_at", l.expires_at)?;
+    if let Some(prev) = &l.taken_over {
+        output::assignment(&mut out, "previous_owner_id", &prev.owner_id)?;
+        output::assignment(&mut out, "previous_node", &prev.node)?;
+        output::assignment(&mut out, "previous_token", prev.token)?;
+        output::assignment(&mut out, "previous_expired_at", prev.expired_at)?;
+    }
+    Ok(())
 }
 
 /// The lease length from a flag, checked before the store is touched.

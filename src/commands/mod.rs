@@ -16,6 +16,7 @@ use crate::config::{self, Config};
 use crate::error::{Error, Result};
 use crate::events;
 use crate::job_env::{self, ChildEnv, JobStore};
+use crate::output::Out;
 use crate::store::{self, OpenOptions, Store, StoreUrl};
 
 /// How long a command that is about to exit waits for a stale-owner record
@@ -207,6 +208,5 @@ pub async fn dispatch(cli: Cli) -> Result<u8> {
 pub(crate) fn print_json<T: serde::Serialize>(v: &T) -> Result<()> {
     let s =
         serde_json::to_string(v).map_err(|e| Error::Runtime(format!("cannot encode JSON: {e}")))?;
-    println!("{s}");
-    Ok(())
+    writeln!(Out::stdout(), "{s}")
 }

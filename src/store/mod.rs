@@ -152,8 +152,23 @@ impl StoreUrl {
             ));
         };
         if backend != Backend::Sqlite {
-            url::Url::parse(raw)
+            let u = url::Url::parse(raw)
                 .map_err(|e| format!("store URL `{}` is not a valid URL: {e}", redact(raw)))?;
+            // sqlx's PostgreSQL driver reads only `password` (names are
+            // case-sensitive) and logs any parameter it does not know *with
+            // its value* at WARN: `?PASSWORD=…` would be ignored and could
+            // reach a log with `FENCECRON_LOG=debug`.
+            if backend == Backend::Postgres {
+                if let Some((k, _)) = u
+                    .query_pairs()
+                    .find(|(k, _)| is_secret_param(k) && k != "password")
+                {
+                    return Err(format!(
+                        "store URL `{}` has the query parameter `{k}`, which the PostgreSQL driver does not read (parameter names are case-sensitive), so the password would be ignored; write `password=` in lower case or put the password in the URL as postgres://USER:PASSWORD@HOST/DB",
+                        redact(raw)
+                    ));
+                }
+            }
         } else if raw
             .trim_start_matches("sqlite:")
             .trim_start_matches("//")
@@ -244,12 +259,30 @@ impl fmt::Debug for StoreUrl {
     }
 }
 
-/// Replaces the password of a URL (and any `password=` query parameter) with
-/// `***`, for every message and log line that mentions a store.
+/// Whether a URL query parameter holds a secret, however it is spelled:
+/// its name, lower-cased and without `-` and `_`, contains `pass`, `pwd`,
+/// `secret` or `token`. That covers `password` (the one sqlx's PostgreSQL
+/// driver reads; its MySQL driver reads none), `PASSWORD`, `Password`,
+/// `pass`, `passwd`, `pwd`, `sslpassword` (libpq), and does not hide the
+/// paths in `sslkey`/`sslcert`/`sslrootcert`.
+pub fn is_secret_param(name: &str) -> bool {
+    let name: String = name
+        .chars()
+        .filter(|c| *c != '-' && *c != '_')
+        .flat_map(char::to_lowercase)
+        .collect();
+    ["pass", "pwd", "secret", "token"]
+        .iter()
+        .any(|s| name.contains(s))
+}
+
+/// Replaces the password of a URL and the value of every query parameter
+/// that holds a secret ([`is_secret_param`]) with `***`, for every message
+/// and log line that mentions a store.
 pub fn redact(raw: &str) -> String {
     match url::Url::parse(raw) {
         Ok(mut u)
-            if u.password().is_some() || u.query().is_some_and(|q| q.contains("password")) =>
+            if u.password().is_some() || u.query_pairs().any(|(k, _)| is_secret_param(&k)) =>
         {
             if u.password().is_some() {
                 let _ = u.set_password(Some("***"));
@@ -258,7 +291,7 @@ pub fn redact(raw: &str) -> String {
                 let pairs: Vec<(String, String)> = u
                     .query_pairs()
                     .map(|(k, v)| {
-                        let v = if k.eq_ignore_ascii_case("password") {
+                        let v = if is_secret_param(&k) {
                             "***".to_string()
                         } else {
                             v.into_owned()
@@ -271,17 +304,38 @@ pub fn redact(raw: &str) -> String {
             u.to_string()
         }
         Ok(_) => raw.to_string(),
-        // Not parseable as a URL: still hide anything between `:` and `@`.
-        Err(_) => match (raw.find("://"), raw.rfind('@')) {
-            (Some(s), Some(at)) if at > s => {
-                let userinfo = &raw[s + 3..at];
-                match userinfo.find(':') {
-                    Some(c) => format!("{}{}:***{}", &raw[..s + 3], &userinfo[..c], &raw[at..]),
-                    None => raw.to_string(),
+        // Not parseable as a URL: still hide anything between `:` and `@`
+        // and the values of secret query parameters.
+        Err(_) => {
+            let (head, query) = match raw.split_once('?') {
+                Some((h, q)) => (h, Some(q)),
+                None => (raw, None),
+            };
+            let mut out = match (head.find("://"), head.rfind('@')) {
+                (Some(s), Some(at)) if at > s => {
+                    let userinfo = &head[s + 3..at];
+                    match userinfo.find(':') {
+                        Some(c) => {
+                            format!("{}{}:***{}", &head[..s + 3], &userinfo[..c], &head[at..])
+                        }
+                        None => head.to_string(),
+                    }
                 }
+                _ => head.to_string(),
+            };
+            if let Some(q) = query {
+                let pairs: Vec<String> = q
+                    .split('&')
+                    .map(|pair| match pair.split_once('=') {
+                        Some((k, _)) if is_secret_param(k) => format!("{k}=***"),
+                        _ => pair.to_string(),
+                    })
+                    .collect();
+                out.push('?');
+                out.push_str(&pairs.join("&"));
             }
-            _ => raw.to_string(),
-        },
+            out
+        }
     }
 }
 
@@ -308,6 +362,23 @@ pub enum StoreError {
         #[source]
         source: sqlx::migrate::MigrateError,
     },
+    /// The MySQL server refused a statement larger than its
+    /// `max_allowed_packet` (a large `put` value); `max` is the server's
+    /// setting when it could be read.
+    #[error(
+        "the MySQL server at {url} refused the value of {size} bytes: with the statement around it, it exceeds the server's max_allowed_packet{} ({detail}); raise max_allowed_packet on the server (SET GLOBAL max_allowed_packet = …, and in its config file) or store a smaller value",
+        max.map_or_else(String::new, |m| format!(" of {m} bytes"))
+    )]
+    PacketTooLarge {
+        url: String,
+        size: usize,
+        max: Option<u64>,
+        detail: String,
+    },
+    /// A SQLite database file (or its directory, `-wal`, `-shm` or lock
+    /// file) that another user could rewrite, rewinding its fences.
+    #[error("{detail}")]
+    Unprotected { detail: String },
     /// The store answered something this version cannot interpret.
     #[error("the store at {url} returned unexpected data: {detail}")]
     Corrupt { url: String, detail: String },
@@ -1023,6 +1094,47 @@ mod tests {
         );
         assert!(!redact("postgres://db/x?password=hunter2&sslmode=require").contains("hunter2"));
         assert!(!redact("postgres://u:p@ss@db/x").contains("p@ss"));
+    }
+
+    #[test]
+    fn redacts_every_spelling_of_a_password_parameter() {
+        for key in [
+            "password",
+            "PASSWORD",
+            "Password",
+            "pass",
+            "PASS",
+            "passwd",
+            "pwd",
+            "PWD",
+            "sslpassword",
+            "ssl-password",
+            "PASS%57ORD",
+            "secret",
+            "auth_token",
+        ] {
+            for url in [
+                format!("postgres://u@db/x?sslmode=require&{key}=hunter2&a=b"),
+                format!("mysql://u@db/x?{key}=hunter2"),
+                // Not a URL the url crate accepts: the fallback redacts too.
+                format!("postgres://u:hunter2@[db/x?{key}=hunter2"),
+            ] {
+                let r = redact(&url);
+                assert!(!r.contains("hunter2"), "{url} -> {r}");
+                assert!(r.contains("***"), "{url} -> {r}");
+            }
+        }
+        let r = redact("postgres://u@db/x?sslkey=/etc/k.pem&sslmode=require");
+        assert!(r.contains("/etc/k.pem") && r.contains("require"), "{r}");
+    }
+
+    #[test]
+    fn postgres_password_parameters_the_driver_ignores_are_refused() {
+        let e = StoreUrl::parse("postgres://u@db/x?PASSWORD=hunter2").unwrap_err();
+        assert!(e.contains("`PASSWORD`") && !e.contains("hunter2"), "{e}");
+        assert!(StoreUrl::parse("postgres://u@db/x?pwd=hunter2").is_err());
+        assert!(StoreUrl::parse("postgres://u@db/x?password=hunter2").is_ok());
+        assert!(StoreUrl::parse("postgres://u@db/x?sslmode=require").is_ok());
     }
 
     #[test]

@@ -117,6 +117,9 @@ const STALE: &str = "SELECT at_ms, kind, reason,
                             node, job, stage, operation_id
                        FROM fencecron_stale WHERE at_ms >= ? ORDER BY at_ms, id";
 
+/// MySQL's error number for a packet larger than `max_allowed_packet`.
+const ER_NET_PACKET_TOO_LARGE: u16 = 1153;
+
 /// The MySQL/MariaDB store.
 pub struct MySqlStore {
     url: StoreUrl,
@@ -149,6 +152,53 @@ impl MySqlStore {
 
     fn err(&self, e: sqlx::Error) -> StoreError {
         unavailable(&self.url, e)
+    }
+
+    /// A failed `put`, named for what it is when the value was too large for
+    /// the server: error 1153 (ER_NET_PACKET_TOO_LARGE), or, for a value far
+    /// over the limit, the server closing the connection while it is still
+    /// being sent (seen as a reset or broken pipe; MariaDB does this for a
+    /// 100 MB value against its 16 MiB default). In the second case the
+    /// server's `max_allowed_packet` is read on another connection to make
+    /// sure before blaming the value; otherwise the error stays
+    /// "unreachable".
+    async fn classify_put_error(&self, source: sqlx::Error, size: usize) -> StoreError {
+        let too_large = match &source {
+            sqlx::Error::Database(db) => db
+                .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+                .is_some_and(|e| e.number() == ER_NET_PACKET_TOO_LARGE),
+            _ => false,
+        };
+        let cut_off = matches!(&source, sqlx::Error::Io(e) if matches!(
+            e.kind(),
+            std::io::ErrorKind::ConnectionReset
+                | std::io::ErrorKind::BrokenPipe
+                | std::io::ErrorKind::ConnectionAborted
+                | std::io::ErrorKind::UnexpectedEof
+        ));
+        if !too_large && !cut_off {
+            return self.err(source);
+        }
+        let max = tokio::time::timeout(Duration::from_secs(2), async {
+            sqlx::query_scalar::<_, i64>("SELECT CAST(@@max_allowed_packet AS SIGNED)")
+                .fetch_one(&self.pool)
+                .await
+                .ok()
+        })
+        .await
+        .ok()
+        .flatten()
+        .and_then(|m| u64::try_from(m).ok());
+        if too_large || max.is_some_and(|m| size as u64 >= m) {
+            StoreError::PacketTooLarge {
+                url: self.url.to_string(),
+                size,
+                max,
+                detail: source.to_string(),
+            }
+        } else {
+            self.err(source)
+        }
     }
 
     /// One `CALL fencecron_acquire(…)` (migration 0002): the conditional
@@ -470,7 +520,13 @@ impl Store for MySqlStore {
     }
 
     async fn put(&self, req: &PutRequest<'_>) -> Result<PutOutcome, StoreError> {
-        timed(&self.url, self.call_timeout, self.put_inner(req)).await
+        let result = timed(&self.url, self.call_timeout, self.put_inner(req)).await;
+        match result {
+            Err(StoreError::Unavailable { source, .. }) => {
+                Err(self.classify_put_error(source, req.value.len()).await)
+            }
+            other => other,
+        }
     }
 
     async fn get(&self, resource: &Name, key: &Name) -> Result<Option<StoredValue>, StoreError> {
