@@ -332,15 +332,29 @@ fn restart_config(dir: &Path, job: &str, ignore_term: bool) -> PathBuf {
     )
 }
 
-/// A daemon killed with SIGKILL and started again gives back the lease of
-/// its own dead run at once, instead of leaving the job blocked fleet-wide
-/// until the lease expires.
-#[test]
-fn restarted_daemon_releases_its_dead_run_sqlite() {
-    let store = TestStore::new(Backend::Sqlite, "restarted_releases").expect("sqlite");
+/// A daemon whose run was noted, killed with SIGKILL mid-run and started
+/// again as the same node on the same store.
+struct Restarted {
+    /// Kept (not dropped) until the end: dropping it would kill the jobs it
+    /// saw start, doing the watchdog's work for it. (Fields drop in order:
+    /// the daemons before their directory and store.)
+    _first: Daemon,
+    second: Daemon,
+    dir: tempfile::TempDir,
+    /// The old run: token, process group, stored expiry.
+    t1: i64,
+    p1: i32,
+    expiry: i64,
+    /// The second daemon's `run_recovered` for the old run, `released`.
+    recovered: Value,
+    _store: TestStore,
+}
+
+fn kill_and_restart(test: &str, ignore_term: bool) -> Restarted {
+    let store = TestStore::new(Backend::Sqlite, test).expect("sqlite");
     let dir = tempfile::tempdir().expect("temp dir");
     let job = unique("wd-restart");
-    let config = restart_config(dir.path(), &job, false);
+    let config = restart_config(dir.path(), &job, ignore_term);
     let node = unique("wd-r");
     let first = single(&node, &config, &store.url);
     let started = first.expect("job_started", |e| is(e, "job_started"), secs(30));
@@ -348,54 +362,6 @@ fn restarted_daemon_releases_its_dead_run_sqlite() {
     let p1 = pid_of(&started);
     wait_beats(dir.path(), t1, 3, secs(10));
     let expiry = logged_expiry(&first.all(), t1);
-    // Kept (not dropped) until the end: dropping it would kill the jobs it
-    // saw start, doing the watchdog's work for it.
-    first.signal(Signal::SIGKILL);
-
-    let second = single(&node, &config, &store.url);
-    let recovered = second.expect(
-        "run_recovered for the dead run",
-        |e| is(e, "run_recovered") && token_of(e) == t1,
-        secs(15),
-    );
-    assert_eq!(
-        str_field(&recovered, "outcome"),
-        Some("released"),
-        "{recovered}"
-    );
-    let later = second.expect(
-        "the job runs again with a higher token",
-        |e| is(e, "job_started") && token_of(e) > t1,
-        secs(15),
-    );
-    let started_ms = ms_of(str_field(&later, "timestamp").expect("timestamp"));
-    assert!(
-        started_ms < expiry - 10_000,
-        "the next run waited for the old lease to expire ({started_ms} vs {expiry})"
-    );
-    let t2 = token_of(&later);
-    wait_beats(dir.path(), t2, 3, secs(10));
-    assert_no_overlap(dir.path(), t1, p1, expiry, t2);
-}
-
-/// A restarted daemon whose previous run is still being terminated (its job
-/// ignores SIGTERM, so it lives until the grace ends) waits for it to die
-/// before it gives the lease back.
-#[test]
-fn restarted_daemon_waits_for_a_run_still_alive_sqlite() {
-    let store = TestStore::new(Backend::Sqlite, "restarted_waits").expect("sqlite");
-    let dir = tempfile::tempdir().expect("temp dir");
-    let job = unique("wd-alive");
-    let config = restart_config(dir.path(), &job, true);
-    let node = unique("wd-w");
-    let first = single(&node, &config, &store.url);
-    let started = first.expect("job_started", |e| is(e, "job_started"), secs(30));
-    let t1 = token_of(&started);
-    let p1 = pid_of(&started);
-    wait_beats(dir.path(), t1, 3, secs(10));
-    let expiry = logged_expiry(&first.all(), t1);
-    // Kept (not dropped) until the end: dropping it would kill the jobs it
-    // saw start, doing the watchdog's work for it.
     first.signal(Signal::SIGKILL);
 
     let second = single(&node, &config, &store.url);
@@ -404,30 +370,72 @@ fn restarted_daemon_waits_for_a_run_still_alive_sqlite() {
         |e| is(e, "run_recovered") && token_of(e) == t1,
         secs(20),
     );
-    let recovered_ms = ms_of(str_field(&recovered, "timestamp").expect("timestamp"));
     assert_eq!(
         str_field(&recovered, "outcome"),
         Some("released"),
         "{recovered}"
     );
-    let last_t1 = beats(dir.path())
+    Restarted {
+        dir,
+        _first: first,
+        second,
+        t1,
+        p1,
+        expiry,
+        recovered,
+        _store: store,
+    }
+}
+
+impl Restarted {
+    /// The next run (a higher token) starts, and never beside the old one.
+    fn next_run_without_overlap(&self) -> Value {
+        let later = self.second.expect(
+            "the job runs again with a higher token",
+            |e| is(e, "job_started") && token_of(e) > self.t1,
+            secs(15),
+        );
+        let t2 = token_of(&later);
+        wait_beats(self.dir.path(), t2, 3, secs(10));
+        assert_no_overlap(self.dir.path(), self.t1, self.p1, self.expiry, t2);
+        later
+    }
+}
+
+/// A daemon killed with SIGKILL and started again gives back the lease of
+/// its own dead run at once, instead of leaving the job blocked fleet-wide
+/// until the lease expires.
+#[test]
+fn restarted_daemon_releases_its_dead_run_sqlite() {
+    let r = kill_and_restart("restarted_releases", false);
+    let later = r.next_run_without_overlap();
+    let started_ms = ms_of(str_field(&later, "timestamp").expect("timestamp"));
+    assert!(
+        started_ms < r.expiry - 10_000,
+        "the next run waited for the old lease to expire ({started_ms} vs {})",
+        r.expiry
+    );
+}
+
+/// A restarted daemon whose previous run is still being terminated (its job
+/// ignores SIGTERM, so it lives until the grace ends) waits for it to die
+/// before it gives the lease back.
+#[test]
+fn restarted_daemon_waits_for_a_run_still_alive_sqlite() {
+    let r = kill_and_restart("restarted_waits", true);
+    let recovered_ms = ms_of(str_field(&r.recovered, "timestamp").expect("timestamp"));
+    let last_t1 = beats(r.dir.path())
         .iter()
-        .filter(|b| b.token == t1)
+        .filter(|b| b.token == r.t1)
         .map(|b| b.at_ms)
         .max()
         .unwrap();
     assert!(
         recovered_ms >= last_t1,
-        "the lease was given back at {recovered_ms} while token {t1} still ran ({last_t1})"
+        "the lease was given back at {recovered_ms} while token {} still ran ({last_t1})",
+        r.t1
     );
-    let later = second.expect(
-        "the job runs again with a higher token",
-        |e| is(e, "job_started") && token_of(e) > t1,
-        secs(15),
-    );
-    let t2 = token_of(&later);
-    wait_beats(dir.path(), t2, 3, secs(10));
-    assert_no_overlap(dir.path(), t1, p1, expiry, t2);
+    r.next_run_without_overlap();
 }
 
 /// Installed alone (no `fencecron-shim` beside it), `fencecron` runs its
