@@ -112,6 +112,16 @@ impl LeaseTiming {
     pub fn kill_by(&self) -> Duration {
         self.lease - self.safety_margin()
     }
+
+    /// How much later than the daemon the run's watchdog acts on the same
+    /// deadlines: a quarter of the safety margin (at least 50 ms). The
+    /// daemon, when healthy, terminates the job itself and logs why; the
+    /// watchdog is the backstop for a daemon that is stopped or gone, and
+    /// its SIGKILL still lands three quarters of the margin before the
+    /// lease can expire.
+    pub fn watchdog_lag(&self) -> Duration {
+        self.safety_margin() / 4
+    }
 }
 
 /// Which timing value is wrong; the config module maps it to its key.
@@ -303,8 +313,14 @@ impl Supervisor {
             return Err(SuperviseError::AcquiredTooLate);
         }
         let kill_at = sent_at + timing.kill_by();
+        let lag = timing.watchdog_lag();
         let mut shim = match self
-            .spawn(spec, &lease, kill_at - timing.kill_grace, kill_at)
+            .spawn(
+                spec,
+                &lease,
+                kill_at - timing.kill_grace + lag,
+                kill_at + lag,
+            )
             .await
         {
             Ok(c) => c,
@@ -738,10 +754,11 @@ impl<'a> Watch<'a> {
     /// if this process stops or dies. A failed write only leaves it with the
     /// earlier, stricter deadlines.
     fn confirm_to_watchdog(&mut self) {
+        let lag = self.spec.timing.watchdog_lag();
         let line = format!(
             "D {} {}\n",
-            to_monotonic(self.term_deadline()),
-            to_monotonic(self.kill_deadline())
+            to_monotonic(self.term_deadline() + lag),
+            to_monotonic(self.kill_deadline() + lag)
         );
         let _ = self.ctl.write_all(line.as_bytes());
     }
@@ -860,7 +877,17 @@ impl<'a> Watch<'a> {
             };
             tokio::select! {
                 biased;
-                status = child.wait() => return status,
+                status = child.wait() => {
+                    if self.cancel.is_none() && Instant::now() >= self.term_deadline() {
+                        // The watchdog acted on the deadline before this
+                        // process did (it was busy or stopped): report it
+                        // the same way.
+                        self.mark_lost("deadline_passed", "no renewal confirmed before the local deadline (store unreachable or this process was paused); the run's watchdog terminated the job");
+                        self.cancel = Some(Cancel { reason: CancelReason::LeaseUnconfirmed, kill_at: Instant::now() });
+                        events::job_cancelled(&self.spec.job, self.lease.token, CancelReason::LeaseUnconfirmed.as_str(), "SIGTERM");
+                    }
+                    return status;
+                }
                 _ = sleep_until(kill_at) => {
                     // Past the point where the lease may have expired, or the
                     // grace is over: nothing of the job may keep running.
@@ -953,6 +980,9 @@ mod timing_tests {
         assert_eq!(t.safety_margin(), Duration::from_millis(600));
         let t = LeaseTiming::new(Duration::from_secs(5), None, None).unwrap();
         assert_eq!(t.safety_margin(), Duration::from_millis(200));
+        // The watchdog's SIGKILL still comes before the lease ends.
+        assert_eq!(t.watchdog_lag(), Duration::from_millis(50));
+        assert!(t.kill_by() + t.watchdog_lag() < t.lease);
     }
 
     #[test]
