@@ -254,6 +254,18 @@ pub fn store_unavailable(
     );
 }
 
+/// A SQLite connection came back to the pool still inside a transaction
+/// (after an error in a write transaction) and was closed instead of being
+/// reused; the next call opens a fresh one.
+pub fn store_connection_discarded(sqlite_autocommit: bool, sqlx_in_transaction: bool) {
+    warn!(
+        event = "store_connection_discarded",
+        sqlite_autocommit,
+        sqlx_in_transaction,
+        "closed a SQLite connection left inside a failed transaction"
+    );
+}
+
 /// A stale-owner record could not be stored (it is still logged).
 pub fn stale_record_failed(resource: &str, error: &str) {
     error!(

@@ -62,15 +62,25 @@ pub struct PendingRecord {
     pub stage: String,
 }
 
-/// How often [`record_in_background`] tries before giving up.
-const RECORD_ATTEMPTS: u32 = 10;
+/// How long [`record_in_background`] keeps trying before giving up: 6 h.
+/// The outages that keep a record out are the ones an operator has to fix
+/// (a full disk, a database that is down), so the window must cover the
+/// time it takes someone to be paged and act, not a blip: a window of a few
+/// minutes (it was 10 attempts, about 150 s) lost the very `lease_lost`
+/// records a full disk produced. A pending record costs a small task and
+/// one `store_unavailable` line a minute; records are lost anyway when the
+/// daemon stops before the store is back (the event itself is logged).
+const RECORD_WINDOW: Duration = Duration::from_secs(6 * 60 * 60);
+
+/// The longest pause between two attempts to store a record.
+const RECORD_MAX_DELAY: Duration = Duration::from_secs(60);
 
 /// Stores a stale-owner record without making the caller wait: a background
-/// task tries up to 10 times, backing off from 1 s to 30 s while the store
-/// is unreachable (each failure logged as `store_unavailable`, giving up as
-/// `stale_record_failed`). The caller has already logged the event itself.
-/// The task is returned so a short-lived command can let it finish before
-/// it exits; the daemon lets it run.
+/// task keeps trying for up to [`RECORD_WINDOW`], backing off from 1 s to
+/// 60 s while the store fails (each failure logged as `store_unavailable`,
+/// giving up as `stale_record_failed`). The caller has already logged the
+/// event itself. The task is returned so a short-lived command can let it
+/// finish before it exits; the daemon lets it run.
 pub fn record_in_background(store: Arc<dyn Store>, rec: PendingRecord) -> JoinHandle<()> {
     tokio::spawn(async move {
         let op = uuid::Uuid::new_v4().to_string();
@@ -87,29 +97,29 @@ pub fn record_in_background(store: Arc<dyn Store>, rec: PendingRecord) -> JoinHa
             stage: &rec.stage,
             operation_id: &op,
         };
+        let give_up_at = tokio::time::Instant::now() + RECORD_WINDOW;
         let mut delay = Duration::from_secs(1);
-        for attempt in 1..=RECORD_ATTEMPTS {
-            match store.record_stale(&new).await {
+        let mut attempts = 0u32;
+        loop {
+            attempts += 1;
+            let e = match store.record_stale(&new).await {
                 Ok(_) => return,
-                Err(e) => {
-                    let retry = (attempt < RECORD_ATTEMPTS).then_some(delay);
-                    events::store_unavailable(
-                        "record_stale",
-                        rec.job.as_deref(),
-                        &e.to_string(),
-                        retry,
-                    );
-                    if retry.is_none() {
-                        break;
-                    }
-                    tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(Duration::from_secs(30));
-                }
+                Err(e) => e,
+            };
+            let retry = (tokio::time::Instant::now() + delay <= give_up_at).then_some(delay);
+            events::store_unavailable("record_stale", rec.job.as_deref(), &e.to_string(), retry);
+            if retry.is_none() {
+                break;
             }
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(RECORD_MAX_DELAY);
         }
         events::stale_record_failed(
             &rec.resource,
-            &format!("gave up after {RECORD_ATTEMPTS} attempts"),
+            &format!(
+                "gave up after {attempts} attempts in {}",
+                humantime::format_duration(RECORD_WINDOW)
+            ),
         );
     })
 }

@@ -375,6 +375,18 @@ pub enum StoreError {
         max: Option<u64>,
         detail: String,
     },
+    /// SQLite could not write its database or write-ahead log because the
+    /// filesystem is full. The caller may retry: nothing was written, and
+    /// the store works again once there is room.
+    #[error(
+        "the SQLite database at {path} could not be written because the disk is full ({source}); free space on the filesystem holding {}; fencecron carries on by itself once there is room",
+        std::path::Path::new(path).parent().map_or_else(|| ".".into(), |d| d.display().to_string())
+    )]
+    DiskFull {
+        path: String,
+        #[source]
+        source: sqlx::Error,
+    },
     /// A SQLite database file (or its directory, `-wal`, `-shm` or lock
     /// file) that another user could rewrite, rewinding its fences.
     #[error("{detail}")]

@@ -12,6 +12,16 @@
 //! for a couple of statements; the database runs in WAL mode with
 //! `synchronous = FULL`, because losing a committed fence increment on power
 //! loss could hand out the same token twice.
+//!
+//! A connection goes back to the pool only outside any transaction: an
+//! error inside a write transaction (a COMMIT refused with `SQLITE_FULL`,
+//! a call cut off by its time limit) leaves the rollback to sqlx, which
+//! cannot always do it — SQLite may already have rolled the transaction
+//! back itself, and then sqlx's ROLLBACK fails and its transaction depth
+//! stays at 1, so every later `BEGIN IMMEDIATE` on that connection fails
+//! ("non-zero transaction depth"). The pool's `after_release` check
+//! ([`left_clean`]) discards any connection that sqlx or SQLite still
+//! count as inside a transaction; the next call opens a fresh one.
 
 use std::os::unix::fs::OpenOptionsExt;
 use std::str::FromStr;
@@ -20,9 +30,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use nix::fcntl::{Flock, FlockArg};
 use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+    SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
+    SqliteSynchronous,
 };
-use sqlx::{ConnectOptions, Row, Sqlite, Transaction};
+use sqlx::{ConnectOptions, Connection, Row, Sqlite, Transaction};
 
 use super::postgres::stored;
 use super::*;
@@ -162,6 +173,9 @@ impl SqliteStore {
             // extra round trip per operation. A dead connection instead
             // fails its call, which every caller already retries.
             .test_before_acquire(false)
+            // Never pool a connection left inside a transaction (see the
+            // module documentation): close it instead.
+            .after_release(|conn, _| Box::pin(left_clean(conn)))
             .connect_lazy_with(connect);
         Ok(SqliteStore {
             url,
@@ -173,6 +187,12 @@ impl SqliteStore {
     }
 
     fn err(&self, e: sqlx::Error) -> StoreError {
+        if is_disk_full(&e) {
+            return StoreError::DiskFull {
+                path: self.path.display().to_string(),
+                source: e,
+            };
+        }
         unavailable(&self.url, e)
     }
 
@@ -730,6 +750,39 @@ impl Store for SqliteStore {
     }
 }
 
+/// Whether a connection coming back to the pool may be used again: it is
+/// outside any transaction both by sqlx's count and by SQLite's own
+/// (`sqlite3_get_autocommit`). Locking the handle first lets the worker run
+/// what is queued before it, such as the ROLLBACK of a dropped transaction,
+/// so the check sees the connection as the next caller would.
+async fn left_clean(conn: &mut SqliteConnection) -> Result<bool, sqlx::Error> {
+    let autocommit = {
+        let mut handle = conn.lock_handle().await?;
+        // SAFETY: the handle is locked away from the worker thread for the
+        // duration of this call, and sqlite3_get_autocommit only reads the
+        // connection's state.
+        unsafe { libsqlite3_sys::sqlite3_get_autocommit(handle.as_raw_handle().as_ptr()) != 0 }
+    };
+    let in_tx = conn.is_in_transaction();
+    if autocommit && !in_tx {
+        return Ok(true);
+    }
+    crate::events::store_connection_discarded(autocommit, in_tx);
+    Ok(false)
+}
+
+/// Whether SQLite could not write because the disk (or the filesystem's
+/// quota) is full: `SQLITE_FULL` (13), or `ENOSPC` from a file operation.
+fn is_disk_full(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Database(db) => {
+            db.code().as_deref() == Some("13") || db.message().contains("disk is full")
+        }
+        sqlx::Error::Io(io) => io.raw_os_error() == Some(libc::ENOSPC),
+        _ => false,
+    }
+}
+
 /// Refuses a database that another user could rewrite. Whoever can write
 /// the database file, its `-wal` (SQLite replays it on open) or `-shm`, or
 /// plant those files in its directory, can set a lease's fence back and get
@@ -850,4 +903,32 @@ fn create_private(path: &std::path::Path) {
         .create_new(true)
         .mode(0o600)
         .open(path);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_full_disk_is_named_not_unreachable() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("fencecron.db");
+        let url = StoreUrl::parse(&format!("sqlite://{}", db.display())).unwrap();
+        let store = SqliteStore::open(url, &OpenOptions::default()).unwrap();
+        let enospc = sqlx::Error::Io(std::io::Error::from_raw_os_error(libc::ENOSPC));
+        let msg = store.err(enospc).to_string();
+        let holding = format!(
+            "free space on the filesystem holding {}",
+            dir.path().display()
+        );
+        assert!(
+            msg.contains(&db.display().to_string())
+                && msg.contains("disk is full")
+                && msg.contains(&holding)
+                && !msg.contains("unreachable"),
+            "{msg}"
+        );
+        let refused = sqlx::Error::Io(std::io::Error::from_raw_os_error(libc::ECONNREFUSED));
+        assert!(store.err(refused).to_string().contains("unreachable"));
+    }
 }
