@@ -877,10 +877,13 @@ pub(crate) fn migrate_error(
 ) -> StoreError {
     match source {
         sqlx::migrate::MigrateError::Execute(
+            // Protocol: garbage on the wire while connecting (a broken
+            // proxy or network path), not a schema or permission problem.
             e @ (sqlx::Error::PoolTimedOut
             | sqlx::Error::PoolClosed
             | sqlx::Error::Io(_)
-            | sqlx::Error::Tls(_)),
+            | sqlx::Error::Tls(_)
+            | sqlx::Error::Protocol(_)),
         ) => unavailable(url, e),
         sqlx::migrate::MigrateError::Execute(e) if is_connection_limit(&e) => unavailable(url, e),
         source => StoreError::Migrate {
@@ -1181,5 +1184,19 @@ mod tests {
             Some(RejectReason::Forged)
         );
         assert_eq!(classify_rejection(6, true, Some(6), Some(9)), None);
+    }
+
+    #[test]
+    fn wire_garbage_during_migrations_is_unreachable_not_permissions() {
+        let url = StoreUrl::parse("postgres://u:pw@h/db").unwrap();
+        let e = migrate_error(
+            Backend::Postgres,
+            &url,
+            sqlx::migrate::MigrateError::Execute(sqlx::Error::Protocol(
+                "unexpected response from SSLRequest: 0x00".into(),
+            )),
+        );
+        assert!(matches!(e, StoreError::Unavailable { .. }), "{e}");
+        assert!(!e.to_string().contains("create tables"), "{e}");
     }
 }
