@@ -98,7 +98,7 @@ pub async fn run(cli: &Cli, node_flag: Option<String>) -> Result<u8> {
             tracker.spawn(runs::recover(records, store.clone(), node.clone()));
         }
         Err(e) => events::run_record_failed(
-            "",
+            None,
             &format!("no run-record directory ({e}); after a crash this node's leases expire by themselves"),
         ),
     }

@@ -341,7 +341,7 @@ pub fn run_recovered(rec: &crate::runs::RunRecord, node: &str, outcome: &str, de
 
 /// The daemon could not note a run for its successor (the run goes on; after
 /// a crash its lease would expire by itself instead of being given back).
-pub fn run_record_failed(job: &str, error: &str) {
+pub fn run_record_failed(job: Option<&str>, error: &str) {
     warn!(
         event = "run_record_failed",
         job, error, "could not write the run record"

@@ -513,7 +513,7 @@ impl Supervisor {
         match records.write(&rec) {
             Ok(p) => Some(p),
             Err(e) => {
-                events::run_record_failed(&spec.job, &e.to_string());
+                events::run_record_failed(Some(&spec.job), &e.to_string());
                 None
             }
         }
