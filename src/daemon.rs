@@ -374,20 +374,23 @@ impl Drop for RunningGuard {
 impl Occurrence {
     /// Lets an acquire this occurrence no longer waits for (given up, or the
     /// daemon is stopping) finish in the background, bounded by the store's
-    /// own time limit. Should it still win, the lease is given back at once:
-    /// dropped, it would block the job's next instants on every node until
-    /// it expired, with no job running under it.
+    /// own time limit. Should it still win, the lease is given back at once,
+    /// and the occurrence with it: kept, the lease would block the job's
+    /// next instants on every node until it expired with no job running
+    /// under it, and the instant would count as taken although it ran
+    /// nowhere.
     fn release_if_won(
         &self,
         attempt: impl Future<Output = Result<AcquireOutcome, store::StoreError>> + Send + 'static,
     ) {
         let (store, job) = (self.supervisor.store().clone(), self.job.clone());
         let node = self.supervisor.node().to_string();
+        let at = self.at;
         self.tracker.spawn(async move {
             if let Ok(AcquireOutcome::Acquired(lease)) = attempt.await {
                 events::lease_acquired(Some(job.name.as_str()), &lease, &node);
                 fence::taken_over(&store, Some(job.name.as_str()), &lease, &node);
-                release_unused(store.as_ref(), &job, &lease).await;
+                give_back_unused(store.as_ref(), &job, &lease, at).await;
             }
         });
     }
@@ -415,6 +418,81 @@ impl Occurrence {
             resource,
         };
 
+        // One owner id for every attempt at this occurrence on this node: an
+        // attempt that timed out here may still have won in the store, and
+        // the next attempt then adopts that win instead of finding its own
+        // occurrence taken (see `AcquireRequest::owner_id`).
+        let owner_id = store::fresh_owner();
+        let mut unanswered = false;
+        let ran = self.compete(owner_id, &mut unanswered).await;
+        if !ran && unanswered {
+            self.sweep(owner_id);
+        }
+    }
+
+    /// After an occurrence that did not run here while an attempt went
+    /// unanswered: should that attempt's statement have committed after all
+    /// (a ghost owner: the lease held with nothing under it, the instant
+    /// counted as taken), gives the win back with its occurrence, so the
+    /// lease is free and another node still trying the instant can run it.
+    /// Tried 1 s and a store call's time limit after the occurrence ended
+    /// (statements in flight by then have mostly landed or failed), and
+    /// once more shortly before the job's next instant when a ghost's lease
+    /// could still block it (the store refuses this occurrence after that
+    /// instant, [`AcquireOutcome::Superseded`]). At shutdown, tried at once.
+    fn sweep(&self, owner_id: uuid::Uuid) {
+        let (store, job) = (self.supervisor.store().clone(), self.job.clone());
+        let node = self.supervisor.node().to_string();
+        let (at, shutdown) = (self.at, self.shutdown.clone());
+        // Soon, once a call's time limit later, and shortly before the next
+        // instant if the lease a ghost took could still be held then.
+        let now = Instant::now();
+        let mut times = vec![now + Duration::from_secs(1), now + CALL_TIMEOUT];
+        if let Some(next) = job.schedule.next_after(at) {
+            let before_next = (next - Utc::now() - chrono::Duration::seconds(1)).to_std();
+            if let Ok(d) = before_next {
+                if d > Duration::from_secs(1) && d < job.timing.lease {
+                    times.push(now + d);
+                }
+            }
+        }
+        times.sort();
+        self.tracker.spawn(async move {
+            let name = job.name.as_str();
+            let owner = owner_id.to_string();
+            for when in times {
+                tokio::select! {
+                    _ = tokio::time::sleep_until(when) => {}
+                    _ = shutdown.cancelled() => {}
+                }
+                match store
+                    .give_back(&job.resource, &owner, None, StoreTime::from_utc(at))
+                    .await
+                {
+                    Ok(store::ReleaseOutcome::Released) => {
+                        events::occurrence_given_back(name, &rfc3339(at), &owner, &node);
+                        return;
+                    }
+                    Ok(store::ReleaseOutcome::Refused(_)) => {}
+                    Err(e) => {
+                        events::store_unavailable("give_back", Some(name), &e.to_string(), None)
+                    }
+                }
+                if shutdown.is_cancelled() {
+                    return;
+                }
+            }
+        });
+    }
+
+    /// Competes for the occurrence until it runs here, is decided elsewhere
+    /// or is given up. Returns whether it ran (or was given back) here;
+    /// `unanswered` is set when an attempt ended without an answer, so its
+    /// statement may still win in the store.
+    async fn compete(&self, owner_id: uuid::Uuid, unanswered: &mut bool) -> bool {
+        let job = &self.job;
+        let name = job.name.as_str();
+        let at = rfc3339(self.at);
         // Retry a failing store until the occurrence is no longer worth
         // starting: the next occurrence is due or a lease length has passed.
         let mut give_up =
@@ -423,20 +501,23 @@ impl Occurrence {
             give_up = give_up.min(next);
         }
         let store = self.supervisor.store().clone();
+        let next = job.schedule.next_after(self.at);
         let mut delay = Duration::from_millis(100);
         loop {
             // Every attempt, including one that hangs on a stalled store or
             // a starved pool, is given up at `give_up`: an occurrence that
             // started that late would hold up the next one, which this node
             // then skips locally.
-            let give_up_in = (give_up - Utc::now()).to_std().unwrap_or(Duration::ZERO);
+            let sent_wall = Utc::now();
+            let give_up_in = (give_up - sent_wall).to_std().unwrap_or(Duration::ZERO);
             let sent = Instant::now();
             let mut attempt = Box::pin(acquire_attempt(
                 store.clone(),
                 self.ready.clone(),
                 job.clone(),
                 self.supervisor.node().to_string(),
-                self.at,
+                owner_id,
+                (self.at, next),
             ));
             let outcome = tokio::select! {
                 r = &mut attempt => r,
@@ -447,12 +528,15 @@ impl Occurrence {
                     );
                     events::store_unavailable("acquire", Some(name), &detail, None);
                     events::occurrence_skipped(name, &at, "store_unavailable", &detail);
+                    // Should the store time this call out, its statement may
+                    // still commit later, out of `release_if_won`'s sight.
+                    *unanswered = true;
                     self.release_if_won(attempt);
-                    return;
+                    return false;
                 }
                 _ = self.shutdown.cancelled() => {
                     self.release_if_won(attempt);
-                    return;
+                    return false;
                 }
             };
             match outcome {
@@ -475,7 +559,7 @@ impl Occurrence {
                         // Already logged as job_spawn_failed.
                         Err(SuperviseError::Spawn { .. }) => {}
                     }
-                    return;
+                    return true;
                 }
                 Ok(AcquireOutcome::Held {
                     owner_id: Some(owner),
@@ -488,7 +572,7 @@ impl Occurrence {
                         node.as_deref().unwrap_or("an unknown node")
                     );
                     events::occurrence_skipped(name, &at, "held", &detail);
-                    return;
+                    return false;
                 }
                 Ok(AcquireOutcome::Held { owner_id: None, .. }) => {
                     // Another node's acquire won while ours waited for the
@@ -496,11 +580,11 @@ impl Occurrence {
                     // the winner committed): in a fleet that is this very
                     // occurrence, taken elsewhere.
                     events::occurrence_taken(name, &at);
-                    return;
+                    return false;
                 }
                 Ok(AcquireOutcome::OccurrenceTaken { .. }) => {
                     events::occurrence_taken(name, &at);
-                    return;
+                    return false;
                 }
                 Ok(AcquireOutcome::NotYetDue { store_now }) => {
                     // This host's clock runs ahead of the store's: wait until
@@ -508,13 +592,14 @@ impl Occurrence {
                     let ahead_ms = StoreTime::from_utc(self.at).0 - store_now.0;
                     let ahead = Duration::from_millis(u64::try_from(ahead_ms).unwrap_or(0));
                     if ahead > MAX_CLOCK_AHEAD {
-                        events::occurrence_skipped(
+                        events::occurrence_skipped_clock(
                             name,
                             &at,
                             "clock_ahead",
-                            &format!("this host's clock is {ahead_ms} ms ahead of the store's; fix its time synchronisation"),
+                            ahead_ms,
+                            &format!("this host's clock is at least {ahead_ms} ms ahead of the store's; fix its time synchronisation"),
                         );
-                        return;
+                        return false;
                     }
                     events::occurrence_early(name, &at, ahead_ms);
                     // The occurrence's deadline moves with the store's
@@ -523,20 +608,54 @@ impl Occurrence {
                     give_up += chrono::Duration::from_std(ahead).unwrap_or_default();
                     tokio::select! {
                         _ = tokio::time::sleep(ahead + Duration::from_millis(1)) => {}
-                        _ = self.shutdown.cancelled() => return,
+                        _ = self.shutdown.cancelled() => return false,
                     }
                 }
+                Ok(AcquireOutcome::Superseded { store_now }) => {
+                    // The job's next instant is already due by the store's
+                    // clock, not yet by ours: this host's clock runs behind.
+                    // The store wrote nothing; the fleet runs the current
+                    // instant. The offset is this host's clock minus the
+                    // store's, the local time taken halfway through the call.
+                    let answered = Utc::now();
+                    if next.is_some_and(|n| answered >= n) {
+                        // By our clock too: the answer came too late, not
+                        // from a clock that runs behind.
+                        events::occurrence_skipped(
+                            name,
+                            &at,
+                            "missed",
+                            "the store answered only after the job's next instant was due",
+                        );
+                        return false;
+                    }
+                    let local = sent_wall
+                        + chrono::Duration::from_std(sent.elapsed() / 2).unwrap_or_default();
+                    let offset_ms = StoreTime::from_utc(local).0 - store_now.0;
+                    events::occurrence_skipped_clock(
+                        name,
+                        &at,
+                        "clock_behind",
+                        offset_ms,
+                        &format!(
+                            "the store's clock ({store_now}) is past this occurrence's successor; this host's clock is about {} ms behind the store's; fix its time synchronisation",
+                            -offset_ms
+                        ),
+                    );
+                    return false;
+                }
                 Err(e) => {
+                    *unanswered = true;
                     if Utc::now() + chrono::Duration::from_std(delay).unwrap_or_default() >= give_up
                     {
                         events::store_unavailable("acquire", Some(name), &e.to_string(), None);
                         events::occurrence_skipped(name, &at, "store_unavailable", &e.to_string());
-                        return;
+                        return false;
                     }
                     events::store_unavailable("acquire", Some(name), &e.to_string(), Some(delay));
                     tokio::select! {
                         _ = tokio::time::sleep(delay) => {}
-                        _ = self.shutdown.cancelled() => return,
+                        _ = self.shutdown.cancelled() => return false,
                     }
                     delay = (delay * 2).min(Duration::from_secs(5));
                 }
@@ -553,7 +672,8 @@ async fn acquire_attempt(
     ready: Arc<OnceCell<()>>,
     job: Arc<Job>,
     node: String,
-    at: DateTime<Utc>,
+    owner_id: uuid::Uuid,
+    (at, next): (DateTime<Utc>, Option<DateTime<Utc>>),
 ) -> Result<AcquireOutcome, store::StoreError> {
     ensure_ready(&ready, store.as_ref()).await?;
     store
@@ -561,15 +681,23 @@ async fn acquire_attempt(
             resource: &job.resource,
             lease: job.timing.lease,
             node: &node,
+            owner_id,
             occurrence: Some(StoreTime::from_utc(at)),
+            next_occurrence: next.map(StoreTime::from_utc),
         })
         .await
 }
 
-/// Gives back a lease that was won too late to be used.
-async fn release_unused(store: &dyn Store, job: &Job, lease: &store::Lease) {
+/// Gives back a lease that was won too late to be used, and its occurrence
+/// with it (see [`Store::give_back`]).
+async fn give_back_unused(store: &dyn Store, job: &Job, lease: &store::Lease, at: DateTime<Utc>) {
     match store
-        .release(&job.resource, &lease.owner_id.to_string(), lease.token)
+        .give_back(
+            &job.resource,
+            &lease.owner_id.to_string(),
+            Some(lease.token),
+            StoreTime::from_utc(at),
+        )
         .await
     {
         Ok(store::ReleaseOutcome::Released) => {

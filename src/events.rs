@@ -202,6 +202,38 @@ pub fn occurrence_skipped(job: &str, scheduled_at: &str, reason: &str, detail: &
     );
 }
 
+/// An occurrence skipped because this host's clock disagrees with the
+/// store's: `clock_ahead` or `clock_behind`. WARN: the host's time
+/// synchronisation needs fixing. `offset_ms` is this host's clock minus the
+/// store's (positive ahead, negative behind), as far as one call can tell.
+pub fn occurrence_skipped_clock(
+    job: &str,
+    scheduled_at: &str,
+    reason: &str,
+    offset_ms: i64,
+    detail: &str,
+) {
+    warn!(
+        event = "occurrence_skipped",
+        job, scheduled_at, reason, offset_ms, detail, "occurrence skipped"
+    );
+}
+
+/// An acquire of this occurrence whose answer never came back (the store
+/// timed out or dropped the call) had won it after all; nothing ran under
+/// it, so the lease and the occurrence were given back. WARN: the trace of
+/// a store that hung or lost connections across an instant.
+pub fn occurrence_given_back(job: &str, scheduled_at: &str, owner_id: &str, node: &str) {
+    warn!(
+        event = "occurrence_given_back",
+        job,
+        scheduled_at,
+        owner_id,
+        node,
+        "an unanswered acquire had won the occurrence; lease and occurrence given back"
+    );
+}
+
 /// Another instance took this occurrence (normal in a fleet; debug level).
 pub fn occurrence_taken(job: &str, scheduled_at: &str) {
     debug!(

@@ -268,6 +268,15 @@ pub enum SuperviseError {
     AcquiredTooLate,
 }
 
+/// Whether a release also gives the occurrence back.
+#[derive(Debug, Clone, Copy)]
+enum Unrun {
+    /// The occurrence ran (or started to): it stays taken.
+    Keep,
+    /// Nothing ran under the lease: the occurrence becomes takeable again.
+    GiveBack,
+}
+
 impl Supervisor {
     pub fn new(store: Arc<dyn Store>, node: String, child_env: ChildEnv) -> Self {
         Supervisor {
@@ -308,8 +317,9 @@ impl Supervisor {
         let timing = spec.timing;
         if Instant::now() + timing.kill_grace >= sent_at + timing.kill_by() {
             // The acquire itself stalled for most of the lease: the job would
-            // have to be terminated the moment it started.
-            self.release(spec, &lease).await;
+            // have to be terminated the moment it started. Nothing ran, so
+            // the occurrence goes back with the lease.
+            self.release_as(spec, &lease, Unrun::GiveBack).await;
             return Err(SuperviseError::AcquiredTooLate);
         }
         let kill_at = sent_at + timing.kill_by();
@@ -549,13 +559,34 @@ impl Supervisor {
     /// Gives the lease back, retrying briefly: a failure only means the lease
     /// runs out by itself.
     async fn release(&self, spec: &RunSpec, lease: &Lease) {
+        self.release_as(spec, lease, Unrun::Keep).await
+    }
+
+    /// `release`; with [`Unrun::GiveBack`] (nothing ran under the lease) a
+    /// scheduled occurrence is given back with it, so another node still
+    /// trying it can run it.
+    async fn release_as(&self, spec: &RunSpec, lease: &Lease, unrun: Unrun) {
         let mut delay = Duration::from_millis(200);
+        let owner_id = lease.owner_id.to_string();
         for attempt in 0..3 {
-            match self
-                .store
-                .release(&spec.resource, &lease.owner_id.to_string(), lease.token)
-                .await
-            {
+            let released = match (unrun, spec.scheduled_at) {
+                (Unrun::GiveBack, Some(at)) => {
+                    self.store
+                        .give_back(
+                            &spec.resource,
+                            &owner_id,
+                            Some(lease.token),
+                            crate::store::StoreTime::from_utc(at),
+                        )
+                        .await
+                }
+                _ => {
+                    self.store
+                        .release(&spec.resource, &owner_id, lease.token)
+                        .await
+                }
+            };
+            match released {
                 Ok(crate::store::ReleaseOutcome::Released) => {
                     events::lease_released(Some(&spec.job), lease);
                     return;

@@ -211,6 +211,81 @@ fn fleet_dedup_sqlite() {
     fleet_dedup(Backend::Sqlite, "fleet_dedup_sqlite", 2, secs(12));
 }
 
+/// A node whose clock runs 30 s behind beside a correct one. The lagging
+/// node starts first and alone, so that without a store-side check it
+/// would take its (30 s old) instants and then hold the lease when the
+/// correct node fires the current one. With the check the store refuses
+/// every such instant as superseded: the lagging node never acquires,
+/// logs `occurrence_skipped` reason `clock_behind` at WARN with its offset,
+/// and every instant in the middle runs exactly once, on the correct node.
+fn clock_behind(backend: Backend, test: &str) {
+    let Some(store) = TestStore::new(backend, test) else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let runs_file = dir.path().join("runs");
+    let job = unique("behind");
+    let config = write_config(
+        dir.path(),
+        "lease = \"5s\"",
+        &[job_toml(&job, "*/2 * * * * *", &record_cmd(&runs_file), "")],
+    );
+    let mut lagging = Daemon::spawn(
+        DaemonOpts::new(&format!("{}-lag", &job[..12]), &config, &store.url).faketime("-30s"),
+    );
+    let (_, behind) = lagging.expect_from(
+        0,
+        "occurrence_skipped clock_behind on the lagging node",
+        |e| is(e, "occurrence_skipped") && str_field(e, "reason") == Some("clock_behind"),
+        secs(30),
+    );
+    assert_eq!(str_field(&behind, "level"), Some("WARN"), "{behind}");
+    let offset = i64_field(&behind, "offset_ms").expect("offset_ms");
+    assert!(
+        (-32_000..=-28_000).contains(&offset),
+        "offset_ms {offset} is not about -30 s: {behind}"
+    );
+    let mut correct = Daemon::spawn(DaemonOpts::new(
+        &format!("{}-ok", &job[..12]),
+        &config,
+        &store.url,
+    ));
+    correct.expect("daemon_started", ev("daemon_started"), secs(60));
+    let t0 = Utc::now();
+    std::thread::sleep(secs(20));
+    let t1 = Utc::now();
+    for d in [&lagging, &correct] {
+        d.signal(Signal::SIGTERM);
+    }
+    for d in [&mut lagging, &mut correct] {
+        let st = d.wait_exit(secs(20));
+        assert!(st.is_some_and(|s| s.success()), "[{}] exit: {st:?}", d.node);
+    }
+    assert!(
+        lagging.events("lease_acquired").is_empty() && lagging.events("job_started").is_empty(),
+        "the lagging node took a lease: {}",
+        lagging.summary()
+    );
+    let runs = read_runs(&runs_file);
+    check_runs(&runs, &[&lagging, &correct], &job, 2, t0, t1);
+    let skipped = lagging
+        .events("occurrence_skipped")
+        .iter()
+        .filter(|e| str_field(e, "reason") == Some("clock_behind"))
+        .count();
+    assert!(skipped >= 10, "clock_behind logged {skipped} times in 20 s");
+}
+
+#[test]
+fn clock_behind_sqlite() {
+    clock_behind(Backend::Sqlite, "clock_behind_sqlite");
+}
+
+#[test]
+fn clock_behind_postgres() {
+    clock_behind(Backend::Postgres, "clock_behind_postgres");
+}
+
 // ---------------------------------------------------------------------------
 // 2. Paused owner
 

@@ -289,6 +289,8 @@ async fn generation(store: &dyn Store, r: &str) -> Lease {
             lease: LEASE,
             node: "failover-test",
             occurrence: None,
+            next_occurrence: None,
+            owner_id: fencecron::store::fresh_owner(),
         })
         .await
         .expect("acquire reaches the store")

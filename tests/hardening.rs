@@ -572,6 +572,8 @@ async fn mysql_value_over_max_allowed_packet_names_the_setting() {
             lease: std::time::Duration::from_secs(30),
             node: "test",
             occurrence: None,
+            next_occurrence: None,
+            owner_id: fencecron::store::fresh_owner(),
         })
         .await
         .unwrap()

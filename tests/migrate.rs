@@ -162,7 +162,7 @@ async fn mysql_upgrade_from_0001_keeps_fences() {
                 .fetch_all(&check)
                 .await
                 .expect("migrations table");
-        assert_eq!(versions, vec![1, 2, 3]);
+        assert_eq!(versions, vec![1, 2, 3, 4]);
         check.close().await;
     };
     let result = tokio::spawn(result).await;
@@ -353,7 +353,7 @@ async fn mysql_upgrade_from_0002_keeps_fences() {
         Backend::MySql,
         "mysql_upgrade_from_0002_keeps_fences",
         &["0001_init.sql", "0002_acquire_procedure.sql"],
-        &[1, 2, 3],
+        &[1, 2, 3, 4],
     )
     .await;
 }

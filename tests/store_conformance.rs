@@ -50,7 +50,9 @@ async fn acquire_at(
             resource: r,
             lease,
             node: NODE,
+            owner_id: Uuid::new_v4(),
             occurrence,
+            next_occurrence: None,
         })
         .await
         .expect("acquire reaches the store")
@@ -1121,6 +1123,258 @@ async fn case_epoch_advance(store: Arc<dyn Store>) {
     assert_eq!(after.token, first_token_of(adv2.effective));
 }
 
+// ------------------------------------------ occurrence identity and clock
+
+/// One attempt at an occurrence, as the daemon sends it: its owner id (one
+/// per occurrence and node), the instant and the job's next instant.
+async fn attempt(
+    s: &dyn Store,
+    r: &Name,
+    lease: Duration,
+    owner_id: Uuid,
+    occ: StoreTime,
+    next: StoreTime,
+) -> AcquireOutcome {
+    s.acquire(&AcquireRequest {
+        resource: r,
+        lease,
+        node: NODE,
+        owner_id,
+        occurrence: Some(occ),
+        next_occurrence: Some(next),
+    })
+    .await
+    .expect("acquire reaches the store")
+}
+
+/// A retry of an occurrence by the same owner adopts that owner's own
+/// unreleased win (an earlier attempt that committed after its caller
+/// stopped waiting): same token, expiry not earlier, the takeover it made
+/// still reported. Another owner, an ad-hoc lease, or the same owner after
+/// releasing cannot.
+async fn case_retry_adopts_its_own_win(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let r = resource("adopt");
+    let now = s.now().await.unwrap();
+    let t = StoreTime(now.0 / 1000 * 1000 - 2_000);
+    let next = StoreTime(t.0 + 600_000);
+    let me = Uuid::new_v4();
+
+    // A vanished earlier owner, so the first win is a takeover.
+    let gone = acquired(
+        acquire_at(s, &r, Duration::from_millis(200), None).await,
+        "an earlier owner",
+    );
+    wait_until_store_time(s, gone.expires_at).await;
+
+    let first = acquired(attempt(s, &r, LEASE, me, t, next).await, "first attempt");
+    assert_eq!(first.owner_id, me);
+    assert_eq!(first.token, gone.token + 1);
+    assert!(first.taken_over.is_some(), "{first:?}");
+
+    let again = acquired(
+        attempt(s, &r, LEASE, me, t, next).await,
+        "the retry of the same occurrence by the same owner",
+    );
+    assert_eq!(again.token, first.token, "adoption keeps the token");
+    assert_eq!(again.owner_id, me);
+    assert!(again.expires_at >= first.expires_at, "{again:?} {first:?}");
+    assert_eq!(
+        again.taken_over, first.taken_over,
+        "the takeover is still reported"
+    );
+
+    // Someone else, for the same occurrence: taken (not adoptable).
+    assert_eq!(
+        attempt(s, &r, LEASE, Uuid::new_v4(), t, next).await,
+        AcquireOutcome::OccurrenceTaken { last_occurrence: t },
+        "another owner, same occurrence"
+    );
+    let listed = row(s, &r).await;
+    assert_eq!(
+        (listed.token, listed.owner_id.as_str()),
+        (first.token, me.to_string().as_str())
+    );
+
+    // Released by its owner (the run is over): nothing left to adopt.
+    must_release(s, &again).await;
+    assert_eq!(
+        attempt(s, &r, LEASE, me, t, next).await,
+        AcquireOutcome::OccurrenceTaken { last_occurrence: t },
+        "a released occurrence is not adopted again"
+    );
+}
+
+/// Adoption also works once the won lease has expired by the store's clock
+/// (nobody took it since): the expiry moves to now + lease.
+async fn case_retry_adopts_an_expired_win(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let r = resource("adopt-expired");
+    let now = s.now().await.unwrap();
+    let t = StoreTime(now.0 / 1000 * 1000 - 1_000);
+    let next = StoreTime(t.0 + 600_000);
+    let me = Uuid::new_v4();
+    let first = acquired(
+        attempt(s, &r, Duration::from_millis(200), me, t, next).await,
+        "first attempt",
+    );
+    wait_until_store_time(s, first.expires_at).await;
+    let before = s.now().await.unwrap();
+    let again = acquired(attempt(s, &r, LEASE, me, t, next).await, "the retry");
+    assert_eq!(again.token, first.token);
+    assert!(
+        again.expires_at.0 >= before.0 + LEASE.as_millis() as i64,
+        "expiry {:?} not at least now {:?} + lease",
+        again.expires_at,
+        before
+    );
+    assert!(row(s, &r).await.held);
+}
+
+/// An instant whose successor is already due by the store's clock is
+/// refused as superseded, on a new resource (no row is created), on a free
+/// one and on one this owner could otherwise adopt, and writes nothing: a
+/// node whose clock runs behind cannot take an instant the fleet has moved
+/// past. Its successor is still taken normally.
+async fn case_superseded_occurrence_is_refused(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let r = resource("superseded");
+    let now = s.now().await.unwrap();
+    let old = StoreTime(now.0 / 1000 * 1000 - 30_000);
+    let due_next = StoreTime(old.0 + 2_000);
+    let me = Uuid::new_v4();
+    match attempt(s, &r, LEASE, me, old, due_next).await {
+        AcquireOutcome::Superseded { store_now } => assert!(store_now >= now, "{store_now:?}"),
+        other => panic!("superseded instant on a new resource: {other:?}"),
+    }
+    assert!(
+        s.list()
+            .await
+            .unwrap()
+            .iter()
+            .all(|l| l.resource != r.as_str()),
+        "no row is created for a superseded instant"
+    );
+
+    // The current instant (successor not yet due) is taken.
+    let current = StoreTime(now.0 / 1000 * 1000 - 1_000);
+    let later = StoreTime(current.0 + 600_000);
+    let a = acquired(attempt(s, &r, LEASE, me, current, later).await, "current");
+    // The same owner retrying it once its successor is due: refused.
+    assert!(matches!(
+        attempt(s, &r, LEASE, me, current, StoreTime(current.0 + 1)).await,
+        AcquireOutcome::Superseded { .. }
+    ));
+    must_release(s, &a).await;
+    // A free lease and a newer (but superseded) instant: refused, unchanged.
+    let newer = StoreTime(current.0 + 500);
+    assert!(matches!(
+        attempt(s, &r, LEASE, Uuid::new_v4(), newer, StoreTime(newer.0 + 1)).await,
+        AcquireOutcome::Superseded { .. }
+    ));
+    let listed = row(s, &r).await;
+    assert_eq!(
+        (listed.token, listed.held, listed.last_occurrence),
+        (a.token, false, Some(current)),
+        "a superseded attempt changes nothing"
+    );
+}
+
+/// `give_back`: a lease under which nothing ran goes back with its
+/// occurrence, which another owner can then take (a newer token); older
+/// instants stay refused. It needs the owner and token, and leaves a
+/// later occurrence alone.
+async fn case_give_back_leaves_the_instant_runnable(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let r = resource("give-back");
+    let now = s.now().await.unwrap();
+    let t = StoreTime(now.0 / 1000 * 1000 - 5_000);
+    let next = StoreTime(t.0 + 600_000);
+    let late = acquired(
+        attempt(s, &r, LEASE, Uuid::new_v4(), t, next).await,
+        "late win",
+    );
+    let owner = late.owner_id.to_string();
+    assert!(matches!(
+        s.give_back(&r, &Uuid::new_v4().to_string(), Some(late.token), t)
+            .await
+            .unwrap(),
+        ReleaseOutcome::Refused(Refusal::NotOwner { .. })
+    ));
+    assert_eq!(
+        s.give_back(&r, &owner, Some(late.token), t).await.unwrap(),
+        ReleaseOutcome::Released
+    );
+    let listed = row(s, &r).await;
+    assert!(!listed.held);
+    assert!(listed.last_occurrence < Some(t), "{listed:?}");
+
+    assert_eq!(
+        acquire_at(s, &r, LEASE, Some(StoreTime(t.0 - 1_000))).await,
+        AcquireOutcome::OccurrenceTaken {
+            last_occurrence: StoreTime(t.0 - 1)
+        },
+        "an older instant is still refused"
+    );
+    let other = acquired(
+        attempt(s, &r, LEASE, Uuid::new_v4(), t, next).await,
+        "another node, same instant",
+    );
+    assert_eq!(other.token, late.token + 1);
+    assert_eq!(other.taken_over, None, "given back is no takeover");
+    must_release(s, &other).await;
+
+    // Giving back an occurrence that is no longer the last one taken
+    // leaves the last one alone.
+    let t2 = StoreTime(t.0 + 1_000);
+    let b = acquired(attempt(s, &r, LEASE, Uuid::new_v4(), t2, next).await, "t2");
+    assert_eq!(
+        s.give_back(&r, &b.owner_id.to_string(), Some(b.token), t)
+            .await
+            .unwrap(),
+        ReleaseOutcome::Released
+    );
+    assert_eq!(row(s, &r).await.last_occurrence, Some(t2));
+
+    // Without a token (an acquire whose answer never came back): only this
+    // owner's unreleased win of exactly this occurrence.
+    let t3 = StoreTime(t.0 + 2_000);
+    let ghost_owner = Uuid::new_v4();
+    let ghost = acquired(attempt(s, &r, LEASE, ghost_owner, t3, next).await, "t3");
+    for (who, occ) in [(Uuid::new_v4(), t3), (ghost_owner, t2)] {
+        assert!(
+            matches!(
+                s.give_back(&r, &who.to_string(), None, occ).await.unwrap(),
+                ReleaseOutcome::Refused(_)
+            ),
+            "token-less give-back by {who} of {occ:?}"
+        );
+    }
+    assert!(row(s, &r).await.held);
+    assert_eq!(
+        s.give_back(&r, &ghost_owner.to_string(), None, t3)
+            .await
+            .unwrap(),
+        ReleaseOutcome::Released
+    );
+    let listed = row(s, &r).await;
+    assert_eq!((listed.token, listed.held), (ghost.token, false));
+    assert!(listed.last_occurrence < Some(t3), "{listed:?}");
+    // Once released, there is nothing left to give back without a token.
+    let again = acquired(
+        attempt(s, &r, LEASE, ghost_owner, t3, next).await,
+        "t3 again",
+    );
+    must_release(s, &again).await;
+    assert!(matches!(
+        s.give_back(&r, &ghost_owner.to_string(), None, t3)
+            .await
+            .unwrap(),
+        ReleaseOutcome::Refused(_)
+    ));
+    assert_eq!(row(s, &r).await.last_occurrence, Some(t3));
+}
+
 // ------------------------------------------------------------ takeovers
 
 async fn acquire_as(
@@ -1133,7 +1387,9 @@ async fn acquire_as(
         resource: r,
         lease: LEASE,
         node,
+        owner_id: Uuid::new_v4(),
         occurrence,
+        next_occurrence: None,
     })
     .await
     .expect("acquire reaches the store")
@@ -1517,6 +1773,10 @@ conformance!(
     case_release_is_no_takeover,
     case_expiry_is_a_takeover,
     case_losing_acquire_changes_nothing,
+    case_retry_adopts_its_own_win,
+    case_retry_adopts_an_expired_win,
+    case_superseded_occurrence_is_refused,
+    case_give_back_leaves_the_instant_runnable,
 );
 
 isolated_conformance!(case_epoch_advance);

@@ -258,9 +258,9 @@ async fn client_loop(
                         token = l.token;
                         None
                     }
-                    AcquireOutcome::OccurrenceTaken { .. } | AcquireOutcome::NotYetDue { .. } => {
-                        None
-                    }
+                    AcquireOutcome::OccurrenceTaken { .. }
+                    | AcquireOutcome::NotYetDue { .. }
+                    | AcquireOutcome::Superseded { .. } => None,
                 }
             }
             (Path::Fencecron, RawOp::Renew) => {
@@ -311,6 +311,8 @@ fn request(resource: &Name, lease: Duration) -> AcquireRequest<'_> {
         lease,
         node: "bench",
         occurrence: None,
+        next_occurrence: None,
+        owner_id: crate::store::fresh_owner(),
     }
 }
 

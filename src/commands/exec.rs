@@ -55,6 +55,8 @@ pub async fn run(cli: &Cli, args: &ExecArgs) -> Result<u8> {
             lease: timing.lease,
             node: &ctx.node,
             occurrence: None,
+            next_occurrence: None,
+            owner_id: crate::store::fresh_owner(),
         })
         .await?;
     let lease = match outcome {

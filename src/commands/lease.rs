@@ -31,6 +31,8 @@ pub async fn run(cli: &Cli, cmd: &LeaseCommand) -> Result<u8> {
                     lease,
                     node: &ctx.node,
                     occurrence: None,
+                    next_occurrence: None,
+                    owner_id: crate::store::fresh_owner(),
                 })
                 .await?;
             match outcome {
@@ -184,6 +186,9 @@ pub(crate) fn held_error(resource: &Name, outcome: &AcquireOutcome) -> Error {
         )),
         AcquireOutcome::NotYetDue { store_now } => Error::Held(format!(
             "occurrence of {resource} is not due yet by the store's clock ({store_now}); retry later"
+        )),
+        AcquireOutcome::Superseded { store_now } => Error::Held(format!(
+            "occurrence of {resource} is already superseded by the store's clock ({store_now}); this host's clock runs behind"
         )),
         AcquireOutcome::Acquired(_) => Error::Runtime("internal: acquired is not an error".into()),
     }

@@ -436,11 +436,23 @@ pub struct AcquireRequest<'a> {
     pub resource: &'a Name,
     pub lease: Duration,
     pub node: &'a str,
+    /// The owner id to record. A scheduled occurrence uses one id for all of
+    /// its attempts on a node, so that a retry recognises a win of an earlier
+    /// attempt whose answer it never saw (a call that timed out on the
+    /// client after the server committed it) and adopts it instead of
+    /// finding its own occurrence "taken". Ad-hoc leases use a fresh one
+    /// ([`fresh_owner`]).
+    pub owner_id: Uuid,
     /// The scheduled occurrence this acquisition is for: the acquisition is
     /// refused unless it is newer than the last occurrence taken for the
     /// resource and already due by the store's clock. `None` for ad-hoc
     /// leases (`exec`, `lease acquire`).
     pub occurrence: Option<StoreTime>,
+    /// The job's next instant after `occurrence`: the acquisition is refused
+    /// ([`AcquireOutcome::Superseded`]) once that instant is due by the
+    /// store's clock, so a node whose clock runs behind cannot take (and
+    /// hold) an instant the fleet has already moved past.
+    pub next_occurrence: Option<StoreTime>,
 }
 
 /// A lease that this caller holds.
@@ -546,6 +558,11 @@ pub enum AcquireOutcome {
     /// it early could let this host take a later instant before the fleet
     /// had a chance at an earlier one.
     NotYetDue { store_now: StoreTime },
+    /// The job's next instant is already due by the store's clock: this
+    /// occurrence is over for the fleet, and this host's clock runs behind
+    /// the store's (by at least `store_now − next_occurrence`). Nothing was
+    /// written.
+    Superseded { store_now: StoreTime },
 }
 
 /// Why a renew or release was refused.
@@ -761,8 +778,12 @@ pub trait Store: Send + Sync + 'static {
 
     /// Takes the lease if it is free or expired by the store's clock (and,
     /// with an occurrence, only if that occurrence is newer than the last one
-    /// taken): creates the row if needed, increments the fence, records a
-    /// fresh owner UUID and returns the new token and the store's expiry.
+    /// taken, due, and not superseded by `next_occurrence`, all by the
+    /// store's clock): creates the row if needed, increments the fence,
+    /// records the request's owner id and returns the new token and the
+    /// store's expiry. With an occurrence, a row this owner already won for
+    /// the same occurrence and has not released is adopted: same token,
+    /// expiry extended to at least now + lease.
     async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<AcquireOutcome, StoreError>;
 
     /// Extends an unexpired lease, keeping the token. Matches owner id and token.
@@ -781,6 +802,21 @@ pub trait Store: Send + Sync + 'static {
         resource: &Name,
         owner_id: &str,
         token: Token,
+    ) -> Result<ReleaseOutcome, StoreError>;
+
+    /// Gives back a lease under which nothing ran, and with it `occurrence`:
+    /// like `release`, and if `occurrence` is still the last one taken for
+    /// the resource, it becomes takeable again (the last occurrence moves to
+    /// just before it), so another node still trying it can run it. Matches
+    /// owner id and token; without a token (an acquire whose answer never
+    /// came back may have won it), the owner's unreleased win of exactly
+    /// this occurrence, if any.
+    async fn give_back(
+        &self,
+        resource: &Name,
+        owner_id: &str,
+        token: Option<Token>,
+        occurrence: StoreTime,
     ) -> Result<ReleaseOutcome, StoreError>;
 
     /// Every lease ever taken, held or not, ordered by resource.
@@ -916,14 +952,20 @@ pub fn millis(d: Duration) -> i64 {
 
 /// Classifies a losing acquisition from the row as the caller's snapshot saw
 /// it. Shared by every backend so they report the same reasons.
-pub(crate) fn classify_loss(row: LossRow, occurrence: Option<StoreTime>) -> AcquireOutcome {
-    if let Some(occ) = occurrence {
+pub(crate) fn classify_loss(row: LossRow, req: &AcquireRequest<'_>) -> AcquireOutcome {
+    if let Some(occ) = req.occurrence {
         if occ.0 > row.now {
             return AcquireOutcome::NotYetDue {
                 store_now: StoreTime(row.now),
             };
         }
     }
+    if req.next_occurrence.is_some_and(|next| next.0 <= row.now) {
+        return AcquireOutcome::Superseded {
+            store_now: StoreTime(row.now),
+        };
+    }
+    let occurrence = req.occurrence;
     if let (Some(occ), Some(last)) = (occurrence, row.last_occurrence) {
         if last >= occ.0 {
             return AcquireOutcome::OccurrenceTaken {
@@ -1091,8 +1133,8 @@ pub(crate) mod rows {
     }
 }
 
-/// A new owner id for one acquisition.
-pub(crate) fn fresh_owner() -> Uuid {
+/// A new owner id for one acquisition (or one occurrence on one node).
+pub fn fresh_owner() -> Uuid {
     Uuid::new_v4()
 }
 

@@ -33,9 +33,10 @@ macro_rules! now_ms {
     };
 }
 
-/// The acquisition: the procedure (of migration 0003, which replaced
-/// 0002's), which holds the conditional `UPDATE`.
-const CALL_ACQUIRE: &str = "CALL fencecron_acquire(?, ?, ?, ?, ?)";
+/// The acquisition: the procedure of migration 0004 (0003's with adoption
+/// of this occurrence's own win and the next instant's refusal), which
+/// holds the conditional `UPDATE`.
+const CALL_ACQUIRE: &str = "CALL fencecron_acquire_v2(?, ?, ?, ?, ?, ?)";
 
 const RENEW: &str = concat!(
     "UPDATE fencecron_leases SET expires_at_ms = LAST_INSERT_ID(",
@@ -48,6 +49,20 @@ const RELEASE: &str = concat!(
     "UPDATE fencecron_leases SET expires_at_ms = LEAST(expires_at_ms, ",
     now_ms!(),
     "), released = TRUE WHERE resource = ? AND owner_id = ? AND fence = ?"
+);
+
+/// `give_back`: a release that also makes the occurrence takeable again
+/// when it is still the last one taken (`occurrence - 1` keeps older
+/// instants refused). The `WHERE` sees the row before the `SET`. Without a
+/// token: this owner's unreleased win of exactly this occurrence.
+const GIVE_BACK: &str = concat!(
+    "UPDATE fencecron_leases
+        SET last_occurrence_ms = IF(last_occurrence_ms = ?, ? - 1, last_occurrence_ms),
+            expires_at_ms = LEAST(expires_at_ms, ",
+    now_ms!(),
+    "), released = TRUE
+      WHERE resource = ? AND owner_id = ?
+        AND (fence = ? OR (? IS NULL AND NOT released AND last_occurrence_ms = ?))"
 );
 
 /// `fencecron epoch`: the stored epoch and the highest fence.
@@ -201,18 +216,19 @@ impl MySqlStore {
         }
     }
 
-    /// One `CALL fencecron_acquire(…)` (migration 0002): the conditional
+    /// One `CALL fencecron_acquire_v2(…)` (migration 0004): the conditional
     /// `UPDATE` (or the first `INSERT` of the row) and the read of the
     /// row after it run on the server, so a winner learns its expiry and a
     /// loser learns who holds the lease in one round trip.
     async fn acquire_inner(&self, req: &AcquireRequest<'_>) -> Result<AcquireOutcome, StoreError> {
-        let owner = fresh_owner();
+        let owner = req.owner_id;
         let row = sqlx::query(CALL_ACQUIRE)
             .bind(req.resource.as_str())
             .bind(owner.to_string())
             .bind(req.node)
             .bind(millis(req.lease))
             .bind(req.occurrence.map(|o| o.0))
+            .bind(req.next_occurrence.map(|o| o.0))
             .fetch_one(&self.pool)
             .await
             .map_err(|e| self.err(e))?;
@@ -235,10 +251,13 @@ impl MySqlStore {
         let (Some(fence), Some(owner_id), Some(node), Some(expires_at)) =
             (fence, owner_id, node, expires_at)
         else {
-            // No row: only an occurrence not yet due keeps the first
-            // acquisition from creating it.
-            return match req.occurrence {
-                Some(occ) if occ.0 > now => Ok(AcquireOutcome::NotYetDue {
+            // No row: only an occurrence not yet due, or already
+            // superseded, keeps the first acquisition from creating it.
+            return match (req.occurrence, req.next_occurrence) {
+                (Some(occ), _) if occ.0 > now => Ok(AcquireOutcome::NotYetDue {
+                    store_now: StoreTime(now),
+                }),
+                (_, Some(next)) if next.0 <= now => Ok(AcquireOutcome::Superseded {
                     store_now: StoreTime(now),
                 }),
                 _ => Err(StoreError::Corrupt {
@@ -268,8 +287,41 @@ impl MySqlStore {
                 last_occurrence,
                 now,
             },
-            req.occurrence,
+            req,
         ))
+    }
+
+    /// `release`, or with an occurrence `give_back`.
+    async fn release_inner(
+        &self,
+        resource: &Name,
+        owner_id: &str,
+        token: Option<Token>,
+        occurrence: Option<StoreTime>,
+    ) -> Result<ReleaseOutcome, StoreError> {
+        let query = match occurrence {
+            None => sqlx::query(RELEASE)
+                .bind(resource.as_str())
+                .bind(owner_id)
+                .bind(token),
+            Some(occ) => sqlx::query(GIVE_BACK)
+                .bind(occ.0)
+                .bind(occ.0)
+                .bind(resource.as_str())
+                .bind(owner_id)
+                .bind(token)
+                .bind(token)
+                .bind(occ.0),
+        };
+        let done = query.execute(&self.pool).await.map_err(|e| self.err(e))?;
+        if done.rows_affected() == 1 {
+            return Ok(ReleaseOutcome::Released);
+        }
+        Ok(ReleaseOutcome::Refused(classify_refusal(
+            self.lease_row(resource).await?,
+            owner_id,
+            token.unwrap_or(0),
+        )))
     }
 
     async fn epoch_inner<'e, E>(&self, ex: E) -> Result<EpochInfo, StoreError>
@@ -482,23 +534,26 @@ impl Store for MySqlStore {
         owner_id: &str,
         token: Token,
     ) -> Result<ReleaseOutcome, StoreError> {
-        timed(&self.url, self.call_timeout, async {
-            let done = sqlx::query(RELEASE)
-                .bind(resource.as_str())
-                .bind(owner_id)
-                .bind(token)
-                .execute(&self.pool)
-                .await
-                .map_err(|e| self.err(e))?;
-            if done.rows_affected() == 1 {
-                return Ok(ReleaseOutcome::Released);
-            }
-            Ok(ReleaseOutcome::Refused(classify_refusal(
-                self.lease_row(resource).await?,
-                owner_id,
-                token,
-            )))
-        })
+        timed(
+            &self.url,
+            self.call_timeout,
+            self.release_inner(resource, owner_id, Some(token), None),
+        )
+        .await
+    }
+
+    async fn give_back(
+        &self,
+        resource: &Name,
+        owner_id: &str,
+        token: Option<Token>,
+        occurrence: StoreTime,
+    ) -> Result<ReleaseOutcome, StoreError> {
+        timed(
+            &self.url,
+            self.call_timeout,
+            self.release_inner(resource, owner_id, token, Some(occurrence)),
+        )
         .await
     }
 
@@ -617,6 +672,7 @@ impl Store for MySqlStore {
                 .bind(owner_id)
                 .bind("bench")
                 .bind(lease)
+                .bind(None::<i64>)
                 .bind(None::<i64>)
                 .fetch_one(&self.pool)
                 .await

@@ -62,32 +62,75 @@ macro_rules! epoch_floor {
     };
 }
 
+/// The adoption condition on the row as it was: this owner won this
+/// occurrence and has not released it (false for ad-hoc leases, `$5` NULL).
+macro_rules! adopt {
+    () => {
+        "(owner_id = $2 AND last_occurrence_ms = $5 AND NOT released)"
+    };
+}
+
 /// The winning path assigns `prev_*` from the row as it was (PostgreSQL's
 /// `SET` expressions all see the old row) when the previous generation was
 /// not released, and `RETURNING` hands them back with the new fence.
+///
+/// Two ways to win:
+/// - the lease is free (expired by the store's clock) and the occurrence is
+///   newer than the last one taken: a fresh token;
+/// - adoption ([`ADOPT`]): this very owner already won this very
+///   occurrence and has not released it. An occurrence uses one owner id
+///   for all of its attempts, so this is an earlier attempt that committed
+///   after its caller stopped waiting for the answer; the retry takes that
+///   win over (same token, which nobody else ever saw, and expiry at least
+///   now + lease) instead of finding its own occurrence "taken".
+///
+/// Either way only while the occurrence is due and its successor (`$6`,
+/// the job's next instant) is not, by the store's clock.
 const ACQUIRE: &str = concat!(
     "WITH won AS (
        UPDATE fencecron_leases
-          SET prev_owner_id = CASE WHEN released THEN NULL ELSE owner_id END,
-              prev_node = CASE WHEN released THEN NULL ELSE node END,
-              prev_fence = CASE WHEN released THEN NULL ELSE fence END,
-              prev_expires_at_ms = CASE WHEN released THEN NULL ELSE expires_at_ms END,
+          SET prev_owner_id = CASE WHEN ",
+    adopt!(),
+    " THEN prev_owner_id WHEN released THEN NULL ELSE owner_id END,
+              prev_node = CASE WHEN ",
+    adopt!(),
+    " THEN prev_node WHEN released THEN NULL ELSE node END,
+              prev_fence = CASE WHEN ",
+    adopt!(),
+    " THEN prev_fence WHEN released THEN NULL ELSE fence END,
+              prev_expires_at_ms = CASE WHEN ",
+    adopt!(),
+    " THEN prev_expires_at_ms WHEN released THEN NULL ELSE expires_at_ms END,
               released = FALSE,
-              fence = GREATEST(fence + 1, ",
+              fence = CASE WHEN ",
+    adopt!(),
+    " THEN fence ELSE GREATEST(fence + 1, ",
     epoch_floor!(),
-    "), owner_id = $2, node = $3,
-              acquired_at_ms = ",
+    ") END, owner_id = $2, node = $3,
+              acquired_at_ms = CASE WHEN ",
+    adopt!(),
+    " THEN acquired_at_ms ELSE ",
     now_ms!(),
-    ", expires_at_ms = ",
+    " END, expires_at_ms = CASE WHEN ",
+    adopt!(),
+    " THEN GREATEST(expires_at_ms, ",
     now_ms!(),
-    " + $4,
+    " + $4) ELSE ",
+    now_ms!(),
+    " + $4 END,
               last_occurrence_ms = COALESCE($5, last_occurrence_ms)
         WHERE resource = $1
-          AND expires_at_ms <= ",
+          AND ((expires_at_ms <= ",
     now_ms!(),
     "
-          AND ($5::bigint IS NULL OR last_occurrence_ms IS NULL OR last_occurrence_ms < $5)
+                AND ($5::bigint IS NULL OR last_occurrence_ms IS NULL OR last_occurrence_ms < $5))
+               OR ",
+    adopt!(),
+    ")
           AND ($5::bigint IS NULL OR $5 <= ",
+    now_ms!(),
+    ")
+          AND ($6::bigint IS NULL OR $6 > ",
     now_ms!(),
     ")
     RETURNING fence, expires_at_ms, prev_owner_id, prev_node, prev_fence, prev_expires_at_ms)
@@ -115,6 +158,8 @@ const CREATE: &str = concat!(
     now_ms!(),
     " + $4, $5::bigint, FALSE WHERE ($5::bigint IS NULL OR $5 <= ",
     now_ms!(),
+    ") AND ($6::bigint IS NULL OR $6 > ",
+    now_ms!(),
     ")
      ON CONFLICT (resource) DO NOTHING
      RETURNING fence, expires_at_ms"
@@ -127,6 +172,22 @@ const RENEW: &str = concat!(
       WHERE resource = $1 AND owner_id = $2 AND fence = $3 AND expires_at_ms > ",
     now_ms!(),
     " RETURNING expires_at_ms"
+);
+
+/// `give_back`: a release that also makes the occurrence takeable again
+/// when it is still the last one taken (`$4 - 1` keeps every older instant
+/// refused). Without a token (`$3` NULL): this owner's unreleased win of
+/// exactly this occurrence.
+const GIVE_BACK: &str = concat!(
+    "UPDATE fencecron_leases SET expires_at_ms = LEAST(expires_at_ms, ",
+    now_ms!(),
+    "), released = TRUE,
+            last_occurrence_ms = CASE WHEN last_occurrence_ms = $4 THEN $4 - 1
+                                      ELSE last_occurrence_ms END
+      WHERE resource = $1 AND owner_id = $2
+        AND (fence = $3
+             OR ($3::bigint IS NULL AND NOT released AND last_occurrence_ms = $4))
+      RETURNING fence"
 );
 
 const RELEASE: &str = concat!(
@@ -242,10 +303,11 @@ impl PostgresStore {
     }
 
     async fn acquire_inner(&self, req: &AcquireRequest<'_>) -> Result<AcquireOutcome, StoreError> {
-        let owner = fresh_owner();
+        let owner = req.owner_id;
         let owner_s = owner.to_string();
         let lease = millis(req.lease);
         let occ = req.occurrence.map(|o| o.0);
+        let next = req.next_occurrence.map(|o| o.0);
         // Bounded: the row is created at most once, so the second round
         // always finds it.
         for _ in 0..3 {
@@ -255,6 +317,7 @@ impl PostgresStore {
                 .bind(req.node)
                 .bind(lease)
                 .bind(occ)
+                .bind(next)
                 .fetch_all(&self.pool)
                 .await
                 .map_err(|e| self.err(e))?;
@@ -286,7 +349,7 @@ impl PostgresStore {
                     last_occurrence: row.try_get("last_occurrence_ms").map_err(|e| self.err(e))?,
                     now: row.try_get("now_ms").map_err(|e| self.err(e))?,
                 };
-                return Ok(classify_loss(loss, req.occurrence));
+                return Ok(classify_loss(loss, req));
             }
             // No row at all: this is the resource's first acquisition.
             let created = sqlx::query(CREATE)
@@ -295,6 +358,7 @@ impl PostgresStore {
                 .bind(req.node)
                 .bind(lease)
                 .bind(occ)
+                .bind(next)
                 .fetch_optional(&self.pool)
                 .await
                 .map_err(|e| self.err(e))?;
@@ -307,13 +371,16 @@ impl PostgresStore {
                     taken_over: None,
                 }));
             }
-            // Not created: either the occurrence is not due yet by the
-            // store's clock, or someone else created the row concurrently
-            // (then compete for it normally).
-            if let Some(occ) = occ {
+            // Not created: either the occurrence is not due yet or already
+            // superseded by the store's clock, or someone else created the
+            // row concurrently (then compete for it normally).
+            if occ.is_some() || next.is_some() {
                 let now = self.now_inner().await?;
-                if occ > now.0 {
+                if occ.is_some_and(|occ| occ > now.0) {
                     return Ok(AcquireOutcome::NotYetDue { store_now: now });
+                }
+                if next.is_some_and(|next| next <= now.0) {
+                    return Ok(AcquireOutcome::Superseded { store_now: now });
                 }
             }
         }
@@ -323,6 +390,36 @@ impl PostgresStore {
                 "the lease row for {} neither exists nor can be created",
                 req.resource
             ),
+        })
+    }
+
+    /// `release`, or with an occurrence `give_back`.
+    async fn release_inner(
+        &self,
+        resource: &Name,
+        owner_id: &str,
+        token: Option<Token>,
+        occurrence: Option<StoreTime>,
+    ) -> Result<ReleaseOutcome, StoreError> {
+        let query = match occurrence {
+            None => sqlx::query_scalar(RELEASE),
+            Some(_) => sqlx::query_scalar(GIVE_BACK),
+        };
+        let mut query = query.bind(resource.as_str()).bind(owner_id).bind(token);
+        if let Some(occ) = occurrence {
+            query = query.bind(occ.0);
+        }
+        let released: Option<i64> = query
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(match released {
+            Some(_) => ReleaseOutcome::Released,
+            None => ReleaseOutcome::Refused(classify_refusal(
+                self.lease_row(resource).await?,
+                owner_id,
+                token.unwrap_or(0),
+            )),
         })
     }
 
@@ -533,23 +630,26 @@ impl Store for PostgresStore {
         owner_id: &str,
         token: Token,
     ) -> Result<ReleaseOutcome, StoreError> {
-        timed(&self.url, self.call_timeout, async {
-            let released: Option<i64> = sqlx::query_scalar(RELEASE)
-                .bind(resource.as_str())
-                .bind(owner_id)
-                .bind(token)
-                .fetch_optional(&self.pool)
-                .await
-                .map_err(|e| self.err(e))?;
-            Ok(match released {
-                Some(_) => ReleaseOutcome::Released,
-                None => ReleaseOutcome::Refused(classify_refusal(
-                    self.lease_row(resource).await?,
-                    owner_id,
-                    token,
-                )),
-            })
-        })
+        timed(
+            &self.url,
+            self.call_timeout,
+            self.release_inner(resource, owner_id, Some(token), None),
+        )
+        .await
+    }
+
+    async fn give_back(
+        &self,
+        resource: &Name,
+        owner_id: &str,
+        token: Option<Token>,
+        occurrence: StoreTime,
+    ) -> Result<ReleaseOutcome, StoreError> {
+        timed(
+            &self.url,
+            self.call_timeout,
+            self.release_inner(resource, owner_id, token, Some(occurrence)),
+        )
         .await
     }
 
@@ -655,6 +755,7 @@ impl Store for PostgresStore {
                 .bind(owner_id)
                 .bind("bench")
                 .bind(lease)
+                .bind(None::<i64>)
                 .bind(None::<i64>)
                 .fetch_all(&self.pool)
                 .await

@@ -71,25 +71,57 @@ macro_rules! epoch_floor {
     };
 }
 
+/// The adoption condition on the row as it was: this owner won this
+/// occurrence and has not released it (never true for ad-hoc leases, `?6`
+/// NULL). See the PostgreSQL store for why a retry adopts its own win.
+macro_rules! adopt {
+    () => {
+        "(owner_id = ?2 AND last_occurrence_ms = ?6 AND NOT released)"
+    };
+}
+
 /// The winning acquire: `prev_*` copy the vanished owner when the previous
 /// generation was not released (every `SET` expression sees the old row),
 /// and the fence moves to at least the epoch's first token. The epoch
 /// subquery runs only for a row that matched: a losing acquire reads and
-/// writes nothing more than before.
+/// writes nothing more than before. An adopted win keeps its token and
+/// `prev_*`, and its expiry becomes at least now + lease. Refused once the
+/// job's next instant (`?7`) is due.
 const ACQUIRE: &str = concat!(
     "UPDATE fencecron_leases
-    SET prev_owner_id = CASE WHEN released THEN NULL ELSE owner_id END,
-        prev_node = CASE WHEN released THEN NULL ELSE node END,
-        prev_fence = CASE WHEN released THEN NULL ELSE fence END,
-        prev_expires_at_ms = CASE WHEN released THEN NULL ELSE expires_at_ms END,
+    SET prev_owner_id = CASE WHEN ",
+    adopt!(),
+    " THEN prev_owner_id WHEN released THEN NULL ELSE owner_id END,
+        prev_node = CASE WHEN ",
+    adopt!(),
+    " THEN prev_node WHEN released THEN NULL ELSE node END,
+        prev_fence = CASE WHEN ",
+    adopt!(),
+    " THEN prev_fence WHEN released THEN NULL ELSE fence END,
+        prev_expires_at_ms = CASE WHEN ",
+    adopt!(),
+    " THEN prev_expires_at_ms WHEN released THEN NULL ELSE expires_at_ms END,
         released = 0,
-        fence = max(fence + 1, ",
+        fence = CASE WHEN ",
+    adopt!(),
+    " THEN fence ELSE max(fence + 1, ",
     epoch_floor!(),
-    "), owner_id = ?2, node = ?3, acquired_at_ms = ?4,
-        expires_at_ms = ?4 + ?5, last_occurrence_ms = COALESCE(?6, last_occurrence_ms)
-  WHERE resource = ?1 AND expires_at_ms <= ?4
-    AND (?6 IS NULL OR last_occurrence_ms IS NULL OR last_occurrence_ms < ?6)
+    ") END, owner_id = ?2, node = ?3,
+        acquired_at_ms = CASE WHEN ",
+    adopt!(),
+    " THEN acquired_at_ms ELSE ?4 END,
+        expires_at_ms = CASE WHEN ",
+    adopt!(),
+    " THEN max(expires_at_ms, ?4 + ?5) ELSE ?4 + ?5 END,
+        last_occurrence_ms = COALESCE(?6, last_occurrence_ms)
+  WHERE resource = ?1
+    AND ((expires_at_ms <= ?4
+          AND (?6 IS NULL OR last_occurrence_ms IS NULL OR last_occurrence_ms < ?6))
+         OR ",
+    adopt!(),
+    ")
     AND (?6 IS NULL OR ?6 <= ?4)
+    AND (?7 IS NULL OR ?7 > ?4)
 RETURNING fence, expires_at_ms, prev_owner_id, prev_node, prev_fence, prev_expires_at_ms"
 );
 
@@ -121,6 +153,17 @@ RETURNING expires_at_ms";
 const RELEASE: &str =
     "UPDATE fencecron_leases SET expires_at_ms = MIN(expires_at_ms, ?4), released = 1
   WHERE resource = ?1 AND owner_id = ?2 AND fence = ?3";
+
+/// `give_back`: a release that also makes the occurrence `?5` takeable again
+/// when it is still the last one taken (`?5 - 1` keeps older instants
+/// refused). Without a token (`?3` NULL): this owner's unreleased win of
+/// exactly this occurrence.
+const GIVE_BACK: &str =
+    "UPDATE fencecron_leases SET expires_at_ms = MIN(expires_at_ms, ?4), released = 1,
+        last_occurrence_ms = CASE WHEN last_occurrence_ms = ?5 THEN ?5 - 1
+                                  ELSE last_occurrence_ms END
+  WHERE resource = ?1 AND owner_id = ?2
+    AND (fence = ?3 OR (?3 IS NULL AND NOT released AND last_occurrence_ms = ?5))";
 
 /// The conditional write; the `WHERE` before `ON CONFLICT` (which SQLite's
 /// grammar needs for INSERT … SELECT … ON CONFLICT) is the forgery check.
@@ -236,10 +279,11 @@ impl SqliteStore {
     }
 
     async fn acquire_inner(&self, req: &AcquireRequest<'_>) -> Result<AcquireOutcome, StoreError> {
-        let owner = fresh_owner();
+        let owner = req.owner_id;
         let owner_s = owner.to_string();
         let lease = millis(req.lease);
         let occ = req.occurrence.map(|o| o.0);
+        let next = req.next_occurrence.map(|o| o.0);
         let mut tx = self.write_tx().await?;
         let now = kernel_now_ms();
         let won = sqlx::query(ACQUIRE)
@@ -249,6 +293,7 @@ impl SqliteStore {
             .bind(now)
             .bind(lease)
             .bind(occ)
+            .bind(next)
             .fetch_optional(&mut *tx)
             .await
             .map_err(|e| self.err(e))?;
@@ -275,11 +320,17 @@ impl SqliteStore {
                         now,
                     };
                     tx.rollback().await.map_err(|e| self.err(e))?;
-                    return Ok(classify_loss(loss, req.occurrence));
+                    return Ok(classify_loss(loss, req));
                 }
                 if occ.is_some_and(|o| o > now) {
                     tx.rollback().await.map_err(|e| self.err(e))?;
                     return Ok(AcquireOutcome::NotYetDue {
+                        store_now: StoreTime(now),
+                    });
+                }
+                if next.is_some_and(|n| n <= now) {
+                    tx.rollback().await.map_err(|e| self.err(e))?;
+                    return Ok(AcquireOutcome::Superseded {
                         store_now: StoreTime(now),
                     });
                 }
@@ -346,19 +397,30 @@ impl SqliteStore {
         Ok(outcome)
     }
 
+    /// `release`, or with an occurrence `give_back`.
     async fn release_inner(
         &self,
         resource: &Name,
         owner_id: &str,
-        token: Token,
+        token: Option<Token>,
+        occurrence: Option<StoreTime>,
     ) -> Result<ReleaseOutcome, StoreError> {
         let mut tx = self.write_tx().await?;
         let now = kernel_now_ms();
-        let released = sqlx::query(RELEASE)
-            .bind(resource.as_str())
-            .bind(owner_id)
-            .bind(token)
-            .bind(now)
+        let query = sqlx::query(if occurrence.is_some() {
+            GIVE_BACK
+        } else {
+            RELEASE
+        })
+        .bind(resource.as_str())
+        .bind(owner_id)
+        .bind(token)
+        .bind(now);
+        let query = match occurrence {
+            Some(occ) => query.bind(occ.0),
+            None => query,
+        };
+        let released = query
             .execute(&mut *tx)
             .await
             .map_err(|e| self.err(e))?
@@ -369,7 +431,7 @@ impl SqliteStore {
             ReleaseOutcome::Refused(classify_refusal(
                 self.lease_row(&mut tx, resource).await?,
                 owner_id,
-                token,
+                token.unwrap_or(0),
             ))
         };
         tx.commit().await.map_err(|e| self.err(e))?;
@@ -549,7 +611,22 @@ impl Store for SqliteStore {
         timed(
             &self.url,
             self.call_timeout,
-            self.release_inner(resource, owner_id, token),
+            self.release_inner(resource, owner_id, Some(token), None),
+        )
+        .await
+    }
+
+    async fn give_back(
+        &self,
+        resource: &Name,
+        owner_id: &str,
+        token: Option<Token>,
+        occurrence: StoreTime,
+    ) -> Result<ReleaseOutcome, StoreError> {
+        timed(
+            &self.url,
+            self.call_timeout,
+            self.release_inner(resource, owner_id, token, Some(occurrence)),
         )
         .await
     }
@@ -695,6 +772,7 @@ impl Store for SqliteStore {
                 .bind("bench")
                 .bind(now)
                 .bind(lease)
+                .bind(None::<i64>)
                 .bind(None::<i64>),
             RawOp::Renew => sqlx::query(RENEW)
                 .bind(r)
