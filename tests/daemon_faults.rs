@@ -854,6 +854,71 @@ fn job_output_is_logged_per_line_sqlite() {
 // ---------------------------------------------------------------------------
 // 7. A store that answers after the occurrence was given up
 
+/// A daemon on PostgreSQL through a [`Proxy`], with one job every 10 s
+/// and one pool connection (an acquire queues behind a held one instead of
+/// racing it on a second connection, so the held statement is the first
+/// the store executes when the traffic flows again), after its first run.
+struct ProxiedJob {
+    proxy: Proxy,
+    daemon: Daemon,
+    job: String,
+    first_token: i64,
+    _dir: tempfile::TempDir,
+}
+
+impl ProxiedJob {
+    fn start(url: &str, node: &str, lease: &str) -> ProxiedJob {
+        let (proxy, proxied) = Proxy::for_url(url, 5432);
+        let dir = tempfile::tempdir().expect("temp dir");
+        let job = unique(node);
+        let config = dir.path().join("jobs.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "[store]\nmax_connections = 1\n\n{}",
+                job_toml(
+                    &job,
+                    "*/10 * * * * *",
+                    &record_cmd(&dir.path().join("runs")),
+                    &format!("lease = \"{lease}\""),
+                )
+            ),
+        )
+        .expect("write jobs.toml");
+        let daemon = Daemon::spawn(DaemonOpts::new(node, &config, &proxied).debug());
+        let (i_fin, first) =
+            daemon.expect_from(0, "a first job_finished", ev("job_finished"), secs(40));
+        daemon.expect_from(i_fin, "its lease_released", ev("lease_released"), secs(10));
+        ProxiedJob {
+            proxy,
+            daemon,
+            job,
+            first_token: token_of(&first),
+            _dir: dir,
+        }
+    }
+}
+
+/// Holds the proxy's traffic from 1 s before the job's next 10-second
+/// instant (at least 1.5 s away). Returns the daemon's log position then
+/// and the instant as `scheduled_at` spells it.
+fn hold_across_next_instant(proxy: &Proxy, d: &Daemon) -> (usize, String) {
+    let now = wall_ms();
+    let mut instant = (now / 10_000 + 1) * 10_000;
+    if instant - now < 1_500 {
+        instant += 10_000;
+    }
+    std::thread::sleep(Duration::from_millis(
+        u64::try_from(instant - 1_000 - wall_ms()).unwrap_or(0),
+    ));
+    let cut = d.len();
+    proxy.hold();
+    let at = chrono::DateTime::from_timestamp_millis(instant)
+        .expect("instant")
+        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    (cut, at)
+}
+
 /// The store holds an acquire past the occurrence's give-up (a lease after
 /// the instant, here before the next instant), then answers: the acquire
 /// wins in the store, but nothing may run under it. The daemon gives the
@@ -870,48 +935,11 @@ fn late_win_after_give_up_is_given_back_postgres() {
     else {
         return;
     };
-    let (proxy, proxied) = Proxy::for_url(&store.url, 5432);
-    let dir = tempfile::tempdir().expect("temp dir");
-    let job = unique("latewin");
-    let runs_file = dir.path().join("runs");
-    // One connection: the next occurrence's acquire queues behind the held
-    // one instead of racing it on a second connection, so the held acquire
-    // is the one that wins when the traffic flows again.
-    let config = dir.path().join("jobs.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[store]\nmax_connections = 1\n\n{}",
-            job_toml(
-                &job,
-                "*/10 * * * * *",
-                &record_cmd(&runs_file),
-                "lease = \"5s\"",
-            )
-        ),
-    )
-    .expect("write jobs.toml");
-    let mut d = Daemon::spawn(DaemonOpts::new("latewin", &config, &proxied));
-    // Healthy first: one run, and its lease back.
-    let (i_fin, first) = d.expect_from(0, "a first job_finished", ev("job_finished"), secs(40));
-    d.expect_from(i_fin, "its lease_released", ev("lease_released"), secs(10));
-    let first_token = token_of(&first);
-
+    let p = ProxiedJob::start(&store.url, "latewin", "5s");
+    let (proxy, mut d, job, first_token) = (&p.proxy, p.daemon, p.job, p.first_token);
     // Hold the store's traffic from just before the next instant until the
     // daemon has given that occurrence up (5 s after it).
-    let now = wall_ms();
-    let mut instant = (now / 10_000 + 1) * 10_000;
-    if instant - now < 1_500 {
-        instant += 10_000;
-    }
-    std::thread::sleep(Duration::from_millis(
-        u64::try_from(instant - 1_000 - wall_ms()).unwrap_or(0),
-    ));
-    let at = chrono::DateTime::from_timestamp_millis(instant)
-        .expect("instant")
-        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
-    let cut = d.len();
-    proxy.hold();
+    let (cut, at) = hold_across_next_instant(proxy, &d);
     let (_, given_up) = d.expect_from(
         cut,
         "occurrence_skipped store_unavailable while held",
@@ -991,43 +1019,11 @@ fn hung_store_across_an_instant_still_runs_it_postgres() {
     let Some(store) = TestStore::new(Backend::Postgres, "hung_store_across_an_instant") else {
         return;
     };
-    let (proxy, proxied) = Proxy::for_url(&store.url, 5432);
-    let dir = tempfile::tempdir().expect("temp dir");
-    let job = unique("hung");
-    let runs_file = dir.path().join("runs");
-    // One connection: the retry queues behind the timed-out statement, so
-    // that statement is the first the store executes when traffic flows.
-    let config = dir.path().join("jobs.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[store]\nmax_connections = 1\n\n{}",
-            job_toml(
-                &job,
-                "*/10 * * * * *",
-                &record_cmd(&runs_file),
-                "lease = \"30s\"",
-            )
-        ),
-    )
-    .expect("write jobs.toml");
-    let mut d = Daemon::spawn(DaemonOpts::new("hung", &config, &proxied).debug());
-    let (i_fin, first) = d.expect_from(0, "a first job_finished", ev("job_finished"), secs(40));
-    d.expect_from(i_fin, "its lease_released", ev("lease_released"), secs(10));
-    let first_token = token_of(&first);
-
-    // Hang the store from just before the next instant (at least 1.5 s
-    // away) until the first acquire for it has timed out.
-    let now = wall_ms();
-    let mut instant = (now / 10_000 + 1) * 10_000;
-    if instant - now < 1_500 {
-        instant += 10_000;
-    }
-    std::thread::sleep(Duration::from_millis(
-        u64::try_from(instant - 1_000 - wall_ms()).unwrap_or(0),
-    ));
-    let cut = d.len();
-    proxy.hold();
+    let p = ProxiedJob::start(&store.url, "hung", "30s");
+    let (proxy, mut d, first_token) = (&p.proxy, p.daemon, p.first_token);
+    // Hang the store from just before the next instant until the first
+    // acquire for it has timed out.
+    let (cut, at) = hold_across_next_instant(proxy, &d);
     let (_, timed_out) = d.expect_from(
         cut,
         "store_unavailable for the held acquire, with a retry",
@@ -1040,10 +1036,6 @@ fn hung_store_across_an_instant_still_runs_it_postgres() {
     );
     proxy.release();
     eprintln!("timed out: {timed_out}");
-
-    let at = chrono::DateTime::from_timestamp_millis(instant)
-        .expect("instant")
-        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
     let (_, started) = d.expect_from(
         cut,
         "job_started for the instant the store hung across",
