@@ -464,6 +464,8 @@ fn case_usage_errors_do_not_touch_store(fx: &Fx) {
             &ok,
             "--token",
             "1",
+            "--owner-id",
+            &owner,
             "--value",
             "v",
         ],
@@ -474,10 +476,22 @@ fn case_usage_errors_do_not_touch_store(fx: &Fx) {
             "tab\there",
             "--token",
             "1",
+            "--owner-id",
+            &owner,
             "--value",
             "v",
         ],
-        vec!["put", "k", "--resource", &ok, "--value", "v"], // no token at all
+        // no token at all
+        vec![
+            "put",
+            "k",
+            "--resource",
+            &ok,
+            "--owner-id",
+            &owner,
+            "--value",
+            "v",
+        ],
         vec![
             "put",
             "k",
@@ -485,10 +499,45 @@ fn case_usage_errors_do_not_touch_store(fx: &Fx) {
             &ok,
             "--token",
             "0",
+            "--owner-id",
+            &owner,
             "--value",
             "v",
         ],
-        vec!["put", "k", "--token", "1", "--value", "v"], // no resource at all
+        // no resource at all
+        vec![
+            "put",
+            "k",
+            "--token",
+            "1",
+            "--owner-id",
+            &owner,
+            "--value",
+            "v",
+        ],
+        // no owner id at all
+        vec![
+            "put",
+            "k",
+            "--resource",
+            &ok,
+            "--token",
+            "1",
+            "--value",
+            "v",
+        ],
+        vec![
+            "put",
+            "k",
+            "--resource",
+            &ok,
+            "--token",
+            "1",
+            "--owner-id",
+            "host-a",
+            "--value",
+            "v",
+        ],
         vec!["get", "bad\u{7f}key", "--resource", &ok],
     ];
     for args in &bad {
@@ -497,6 +546,15 @@ fn case_usage_errors_do_not_touch_store(fx: &Fx) {
         let out = expect_code(run(cmd, None), EXIT_USAGE, args);
         let msg = one_sentence(&out);
         assert!(!msg.contains("store"), "rejected before the store: {msg}");
+        if args.contains(&"put") && !args.contains(&"--owner-id") {
+            assert!(
+                msg.contains("--owner-id") && msg.contains("$FENCECRON_OWNER_ID"),
+                "names the flag and the variable: {msg}"
+            );
+        }
+        if args.contains(&"host-a") {
+            assert!(msg.contains("UUID"), "{msg}");
+        }
     }
     let mut cmd = fencecron(fx.dir.path());
     cmd.args(["lease", "acquire", &ok, "--lease", "4s"])
@@ -634,6 +692,8 @@ fn case_put_sources_and_get(fx: &Fx) {
             &r,
             "--token",
             &token,
+            "--owner-id",
+            &l.owner_id,
             "--file",
             file_s,
         ],
@@ -645,7 +705,11 @@ fn case_put_sources_and_get(fx: &Fx) {
         .decode(v["value_base64"].as_str().expect("value_base64"))
         .expect("valid base64");
     assert_eq!(decoded, bytes);
-    assert!(v["owner_id"].is_null(), "no owner given: {v}");
+    assert_eq!(
+        v["owner_id"],
+        l.owner_id.as_str(),
+        "owner from the flag: {v}"
+    );
     let out = fx.expect(&["get", "bin", "--resource", &r], 0);
     assert_eq!(out.stdout, bytes, "get prints the exact bytes");
 
@@ -654,7 +718,16 @@ fn case_put_sources_and_get(fx: &Fx) {
         .map(|i| b"fencecron\n"[i as usize % 10])
         .collect();
     let out = run(
-        fx.cmd(&["put", "stdin", "--resource", &r, "--token", &token]),
+        fx.cmd(&[
+            "put",
+            "stdin",
+            "--resource",
+            &r,
+            "--token",
+            &token,
+            "--owner-id",
+            &l.owner_id,
+        ]),
         Some(&big),
     );
     expect_code(out, 0, &["put", "stdin"]);
@@ -691,6 +764,8 @@ fn case_put_stale_forged_once_and_stale_list(fx: &Fx) {
             &r,
             "--token",
             &t2,
+            "--owner-id",
+            &second.owner_id,
             "--value",
             "new",
         ],
@@ -732,6 +807,8 @@ fn case_put_stale_forged_once_and_stale_list(fx: &Fx) {
             &r,
             "--token",
             "99",
+            "--owner-id",
+            &second.owner_id,
             "--value",
             "forged",
         ],
@@ -753,6 +830,8 @@ fn case_put_stale_forged_once_and_stale_list(fx: &Fx) {
             &r,
             "--token",
             &t2,
+            "--owner-id",
+            &second.owner_id,
             "--once",
             "--value",
             "again",
@@ -777,6 +856,8 @@ fn case_put_stale_forged_once_and_stale_list(fx: &Fx) {
             &r,
             "--token",
             &t1,
+            "--owner-id",
+            &first.owner_id,
             "--once",
             "--value",
             "x",
@@ -822,7 +903,9 @@ fn case_put_stale_forged_once_and_stale_list(fx: &Fx) {
     assert_eq!(old["job"], "job-old");
     assert_eq!(old["stage"], "upload");
     assert_eq!(recs[1]["token"].as_i64(), Some(99));
-    assert!(recs[1]["owner_id"].is_null() && recs[1]["job"].is_null());
+    assert_eq!(recs[1]["reason"], "forged");
+    assert_eq!(recs[1]["owner_id"], second.owner_id.as_str());
+    assert!(recs[1]["job"].is_null());
     assert_eq!(recs[1]["stage"], "put", "the default stage");
 
     // --since: a wide window has them all; a window that began after they
@@ -961,6 +1044,8 @@ fn store_commands() -> Vec<Vec<&'static str>> {
             "r",
             "--token",
             "1",
+            "--owner-id",
+            owner,
             "--value",
             "v",
         ],
@@ -1081,7 +1166,9 @@ fn explicit_sqlite_store_works_and_its_files_are_private() {
         "sqlite://fencecron.db",
     ]);
     let out = expect_code(run(cmd, None), 0, &["lease", "acquire", "--store"]);
-    let token = json_line(&out)["token"].as_i64().unwrap().to_string();
+    let acquired = json_line(&out);
+    let token = acquired["token"].as_i64().unwrap().to_string();
+    let owner = acquired["owner_id"].as_str().unwrap().to_string();
     let mut cmd = fencecron(dir.path());
     cmd.args([
         "put",
@@ -1090,6 +1177,8 @@ fn explicit_sqlite_store_works_and_its_files_are_private() {
         &r,
         "--token",
         &token,
+        "--owner-id",
+        &owner,
         "--value",
         "v",
     ])
@@ -1228,15 +1317,18 @@ fn case_epoch_advance_via_cli(fx: &Fx) {
             "{before:?}"
         );
         let mut earlier = Vec::new();
+        let mut owners = Vec::new();
         let r = unique("cli-epoch");
         for _ in 0..3 {
             let l = fx.acquire(&r, "5s");
             earlier.push(l.token);
+            owners.push(l.owner_id.clone());
             fx.release(&l);
         }
         let held = fx.acquire(&unique("cli-epoch-held"), "30s");
         earlier.push(held.token);
         let t_old = earlier[2].to_string();
+        let o_old = owners[2].clone();
         fx.expect(
             &[
                 "put",
@@ -1245,6 +1337,8 @@ fn case_epoch_advance_via_cli(fx: &Fx) {
                 &r,
                 "--token",
                 &t_old,
+                "--owner-id",
+                &o_old,
                 "--value",
                 "old",
             ],
@@ -1285,6 +1379,8 @@ fn case_epoch_advance_via_cli(fx: &Fx) {
                 &r,
                 "--token",
                 &t_new,
+                "--owner-id",
+                &next.owner_id,
                 "--value",
                 "new",
             ],
@@ -1298,6 +1394,8 @@ fn case_epoch_advance_via_cli(fx: &Fx) {
                 &r,
                 "--token",
                 &t_old,
+                "--owner-id",
+                &o_old,
                 "--value",
                 "stale",
             ],
