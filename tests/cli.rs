@@ -921,6 +921,114 @@ fn case_put_stale_forged_once_and_stale_list(fx: &Fx) {
     assert!(stdout(&out).contains(&r), "text listing names the resource");
 }
 
+/// A token is bound to its owner and its resource. A job run by
+/// `fencecron exec` writes with a foreign `--owner-id`, and with its own
+/// owner id and token to two other resources (tokens count per resource,
+/// so the numbers overlap): one whose fence has the same number
+/// (`wrong_owner`) and one whose fence is past it (`stale`). Each is
+/// refused with exit 3, a sentence naming the cause and a
+/// `stale_write_rejected` event, and `stale --json` lists it with the
+/// caller's owner id and token; the job's own write goes through.
+fn case_put_binds_owner_and_resource(fx: &Fx) {
+    let job_r = unique("cli-bind-job");
+    let same = unique("cli-bind-same");
+    let ahead = unique("cli-bind-ahead");
+    let same_lease = fx.acquire(&same, "30s");
+    let first = fx.acquire(&ahead, "5s");
+    fx.release(&first);
+    let ahead_lease = fx.acquire(&ahead, "30s");
+    let foreign = "00000000-0000-4000-8000-000000000001";
+    let report = fx.dir.path().join("bind-report");
+    let errors = fx.dir.path().join("bind-errors");
+    let script = r#"
+        p() {
+            name=$1; shift
+            "$FENCECRON_BIN" put k --stage "$name" --value "$name" "$@" 2>>"$ERRORS"
+            echo "$name $?" >>"$REPORT"
+        }
+        p foreign --owner-id "$FOREIGN"
+        p same --resource "$SAME"
+        p ahead --resource "$AHEAD"
+        p own
+        echo "owner $FENCECRON_OWNER_ID" >>"$REPORT"
+        echo "token $FENCECRON_TOKEN" >>"$REPORT"
+    "#;
+    let mut cmd = fx.cmd(&["exec", &job_r, "--lease", "30s"]);
+    cmd.args(["--", "sh", "-c", script, "sh"])
+        .env("FENCECRON_LOG_FORMAT", "json")
+        .env("REPORT", &report)
+        .env("ERRORS", &errors)
+        .env("FOREIGN", foreign)
+        .env("SAME", &same)
+        .env("AHEAD", &ahead);
+    let out = expect_code(run(cmd, None), 0, &["exec", &job_r]);
+    let text = std::fs::read_to_string(&report)
+        .unwrap_or_else(|e| panic!("the job's report ({e}): {}", describe(&out)));
+    let errs = std::fs::read_to_string(&errors).unwrap_or_default();
+    let lines: HashMap<&str, &str> = text.lines().filter_map(|l| l.split_once(' ')).collect();
+    let codes = ["foreign", "same", "ahead", "own"].map(|s| lines.get(s).copied());
+    assert_eq!(
+        codes,
+        [Some("3"), Some("3"), Some("3"), Some("0")],
+        "exit codes of the job's puts: {text}\n{errs}"
+    );
+    let owner = lines["owner"];
+    let token: i64 = lines["token"].parse().expect("token");
+    assert_eq!(token, same_lease.token, "fresh resources share the numbers");
+    assert!(ahead_lease.token > token);
+
+    // One sentence per refusal, naming the cause.
+    let sentences: Vec<&str> = errs
+        .lines()
+        .filter(|l| l.starts_with("fencecron: "))
+        .collect();
+    assert_eq!(sentences.len(), 3, "{errs}");
+    assert!(
+        sentences[0].contains("wrong owner") && sentences[0].contains(foreign),
+        "{errs}"
+    );
+    assert!(
+        sentences[1].contains("wrong owner") && sentences[1].contains(&same),
+        "{errs}"
+    );
+    assert!(
+        sentences[2].contains("stale") && sentences[2].contains(&ahead),
+        "{errs}"
+    );
+    let events: Vec<Value> = errs
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|e| e["event"] == "stale_write_rejected")
+        .collect();
+    let reasons: Vec<&str> = events.iter().filter_map(|e| e["reason"].as_str()).collect();
+    assert_eq!(reasons, ["wrong_owner", "wrong_owner", "stale"], "{errs}");
+
+    let check = |resource: &str, reason: &str, owner_id: &str, accepted: i64, stage: &str| {
+        let recs = fx.stale(resource, None);
+        assert_eq!(recs.len(), 1, "{resource}: {recs:?}");
+        let rec = &recs[0];
+        assert_eq!(rec["kind"], "write_rejected", "{rec}");
+        assert_eq!(rec["reason"], reason, "{rec}");
+        assert_eq!(rec["key"], "k", "{rec}");
+        assert_eq!(rec["owner_id"], owner_id, "{rec}");
+        assert_eq!(rec["token"].as_i64(), Some(token), "{rec}");
+        assert_eq!(rec["accepted_token"].as_i64(), Some(accepted), "{rec}");
+        assert_eq!(rec["stage"], stage, "{rec}");
+    };
+    check(&job_r, "wrong_owner", foreign, token, "foreign");
+    check(&same, "wrong_owner", owner, same_lease.token, "same");
+    check(&ahead, "stale", owner, ahead_lease.token, "ahead");
+
+    let v = fx.get_json(&job_r, "k");
+    assert_eq!(
+        (v["value"].as_str(), v["owner_id"].as_str()),
+        (Some("own"), Some(owner))
+    );
+    for r in [&same, &ahead] {
+        fx.expect(&["get", "k", "--resource", r], EXIT_RUNTIME);
+    }
+}
+
 // ------------------------------------------------- store URLs and failures
 
 /// An unreachable store with a password in its URL: exit 1, and the
@@ -1532,6 +1640,7 @@ cli_tests!(
     case_store_clock_decides_expiry,
     case_put_sources_and_get,
     case_put_stale_forged_once_and_stale_list,
+    case_put_binds_owner_and_resource,
     case_epoch_advance_via_cli,
     case_takeover_logged_and_listed,
 );
