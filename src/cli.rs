@@ -182,6 +182,7 @@ pub struct PutArgs {
     /// [default: $FENCECRON_TOKEN]
     #[arg(long, value_name = "T", env = "FENCECRON_TOKEN")]
     pub token: Option<i64>,
+    /// The owner id the token was issued to (required; a UUID)
     /// [default: $FENCECRON_OWNER_ID]
     #[arg(long, value_name = "O", env = "FENCECRON_OWNER_ID")]
     pub owner_id: Option<String>,

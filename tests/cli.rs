@@ -464,6 +464,8 @@ fn case_usage_errors_do_not_touch_store(fx: &Fx) {
             &ok,
             "--token",
             "1",
+            "--owner-id",
+            &owner,
             "--value",
             "v",
         ],
@@ -474,10 +476,22 @@ fn case_usage_errors_do_not_touch_store(fx: &Fx) {
             "tab\there",
             "--token",
             "1",
+            "--owner-id",
+            &owner,
             "--value",
             "v",
         ],
-        vec!["put", "k", "--resource", &ok, "--value", "v"], // no token at all
+        // no token at all
+        vec![
+            "put",
+            "k",
+            "--resource",
+            &ok,
+            "--owner-id",
+            &owner,
+            "--value",
+            "v",
+        ],
         vec![
             "put",
             "k",
@@ -485,10 +499,45 @@ fn case_usage_errors_do_not_touch_store(fx: &Fx) {
             &ok,
             "--token",
             "0",
+            "--owner-id",
+            &owner,
             "--value",
             "v",
         ],
-        vec!["put", "k", "--token", "1", "--value", "v"], // no resource at all
+        // no resource at all
+        vec![
+            "put",
+            "k",
+            "--token",
+            "1",
+            "--owner-id",
+            &owner,
+            "--value",
+            "v",
+        ],
+        // no owner id at all
+        vec![
+            "put",
+            "k",
+            "--resource",
+            &ok,
+            "--token",
+            "1",
+            "--value",
+            "v",
+        ],
+        vec![
+            "put",
+            "k",
+            "--resource",
+            &ok,
+            "--token",
+            "1",
+            "--owner-id",
+            "host-a",
+            "--value",
+            "v",
+        ],
         vec!["get", "bad\u{7f}key", "--resource", &ok],
     ];
     for args in &bad {
@@ -497,6 +546,15 @@ fn case_usage_errors_do_not_touch_store(fx: &Fx) {
         let out = expect_code(run(cmd, None), EXIT_USAGE, args);
         let msg = one_sentence(&out);
         assert!(!msg.contains("store"), "rejected before the store: {msg}");
+        if args.contains(&"put") && !args.contains(&"--owner-id") {
+            assert!(
+                msg.contains("--owner-id") && msg.contains("$FENCECRON_OWNER_ID"),
+                "names the flag and the variable: {msg}"
+            );
+        }
+        if args.contains(&"host-a") {
+            assert!(msg.contains("UUID"), "{msg}");
+        }
     }
     let mut cmd = fencecron(fx.dir.path());
     cmd.args(["lease", "acquire", &ok, "--lease", "4s"])
@@ -634,6 +692,8 @@ fn case_put_sources_and_get(fx: &Fx) {
             &r,
             "--token",
             &token,
+            "--owner-id",
+            &l.owner_id,
             "--file",
             file_s,
         ],
@@ -645,7 +705,11 @@ fn case_put_sources_and_get(fx: &Fx) {
         .decode(v["value_base64"].as_str().expect("value_base64"))
         .expect("valid base64");
     assert_eq!(decoded, bytes);
-    assert!(v["owner_id"].is_null(), "no owner given: {v}");
+    assert_eq!(
+        v["owner_id"],
+        l.owner_id.as_str(),
+        "owner from the flag: {v}"
+    );
     let out = fx.expect(&["get", "bin", "--resource", &r], 0);
     assert_eq!(out.stdout, bytes, "get prints the exact bytes");
 
@@ -654,7 +718,16 @@ fn case_put_sources_and_get(fx: &Fx) {
         .map(|i| b"fencecron\n"[i as usize % 10])
         .collect();
     let out = run(
-        fx.cmd(&["put", "stdin", "--resource", &r, "--token", &token]),
+        fx.cmd(&[
+            "put",
+            "stdin",
+            "--resource",
+            &r,
+            "--token",
+            &token,
+            "--owner-id",
+            &l.owner_id,
+        ]),
         Some(&big),
     );
     expect_code(out, 0, &["put", "stdin"]);
@@ -691,6 +764,8 @@ fn case_put_stale_forged_once_and_stale_list(fx: &Fx) {
             &r,
             "--token",
             &t2,
+            "--owner-id",
+            &second.owner_id,
             "--value",
             "new",
         ],
@@ -732,6 +807,8 @@ fn case_put_stale_forged_once_and_stale_list(fx: &Fx) {
             &r,
             "--token",
             "99",
+            "--owner-id",
+            &second.owner_id,
             "--value",
             "forged",
         ],
@@ -753,6 +830,8 @@ fn case_put_stale_forged_once_and_stale_list(fx: &Fx) {
             &r,
             "--token",
             &t2,
+            "--owner-id",
+            &second.owner_id,
             "--once",
             "--value",
             "again",
@@ -777,6 +856,8 @@ fn case_put_stale_forged_once_and_stale_list(fx: &Fx) {
             &r,
             "--token",
             &t1,
+            "--owner-id",
+            &first.owner_id,
             "--once",
             "--value",
             "x",
@@ -822,7 +903,9 @@ fn case_put_stale_forged_once_and_stale_list(fx: &Fx) {
     assert_eq!(old["job"], "job-old");
     assert_eq!(old["stage"], "upload");
     assert_eq!(recs[1]["token"].as_i64(), Some(99));
-    assert!(recs[1]["owner_id"].is_null() && recs[1]["job"].is_null());
+    assert_eq!(recs[1]["reason"], "forged");
+    assert_eq!(recs[1]["owner_id"], second.owner_id.as_str());
+    assert!(recs[1]["job"].is_null());
     assert_eq!(recs[1]["stage"], "put", "the default stage");
 
     // --since: a wide window has them all; a window that began after they
@@ -836,6 +919,114 @@ fn case_put_stale_forged_once_and_stale_list(fx: &Fx) {
     assert!(fx.stale(&r, Some("1s")).is_empty(), "--since 1s after 1.3s");
     let out = fx.expect(&["stale"], 0);
     assert!(stdout(&out).contains(&r), "text listing names the resource");
+}
+
+/// A token is bound to its owner and its resource. A job run by
+/// `fencecron exec` writes with a foreign `--owner-id`, and with its own
+/// owner id and token to two other resources (tokens count per resource,
+/// so the numbers overlap): one whose fence has the same number
+/// (`wrong_owner`) and one whose fence is past it (`stale`). Each is
+/// refused with exit 3, a sentence naming the cause and a
+/// `stale_write_rejected` event, and `stale --json` lists it with the
+/// caller's owner id and token; the job's own write goes through.
+fn case_put_binds_owner_and_resource(fx: &Fx) {
+    let job_r = unique("cli-bind-job");
+    let same = unique("cli-bind-same");
+    let ahead = unique("cli-bind-ahead");
+    let same_lease = fx.acquire(&same, "30s");
+    let first = fx.acquire(&ahead, "5s");
+    fx.release(&first);
+    let ahead_lease = fx.acquire(&ahead, "30s");
+    let foreign = "00000000-0000-4000-8000-000000000001";
+    let report = fx.dir.path().join("bind-report");
+    let errors = fx.dir.path().join("bind-errors");
+    let script = r#"
+        p() {
+            name=$1; shift
+            "$FENCECRON_BIN" put k --stage "$name" --value "$name" "$@" 2>>"$ERRORS"
+            echo "$name $?" >>"$REPORT"
+        }
+        p foreign --owner-id "$FOREIGN"
+        p same --resource "$SAME"
+        p ahead --resource "$AHEAD"
+        p own
+        echo "owner $FENCECRON_OWNER_ID" >>"$REPORT"
+        echo "token $FENCECRON_TOKEN" >>"$REPORT"
+    "#;
+    let mut cmd = fx.cmd(&["exec", &job_r, "--lease", "30s"]);
+    cmd.args(["--", "sh", "-c", script, "sh"])
+        .env("FENCECRON_LOG_FORMAT", "json")
+        .env("REPORT", &report)
+        .env("ERRORS", &errors)
+        .env("FOREIGN", foreign)
+        .env("SAME", &same)
+        .env("AHEAD", &ahead);
+    let out = expect_code(run(cmd, None), 0, &["exec", &job_r]);
+    let text = std::fs::read_to_string(&report)
+        .unwrap_or_else(|e| panic!("the job's report ({e}): {}", describe(&out)));
+    let errs = std::fs::read_to_string(&errors).unwrap_or_default();
+    let lines: HashMap<&str, &str> = text.lines().filter_map(|l| l.split_once(' ')).collect();
+    let codes = ["foreign", "same", "ahead", "own"].map(|s| lines.get(s).copied());
+    assert_eq!(
+        codes,
+        [Some("3"), Some("3"), Some("3"), Some("0")],
+        "exit codes of the job's puts: {text}\n{errs}"
+    );
+    let owner = lines["owner"];
+    let token: i64 = lines["token"].parse().expect("token");
+    assert_eq!(token, same_lease.token, "fresh resources share the numbers");
+    assert!(ahead_lease.token > token);
+
+    // One sentence per refusal, naming the cause.
+    let sentences: Vec<&str> = errs
+        .lines()
+        .filter(|l| l.starts_with("fencecron: "))
+        .collect();
+    assert_eq!(sentences.len(), 3, "{errs}");
+    assert!(
+        sentences[0].contains("wrong owner") && sentences[0].contains(foreign),
+        "{errs}"
+    );
+    assert!(
+        sentences[1].contains("wrong owner") && sentences[1].contains(&same),
+        "{errs}"
+    );
+    assert!(
+        sentences[2].contains("stale") && sentences[2].contains(&ahead),
+        "{errs}"
+    );
+    let events: Vec<Value> = errs
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|e| e["event"] == "stale_write_rejected")
+        .collect();
+    let reasons: Vec<&str> = events.iter().filter_map(|e| e["reason"].as_str()).collect();
+    assert_eq!(reasons, ["wrong_owner", "wrong_owner", "stale"], "{errs}");
+
+    let check = |resource: &str, reason: &str, owner_id: &str, accepted: i64, stage: &str| {
+        let recs = fx.stale(resource, None);
+        assert_eq!(recs.len(), 1, "{resource}: {recs:?}");
+        let rec = &recs[0];
+        assert_eq!(rec["kind"], "write_rejected", "{rec}");
+        assert_eq!(rec["reason"], reason, "{rec}");
+        assert_eq!(rec["key"], "k", "{rec}");
+        assert_eq!(rec["owner_id"], owner_id, "{rec}");
+        assert_eq!(rec["token"].as_i64(), Some(token), "{rec}");
+        assert_eq!(rec["accepted_token"].as_i64(), Some(accepted), "{rec}");
+        assert_eq!(rec["stage"], stage, "{rec}");
+    };
+    check(&job_r, "wrong_owner", foreign, token, "foreign");
+    check(&same, "wrong_owner", owner, same_lease.token, "same");
+    check(&ahead, "stale", owner, ahead_lease.token, "ahead");
+
+    let v = fx.get_json(&job_r, "k");
+    assert_eq!(
+        (v["value"].as_str(), v["owner_id"].as_str()),
+        (Some("own"), Some(owner))
+    );
+    for r in [&same, &ahead] {
+        fx.expect(&["get", "k", "--resource", r], EXIT_RUNTIME);
+    }
 }
 
 // ------------------------------------------------- store URLs and failures
@@ -961,6 +1152,8 @@ fn store_commands() -> Vec<Vec<&'static str>> {
             "r",
             "--token",
             "1",
+            "--owner-id",
+            owner,
             "--value",
             "v",
         ],
@@ -1081,7 +1274,9 @@ fn explicit_sqlite_store_works_and_its_files_are_private() {
         "sqlite://fencecron.db",
     ]);
     let out = expect_code(run(cmd, None), 0, &["lease", "acquire", "--store"]);
-    let token = json_line(&out)["token"].as_i64().unwrap().to_string();
+    let acquired = json_line(&out);
+    let token = acquired["token"].as_i64().unwrap().to_string();
+    let owner = acquired["owner_id"].as_str().unwrap().to_string();
     let mut cmd = fencecron(dir.path());
     cmd.args([
         "put",
@@ -1090,6 +1285,8 @@ fn explicit_sqlite_store_works_and_its_files_are_private() {
         &r,
         "--token",
         &token,
+        "--owner-id",
+        &owner,
         "--value",
         "v",
     ])
@@ -1228,15 +1425,18 @@ fn case_epoch_advance_via_cli(fx: &Fx) {
             "{before:?}"
         );
         let mut earlier = Vec::new();
+        let mut owners = Vec::new();
         let r = unique("cli-epoch");
         for _ in 0..3 {
             let l = fx.acquire(&r, "5s");
             earlier.push(l.token);
+            owners.push(l.owner_id.clone());
             fx.release(&l);
         }
         let held = fx.acquire(&unique("cli-epoch-held"), "30s");
         earlier.push(held.token);
         let t_old = earlier[2].to_string();
+        let o_old = owners[2].clone();
         fx.expect(
             &[
                 "put",
@@ -1245,6 +1445,8 @@ fn case_epoch_advance_via_cli(fx: &Fx) {
                 &r,
                 "--token",
                 &t_old,
+                "--owner-id",
+                &o_old,
                 "--value",
                 "old",
             ],
@@ -1285,6 +1487,8 @@ fn case_epoch_advance_via_cli(fx: &Fx) {
                 &r,
                 "--token",
                 &t_new,
+                "--owner-id",
+                &next.owner_id,
                 "--value",
                 "new",
             ],
@@ -1298,6 +1502,8 @@ fn case_epoch_advance_via_cli(fx: &Fx) {
                 &r,
                 "--token",
                 &t_old,
+                "--owner-id",
+                &o_old,
                 "--value",
                 "stale",
             ],
@@ -1434,6 +1640,7 @@ cli_tests!(
     case_store_clock_decides_expiry,
     case_put_sources_and_get,
     case_put_stale_forged_once_and_stale_list,
+    case_put_binds_owner_and_resource,
     case_epoch_advance_via_cli,
     case_takeover_logged_and_listed,
 );

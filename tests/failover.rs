@@ -29,6 +29,7 @@
 
 mod common;
 
+use std::collections::HashMap;
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -321,7 +322,8 @@ fn cli(url: &str, args: &[&str], want: i32) -> Output {
 }
 
 /// One generation through the binary: `lease acquire --json`, release.
-fn cli_generation(url: &str, r: &str) -> Token {
+/// Returns its token and owner id.
+fn cli_generation(url: &str, r: &str) -> (Token, String) {
     let out = cli(url, &["lease", "acquire", r, "--lease", "5s", "--json"], 0);
     let v: Value = serde_json::from_slice(&out.stdout).expect("acquire --json");
     let token = v["token"].as_i64().expect("token");
@@ -332,7 +334,7 @@ fn cli_generation(url: &str, r: &str) -> Token {
         &["lease", "release", r, "--owner-id", owner, "--token", &t],
         0,
     );
-    token
+    (token, owner.to_string())
 }
 
 async fn lsn(pool: &PgPool) -> String {
@@ -397,10 +399,14 @@ async fn async_standby_never_reissues_a_token() {
 
     // 1. Tokens the standby will have.
     let mut before: Vec<(&str, Token)> = Vec::new();
+    // Who each token of job-a was issued to: `put` names the owner too.
+    let mut owners: HashMap<Token, String> = HashMap::new();
     for _ in 0..3 {
-        before.push(("job-a", generation(primary.as_ref(), "job-a").await.token));
+        let l = generation(primary.as_ref(), "job-a").await;
+        owners.insert(l.token, l.owner_id.to_string());
+        before.push(("job-a", l.token));
     }
-    before.push(("job-b", cli_generation(&primary_url, "job-b")));
+    before.push(("job-b", cli_generation(&primary_url, "job-b").0));
     let replicated = lsn(&primary_pool).await;
     let standby_pool = {
         let deadline = Instant::now() + WAIT;
@@ -421,14 +427,18 @@ async fn async_standby_never_reissues_a_token() {
     // 2. Replication stalls; the primary goes on issuing tokens.
     cluster.proxy.blackhole();
     for _ in 0..3 {
-        before.push(("job-a", cli_generation(&primary_url, "job-a")));
+        let (token, owner) = cli_generation(&primary_url, "job-a");
+        owners.insert(token, owner);
+        before.push(("job-a", token));
     }
     for _ in 0..2 {
-        before.push(("job-a", generation(primary.as_ref(), "job-a").await.token));
+        let l = generation(primary.as_ref(), "job-a").await;
+        owners.insert(l.token, l.owner_id.to_string());
+        before.push(("job-a", l.token));
     }
     // A resource that only the lost commits know.
     for _ in 0..2 {
-        before.push(("job-new", cli_generation(&primary_url, "job-new")));
+        before.push(("job-new", cli_generation(&primary_url, "job-new").0));
     }
     let newest_lost = before
         .iter()
@@ -446,6 +456,8 @@ async fn async_standby_never_reissues_a_token() {
             "job-a",
             "--token",
             &t,
+            "--owner-id",
+            &owners[&newest_lost],
             "--value",
             "lost",
         ],
@@ -500,12 +512,12 @@ async fn async_standby_never_reissues_a_token() {
         "job-a",
         generation(new_primary.as_ref(), "job-a").await.token,
     ));
-    after.push(("job-a", cli_generation(&new_url, "job-a")));
+    after.push(("job-a", cli_generation(&new_url, "job-a").0));
     after.push((
         "job-b",
         generation(new_primary.as_ref(), "job-b").await.token,
     ));
-    after.push(("job-new", cli_generation(&new_url, "job-new")));
+    after.push(("job-new", cli_generation(&new_url, "job-new").0));
     after.push((
         "job-new",
         generation(new_primary.as_ref(), "job-new").await.token,
@@ -552,6 +564,7 @@ async fn async_standby_never_reissues_a_token() {
     let out = cli(&new_url, &["lease", "acquire", "job-a", "--json"], 0);
     let v: Value = serde_json::from_slice(&out.stdout).expect("acquire --json");
     let newest = v["token"].as_i64().expect("token");
+    let newest_owner = v["owner_id"].as_str().expect("owner_id");
     assert!(newest > highest_before);
     let latest = newest.to_string();
     cli(
@@ -563,6 +576,8 @@ async fn async_standby_never_reissues_a_token() {
             "job-a",
             "--token",
             &latest,
+            "--owner-id",
+            newest_owner,
             "--value",
             "new",
         ],
@@ -579,6 +594,8 @@ async fn async_standby_never_reissues_a_token() {
                 "job-a",
                 "--token",
                 &t,
+                "--owner-id",
+                &owners[&old],
                 "--value",
                 "stale",
             ],

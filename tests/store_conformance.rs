@@ -110,7 +110,7 @@ struct Put<'a> {
     key: &'a Name,
     value: &'a [u8],
     token: Token,
-    owner_id: Option<&'a str>,
+    owner_id: &'a str,
     once: bool,
     job: Option<&'a str>,
     stage: &'a str,
@@ -118,13 +118,21 @@ struct Put<'a> {
 }
 
 impl<'a> Put<'a> {
-    fn new(resource: &'a Name, key: &'a Name, value: &'a [u8], token: Token) -> Self {
+    /// A write as `owner` with `token`: the pair a lease of `resource` came
+    /// with, or not.
+    fn new(
+        resource: &'a Name,
+        key: &'a Name,
+        value: &'a [u8],
+        token: Token,
+        owner: &'a str,
+    ) -> Self {
         Put {
             resource,
             key,
             value,
             token,
-            owner_id: None,
+            owner_id: owner,
             once: false,
             job: None,
             stage: "conformance",
@@ -134,11 +142,6 @@ impl<'a> Put<'a> {
 
     fn once(mut self) -> Self {
         self.once = true;
-        self
-    }
-
-    fn owner(mut self, owner: &'a str) -> Self {
-        self.owner_id = Some(owner);
         self
     }
 
@@ -602,11 +605,12 @@ async fn case_longest_names_round_trip(store: Arc<dyn Store>) {
     let k = name("key", &format!("{}{base}", "é".repeat(pad)));
     assert_eq!(r.as_str().chars().count(), 200);
     let l = must_acquire(s, &r).await;
+    let owner = l.owner_id.to_string();
     assert_eq!(l.resource, r.as_str());
     assert_eq!(row(s, &r).await.token, 1);
-    assert_accepted(&Put::new(&r, &k, b"v", 1).send(s).await, "long put");
+    assert_accepted(&Put::new(&r, &k, b"v", 1, &owner).send(s).await, "long put");
     assert_eq!(value_of(s, &r, &k).await, Some((b"v".to_vec(), 1)));
-    let rec = rejection(Put::new(&r, &k, b"w", 2).send(s).await, "forged");
+    let rec = rejection(Put::new(&r, &k, b"w", 2, &owner).send(s).await, "forged");
     assert_eq!(stale_of(s, None, &r).await, vec![rec]);
 }
 
@@ -634,26 +638,19 @@ fn names_are_validated() {
 
 // ------------------------------------------------------------ fenced writes
 
-/// `>=` semantics: an equal token is accepted (several writes per
-/// generation), a newer generation wins, an older one is rejected as stale.
+/// `>=` semantics within a generation: the current token with its owner id
+/// writes a key several times; a newer generation wins; the older one is
+/// then stale, on the key the newer one wrote and on a key nobody wrote
+/// since (its generation is over, whatever the key holds).
 async fn case_put_accepts_equal_token(store: Arc<dyn Store>) {
     let s = store.as_ref();
     let (r, ls) = generations(s, "put-ge", 1).await;
     let k = name("key", "result");
     let owner1 = ls[0].owner_id.to_string();
     assert_eq!(value_of(s, &r, &k).await, None);
-    assert_accepted(
-        &Put::new(&r, &k, b"a", 1).owner(&owner1).send(s).await,
-        "first",
-    );
-    assert_accepted(
-        &Put::new(&r, &k, b"b", 1).owner(&owner1).send(s).await,
-        "again",
-    );
-    assert_accepted(
-        &Put::new(&r, &k, b"c", 1).owner(&owner1).send(s).await,
-        "third",
-    );
+    for (value, what) in [(b"a", "first"), (b"b", "again"), (b"c", "third")] {
+        assert_accepted(&Put::new(&r, &k, value, 1, &owner1).send(s).await, what);
+    }
     let v = s.get(&r, &k).await.unwrap().expect("value");
     assert_eq!((v.value.as_slice(), v.token), (&b"c"[..], 1));
     assert_eq!(v.owner_id.as_deref(), Some(owner1.as_str()));
@@ -663,37 +660,59 @@ async fn case_put_accepts_equal_token(store: Arc<dyn Store>) {
     );
 
     let l2 = must_acquire(s, &r).await;
-    assert_accepted(&Put::new(&r, &k, b"d", 2).send(s).await, "newer generation");
-    let rec = rejection(Put::new(&r, &k, b"e", 1).send(s).await, "older generation");
+    let owner2 = l2.owner_id.to_string();
+    assert_accepted(
+        &Put::new(&r, &k, b"d", 2, &owner2).send(s).await,
+        "newer generation",
+    );
+    let rec = rejection(
+        Put::new(&r, &k, b"e", 1, &owner1).send(s).await,
+        "older generation",
+    );
     assert_eq!(
         (rec.reason.as_str(), rec.accepted_token),
         ("stale", Some(2))
     );
     assert_eq!(value_of(s, &r, &k).await, Some((b"d".to_vec(), 2)));
-    // Another key of the same resource has its own accepted token.
+    // A key of the same resource that no newer token wrote: still stale.
     let k2 = name("key", "other");
-    assert_accepted(
-        &Put::new(&r, &k2, b"x", 1).send(s).await,
-        "token 1 on a new key",
+    let rec = rejection(
+        Put::new(&r, &k2, b"x", 1, &owner1).send(s).await,
+        "token 1 on a key never written",
     );
-    must_release(s, &l2).await;
-    // The fence outlives the lease: the released generation may still write.
-    assert_accepted(&Put::new(&r, &k, b"f", 2).send(s).await, "after release");
+    assert_eq!(
+        (rec.reason.as_str(), rec.token, rec.accepted_token),
+        ("stale", 1, Some(2))
+    );
+    assert_eq!(
+        value_of(s, &r, &k2).await,
+        None,
+        "a stale write creates nothing"
+    );
+    assert_accepted(
+        &Put::new(&r, &k2, b"y", 2, &owner2).send(s).await,
+        "token 2 on that key",
+    );
 }
 
-/// `once` semantics: an equal token is AlreadyApplied and changes nothing
-/// (and records nothing), a greater one is accepted.
+/// `once` semantics: with the current token and its owner id, a new key is
+/// written, the same token again is AlreadyApplied and changes (and
+/// records) nothing, a greater one is accepted, an older one is stale. Only
+/// the current token of its owner can be "already applied": once a newer
+/// generation exists, the older one's retry is stale, and another owner's
+/// id is refused.
 async fn case_put_once(store: Arc<dyn Store>) {
     let s = store.as_ref();
-    let (r, _) = generations(s, "put-once", 2).await;
+    let (r, ls) = generations(s, "put-once", 1).await;
+    let owner1 = ls[0].owner_id.to_string();
     let k = name("key", "applied");
     assert_accepted(
-        &Put::new(&r, &k, b"first", 1).once().send(s).await,
+        &Put::new(&r, &k, b"first", 1, &owner1).once().send(s).await,
         "new key",
     );
     let before = s.get(&r, &k).await.unwrap().expect("value");
     assert_eq!(
-        Put::new(&r, &k, b"second", 1).once().send(s).await,
+        Put::new(&r, &k, b"second", 1, &owner1).once().send(s).await,
         PutOutcome::AlreadyApplied
     );
     let after = s.get(&r, &k).await.unwrap().expect("value");
@@ -702,13 +721,24 @@ async fn case_put_once(store: Arc<dyn Store>) {
         stale_of(s, None, &r).await.is_empty(),
         "already applied is not a rejection"
     );
+
+    let l2 = must_acquire(s, &r).await;
+    let owner2 = l2.owner_id.to_string();
+    let rec = rejection(
+        Put::new(&r, &k, b"retry", 1, &owner1).once().send(s).await,
+        "older, once, its own token still on the key",
+    );
+    assert_eq!(
+        (rec.reason.as_str(), rec.accepted_token),
+        ("stale", Some(2))
+    );
     assert_accepted(
-        &Put::new(&r, &k, b"third", 2).once().send(s).await,
+        &Put::new(&r, &k, b"third", 2, &owner2).once().send(s).await,
         "greater",
     );
     assert_eq!(value_of(s, &r, &k).await, Some((b"third".to_vec(), 2)));
     let rec = rejection(
-        Put::new(&r, &k, b"x", 1).once().send(s).await,
+        Put::new(&r, &k, b"x", 1, &owner1).once().send(s).await,
         "older, once",
     );
     assert_eq!(
@@ -716,20 +746,30 @@ async fn case_put_once(store: Arc<dyn Store>) {
         ("stale", Some(2))
     );
     assert_eq!(
-        Put::new(&r, &k, b"y", 2).once().send(s).await,
+        Put::new(&r, &k, b"y", 2, &owner2).once().send(s).await,
         PutOutcome::AlreadyApplied
     );
+    let rec = rejection(
+        Put::new(&r, &k, b"z", 2, &owner1).once().send(s).await,
+        "the current token with another owner id, once",
+    );
+    assert_eq!(
+        (rec.reason.as_str(), rec.accepted_token),
+        ("wrong_owner", Some(2))
+    );
     assert_eq!(value_of(s, &r, &k).await, Some((b"third".to_vec(), 2)));
+    assert_eq!(stale_of(s, None, &r).await.len(), 3);
 }
 
 /// A token greater than the resource's fence, or any token for a resource
 /// never leased, is rejected as forged, recorded, and changes nothing.
 async fn case_put_forged(store: Arc<dyn Store>) {
     let s = store.as_ref();
-    let (r, _) = generations(s, "forged", 2).await;
+    let (r, ls) = generations(s, "forged", 2).await;
+    let owner = ls[1].owner_id.to_string();
     let k = name("key", "k");
     let rec = rejection(
-        Put::new(&r, &k, b"f", 3).send(s).await,
+        Put::new(&r, &k, b"f", 3, &owner).send(s).await,
         "fence+1 on new key",
     );
     assert_eq!((rec.reason.as_str(), rec.accepted_token), ("forged", None));
@@ -739,12 +779,15 @@ async fn case_put_forged(store: Arc<dyn Store>) {
         "a forged write creates nothing"
     );
     assert_accepted(
-        &Put::new(&r, &k, b"ok", 2).send(s).await,
+        &Put::new(&r, &k, b"ok", 2, &owner).send(s).await,
         "the fence itself",
     );
     for (token, once) in [(3, false), (3, true), (i64::MAX, false)] {
         let rec = rejection(
-            Put::new(&r, &k, b"f", token).once_if(once).send(s).await,
+            Put::new(&r, &k, b"f", token, &owner)
+                .once_if(once)
+                .send(s)
+                .await,
             "forged",
         );
         assert_eq!(
@@ -758,7 +801,7 @@ async fn case_put_forged(store: Arc<dyn Store>) {
     let never = resource("never-leased");
     for token in [1, 2] {
         let rec = rejection(
-            Put::new(&never, &k, b"f", token).send(s).await,
+            Put::new(&never, &k, b"f", token, &owner).send(s).await,
             "never leased",
         );
         assert_eq!(rec.reason, "forged");
@@ -777,17 +820,238 @@ impl Put<'_> {
     }
 }
 
+/// The current token with an owner id it was not issued to is refused as
+/// `wrong_owner` and recorded with the caller's owner id, before and after
+/// the owner wrote, with and without `once`, also after the owner released
+/// the lease; the owner's own writes go through.
+async fn case_put_wrong_owner(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let r = resource("wrong-owner");
+    let l = must_acquire(s, &r).await;
+    let owner = l.owner_id.to_string();
+    let foreign = Uuid::new_v4().to_string();
+    let k = name("key", "k");
+    let rec = rejection(
+        Put::new(&r, &k, b"foreign", l.token, &foreign)
+            .send(s)
+            .await,
+        "another owner id, key never written",
+    );
+    assert_eq!(
+        (
+            rec.kind,
+            rec.reason.as_str(),
+            rec.owner_id.as_deref(),
+            rec.token,
+            rec.accepted_token
+        ),
+        (
+            StaleKind::WriteRejected,
+            "wrong_owner",
+            Some(foreign.as_str()),
+            l.token,
+            Some(l.token)
+        )
+    );
+    assert_eq!(
+        value_of(s, &r, &k).await,
+        None,
+        "a refused write creates nothing"
+    );
+    assert_accepted(
+        &Put::new(&r, &k, b"mine", l.token, &owner).send(s).await,
+        "the owner",
+    );
+    for once in [false, true] {
+        let rec = rejection(
+            Put::new(&r, &k, b"foreign", l.token, &foreign)
+                .once_if(once)
+                .send(s)
+                .await,
+            "another owner id after the owner wrote",
+        );
+        assert_eq!(rec.reason, "wrong_owner", "once: {once}");
+    }
+    must_release(s, &l).await;
+    rejection(
+        Put::new(&r, &k, b"foreign", l.token, &foreign)
+            .send(s)
+            .await,
+        "another owner id after release",
+    );
+    assert_eq!(value_of(s, &r, &k).await, Some((b"mine".to_vec(), l.token)));
+    let recs = stale_of(s, None, &r).await;
+    assert_eq!(recs.len(), 4, "every rejection recorded: {recs:?}");
+    assert_eq!(recs[0], rec);
+    for x in &recs {
+        assert_eq!(
+            (x.reason.as_str(), x.owner_id.as_deref(), x.key.as_deref()),
+            ("wrong_owner", Some(foreign.as_str()), Some("k")),
+            "{x:?}"
+        );
+    }
+    assert_accepted(
+        &Put::new(&r, &k, b"mine again", l.token, &owner)
+            .send(s)
+            .await,
+        "the owner after release",
+    );
+}
+
+/// Tokens count per resource, so the numbers of two resources overlap: a
+/// job writing to another resource with its own owner id and token is
+/// refused there and recorded under that resource — `stale` when the number
+/// is below that resource's fence (on a key nobody wrote), `wrong_owner`
+/// when it equals it — and that resource's owner still writes.
+async fn case_put_other_resources_token(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let (b, _) = generations(s, "other-b", 2).await;
+    let lb = must_acquire(s, &b).await;
+    let b_owner = lb.owner_id.to_string();
+    assert_eq!(lb.token, 3);
+    let a = resource("other-a");
+    let la = must_acquire(s, &a).await;
+    let a_owner = la.owner_id.to_string();
+    assert_eq!(la.token, 1);
+    let k = name("key", "result");
+
+    let rec = rejection(
+        Put::new(&b, &k, b"from a", la.token, &a_owner)
+            .send(s)
+            .await,
+        "A's token 1 on B (fence 3)",
+    );
+    assert_eq!(
+        (
+            rec.reason.as_str(),
+            rec.resource.as_str(),
+            rec.owner_id.as_deref(),
+            rec.token,
+            rec.accepted_token
+        ),
+        ("stale", b.as_str(), Some(a_owner.as_str()), 1, Some(3))
+    );
+
+    // A's generations catch up with B's number.
+    must_release(s, &la).await;
+    let la2 = must_acquire(s, &a).await;
+    must_release(s, &la2).await;
+    let la3 = must_acquire(s, &a).await;
+    let a3_owner = la3.owner_id.to_string();
+    assert_eq!(la3.token, lb.token);
+    let rec = rejection(
+        Put::new(&b, &k, b"from a", la3.token, &a3_owner)
+            .send(s)
+            .await,
+        "A's token 3 on B (fence 3)",
+    );
+    assert_eq!(
+        (
+            rec.reason.as_str(),
+            rec.resource.as_str(),
+            rec.owner_id.as_deref(),
+            rec.token,
+            rec.accepted_token
+        ),
+        (
+            "wrong_owner",
+            b.as_str(),
+            Some(a3_owner.as_str()),
+            3,
+            Some(3)
+        )
+    );
+    assert_eq!(value_of(s, &b, &k).await, None, "B's key is untouched");
+
+    assert_accepted(
+        &Put::new(&b, &k, b"b's own", lb.token, &b_owner)
+            .send(s)
+            .await,
+        "B's owner",
+    );
+    assert_accepted(
+        &Put::new(&a, &k, b"a's own", la3.token, &a3_owner)
+            .send(s)
+            .await,
+        "A's owner on A",
+    );
+    let rec = rejection(
+        Put::new(&b, &k, b"from a", la3.token, &a3_owner)
+            .send(s)
+            .await,
+        "A's token 3 on B after B's owner wrote",
+    );
+    assert_eq!(rec.reason, "wrong_owner");
+    assert_eq!(value_of(s, &b, &k).await, Some((b"b's own".to_vec(), 3)));
+    assert_eq!(stale_of(s, None, &b).await.len(), 3);
+    assert!(stale_of(s, None, &a).await.is_empty());
+}
+
+/// A lease released or expired but not taken again keeps its fence and
+/// owner, so its owner still writes; once another acquisition takes the
+/// resource, the old token is stale.
+async fn case_put_after_release_and_expiry(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let r = resource("put-after");
+    let k = name("key", "k");
+    let l1 = must_acquire(s, &r).await;
+    let owner1 = l1.owner_id.to_string();
+    must_release(s, &l1).await;
+    assert_accepted(
+        &Put::new(&r, &k, b"released", l1.token, &owner1)
+            .send(s)
+            .await,
+        "after release, not re-acquired",
+    );
+    let l2 = must_acquire(s, &r).await;
+    let owner2 = l2.owner_id.to_string();
+    let rec = rejection(
+        Put::new(&r, &k, b"old", l1.token, &owner1).send(s).await,
+        "the released generation after the next acquisition",
+    );
+    assert_eq!(
+        (rec.reason.as_str(), rec.accepted_token),
+        ("stale", Some(l2.token))
+    );
+
+    wait_until_store_time(s, l2.expires_at).await;
+    assert!(!row(s, &r).await.held, "expired");
+    assert_accepted(
+        &Put::new(&r, &k, b"expired", l2.token, &owner2)
+            .send(s)
+            .await,
+        "after expiry, not re-acquired",
+    );
+    let l3 = must_acquire(s, &r).await;
+    let rec = rejection(
+        Put::new(&r, &k, b"late", l2.token, &owner2).send(s).await,
+        "the expired generation after the takeover",
+    );
+    assert_eq!(
+        (rec.reason.as_str(), rec.accepted_token),
+        ("stale", Some(l3.token))
+    );
+    assert_eq!(
+        value_of(s, &r, &k).await,
+        Some((b"expired".to_vec(), l2.token))
+    );
+}
+
 /// A stale rejection is recorded with every field, returned in the put
 /// outcome and by `stale(None)` and `stale(Some(since))`, oldest first.
 async fn case_stale_rejection_recorded(store: Arc<dyn Store>) {
     let s = store.as_ref();
     let (r, ls) = generations(s, "stale-rec", 2).await;
     let k = name("key", "report.csv");
-    assert_accepted(&Put::new(&r, &k, b"new", 2).send(s).await, "owner 2");
+    let new_owner = ls[1].owner_id.to_string();
+    assert_accepted(
+        &Put::new(&r, &k, b"new", 2, &new_owner).send(s).await,
+        "owner 2",
+    );
     let old_owner = ls[0].owner_id.to_string();
     let op = Uuid::new_v4();
     let since = s.now().await.unwrap();
-    let mut put = Put::new(&r, &k, b"old", 1).owner(&old_owner);
+    let mut put = Put::new(&r, &k, b"old", 1, &old_owner);
     put.job = Some("nightly-report");
     put.stage = "upload";
     put.operation_id = op;
@@ -817,7 +1081,10 @@ async fn case_stale_rejection_recorded(store: Arc<dyn Store>) {
 
     // A second rejection, later: listing is oldest first.
     tokio::time::sleep(Duration::from_millis(5)).await;
-    let rec2 = rejection(Put::new(&r, &k, b"older", 1).send(s).await, "again");
+    let rec2 = rejection(
+        Put::new(&r, &k, b"older", 1, &old_owner).send(s).await,
+        "again",
+    );
     assert!(rec2.at >= rec.at);
     assert_eq!(stale_of(s, None, &r).await, vec![rec.clone(), rec2.clone()]);
     assert_eq!(
@@ -880,60 +1147,72 @@ async fn case_record_stale_lease_lost(store: Arc<dyn Store>) {
     assert_eq!(stale_of(s, Some(since), &r).await, vec![expected]);
 }
 
-/// Concurrent writers with tokens 1..=8 on the same keys: the highest
-/// token's value always wins, every lower one is either accepted before it
-/// or rejected as stale, and each rejection is recorded.
+/// Writers of one generation keep writing to the same keys while the next
+/// generation takes the lease over and writes them: each old writer ends on
+/// a `stale` rejection naming the new token, the new generation's values
+/// are the ones left, and every rejection is recorded.
 async fn case_concurrent_puts(store: Arc<dyn Store>) {
-    const N: i64 = 8;
+    const WRITERS: usize = 6;
     const KEYS: usize = 3;
-    let (r, _) = generations(store.as_ref(), "put-race", N as usize).await;
+    let r = resource("put-race");
+    let old = must_acquire(store.as_ref(), &r).await;
     let keys: Vec<Name> = (0..KEYS).map(|i| name("key", &format!("k{i}"))).collect();
-    let barrier = Arc::new(Barrier::new(N as usize * KEYS));
+    let barrier = Arc::new(Barrier::new(WRITERS + 1));
     let mut tasks = Vec::new();
-    for k in &keys {
-        for token in 1..=N {
-            let (store, r, k, barrier) = (store.clone(), r.clone(), k.clone(), barrier.clone());
-            tasks.push(tokio::spawn(async move {
-                barrier.wait().await;
-                let value = format!("v{token}");
-                let out = Put::new(&r, &k, value.as_bytes(), token)
+    for w in 0..WRITERS {
+        let (store, r, keys, barrier) = (store.clone(), r.clone(), keys.clone(), barrier.clone());
+        let (owner, token) = (old.owner_id.to_string(), old.token);
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            // Write round the keys until refused: then the generation is over.
+            let mut i = 0;
+            loop {
+                let value = format!("old-{w}-{i}");
+                let out = Put::new(&r, &keys[(w + i) % KEYS], value.as_bytes(), token, &owner)
                     .send(store.as_ref())
                     .await;
-                (token, out)
-            }));
-        }
-    }
-    let mut rejected = 0;
-    for t in tasks {
-        let (token, out) = t.await.expect("put task");
-        match out {
-            PutOutcome::Accepted { .. } => {}
-            PutOutcome::Rejected(rec) => {
-                assert_ne!(token, N, "the highest token can never be stale");
-                assert_eq!(rec.reason, "stale");
-                let accepted = rec
-                    .accepted_token
-                    .expect("a stale rejection names the winner");
-                assert!(accepted > token, "rejected {token} by {accepted}");
-                rejected += 1;
+                match out {
+                    PutOutcome::Accepted { .. } => i += 1,
+                    PutOutcome::Rejected(rec) => return *rec,
+                    other => panic!("writer {w}: {other:?}"),
+                }
             }
-            other => panic!("token {token}: {other:?}"),
-        }
+        }));
+    }
+    barrier.wait().await;
+    let s = store.as_ref();
+    must_release(s, &old).await;
+    let new = must_acquire(s, &r).await;
+    let new_owner = new.owner_id.to_string();
+    for k in &keys {
+        assert_accepted(
+            &Put::new(&r, k, b"new", new.token, &new_owner).send(s).await,
+            "the new generation",
+        );
+    }
+    for t in tasks {
+        let rec = t.await.expect("writer task");
+        assert_eq!(
+            (rec.reason.as_str(), rec.token, rec.accepted_token),
+            ("stale", old.token, Some(new.token)),
+            "{rec:?}"
+        );
     }
     for k in &keys {
         assert_eq!(
-            value_of(store.as_ref(), &r, k).await,
-            Some((format!("v{N}").into_bytes(), N)),
-            "key {k}: the highest token's value"
+            value_of(s, &r, k).await,
+            Some((b"new".to_vec(), new.token)),
+            "key {k}: the new generation's value"
         );
     }
-    assert_eq!(stale_of(store.as_ref(), None, &r).await.len(), rejected);
+    assert_eq!(stale_of(s, None, &r).await.len(), WRITERS);
 }
 
 /// A 1 MiB value, non-UTF-8 bytes and the empty value round-trip exactly.
 async fn case_values_round_trip(store: Arc<dyn Store>) {
     let s = store.as_ref();
-    let (r, _) = generations(s, "values", 1).await;
+    let (r, ls) = generations(s, "values", 1).await;
+    let owner = ls[0].owner_id.to_string();
     // Deterministic pseudo-random bytes: every byte value, mostly not UTF-8.
     let mut x: u32 = 0x9e37_79b9;
     let big: Vec<u8> = (0..1 << 20)
@@ -953,7 +1232,7 @@ async fn case_values_round_trip(store: Arc<dyn Store>) {
     ];
     for (key, value) in cases {
         let k = name("key", key);
-        assert_accepted(&Put::new(&r, &k, value, 1).send(s).await, key);
+        assert_accepted(&Put::new(&r, &k, value, 1, &owner).send(s).await, key);
         let got = s.get(&r, &k).await.unwrap().expect("stored value");
         assert_eq!(got.value.len(), value.len(), "{key}: length");
         assert!(got.value == value, "{key}: bytes differ");
@@ -981,8 +1260,12 @@ async fn case_purge_prefix(store: Arc<dyn Store>) {
     for res in doomed.iter().chain(&spared) {
         let r = name("resource", res);
         let l = must_acquire(s, &r).await;
-        assert_accepted(&Put::new(&r, &k, b"v", l.token).send(s).await, res);
-        rejection(Put::new(&r, &k, b"f", l.token + 1).send(s).await, res);
+        let owner = l.owner_id.to_string();
+        assert_accepted(&Put::new(&r, &k, b"v", l.token, &owner).send(s).await, res);
+        rejection(
+            Put::new(&r, &k, b"f", l.token + 1, &owner).send(s).await,
+            res,
+        );
     }
     let deleted = s
         .purge_prefix(&prefix)
@@ -1093,20 +1376,25 @@ async fn case_epoch_advance(store: Arc<dyn Store>) {
     ));
     let k = name("key", "k");
     assert_accepted(
-        &Put::new(&held_r, &k, b"held", held.token).send(s).await,
+        &Put::new(&held_r, &k, b"held", held.token, &held_owner)
+            .send(s)
+            .await,
         "the held generation writes after the advance",
     );
     must_release(s, &held).await;
     let after_held = must_acquire(s, &held_r).await;
+    let after_held_owner = after_held.owner_id.to_string();
     assert_eq!(after_held.token, adv.lowest_token);
     assert_accepted(
-        &Put::new(&held_r, &k, b"new", after_held.token)
+        &Put::new(&held_r, &k, b"new", after_held.token, &after_held_owner)
             .send(s)
             .await,
         "the next generation",
     );
     let rec = rejection(
-        Put::new(&held_r, &k, b"old", held.token).send(s).await,
+        Put::new(&held_r, &k, b"old", held.token, &held_owner)
+            .send(s)
+            .await,
         "the old generation after the new one wrote",
     );
     assert_eq!(
@@ -1765,6 +2053,9 @@ conformance!(
     case_put_accepts_equal_token,
     case_put_once,
     case_put_forged,
+    case_put_wrong_owner,
+    case_put_other_resources_token,
+    case_put_after_release_and_expiry,
     case_stale_rejection_recorded,
     case_record_stale_lease_lost,
     case_concurrent_puts,

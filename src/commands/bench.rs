@@ -343,7 +343,7 @@ async fn put(
             key,
             value: b"bench",
             token,
-            owner_id: Some(owner),
+            owner_id: owner,
             once: false,
             node: "bench",
             job: None,

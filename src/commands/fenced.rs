@@ -25,6 +25,24 @@ fn resource(flag: &Option<String>) -> Result<Name> {
     Name::parse("resource", r).map_err(Error::Usage)
 }
 
+/// The owner id from `--owner-id` or the job's environment: required, and a
+/// UUID (every owner id the store issues is one), written the way the store
+/// writes it (lower-case, hyphenated) so that it compares equal there.
+fn owner_id(flag: &Option<String>) -> Result<String> {
+    let o = flag.as_deref().ok_or_else(|| {
+        Error::Usage(
+            "no owner id given; pass --owner-id O with the owner_id that `fencecron lease acquire` printed with the token, or run inside a fencecron job ($FENCECRON_OWNER_ID)"
+                .to_string(),
+        )
+    })?;
+    let id = uuid::Uuid::parse_str(o).map_err(|_| {
+        Error::Usage(format!(
+            "owner id {o:?} is not a UUID; pass --owner-id O with the owner_id that `fencecron lease acquire` printed with the token, or run inside a fencecron job ($FENCECRON_OWNER_ID)"
+        ))
+    })?;
+    Ok(id.hyphenated().to_string())
+}
+
 pub async fn put(cli: &Cli, args: &PutArgs) -> Result<u8> {
     let ctx = Context::load(cli, false)?;
     let resource = resource(&args.resource)?;
@@ -40,6 +58,7 @@ pub async fn put(cli: &Cli, args: &PutArgs) -> Result<u8> {
             "token {token} is not a fencing token; tokens start at 1"
         )));
     }
+    let owner = owner_id(&args.owner_id)?;
     let stage = Name::parse("stage", &args.stage).map_err(Error::Usage)?;
     let (value, from) = match (&args.value, &args.file) {
         (Some(v), _) => (v.clone().into_bytes(), "--value".to_string()),
@@ -68,7 +87,7 @@ pub async fn put(cli: &Cli, args: &PutArgs) -> Result<u8> {
         key: &key,
         value: &value,
         token,
-        owner_id: args.owner_id.as_deref(),
+        owner_id: &owner,
         once: args.once,
         node: &ctx.node,
         job: job.as_deref(),
@@ -95,10 +114,13 @@ pub async fn put(cli: &Cli, args: &PutArgs) -> Result<u8> {
                 "forged" => format!(
                     "token {token} is larger than any token ever issued for {resource} (forged); use the token of a lease you acquired"
                 ),
+                "wrong_owner" => format!(
+                    "token {token} of {resource} was issued to another owner, not to {owner} (wrong owner); write with the owner id and token of your own lease of {resource}, not another resource's (tokens count per resource)"
+                ),
                 _ => format!(
-                    "token {} already wrote it, so token {token} is stale; this owner has been replaced and must stop",
+                    "{} has been issued for {resource} since, so token {token} is stale; this owner has been replaced and must stop",
                     rec.accepted_token
-                        .map_or_else(|| "a newer".to_string(), |t| t.to_string())
+                        .map_or_else(|| "a newer token".to_string(), |t| format!("token {t}"))
                 ),
             };
             Err(Error::Stale(format!(

@@ -11,7 +11,9 @@
 //!   clock** (for SQLite, the host kernel's clock read by a direct system
 //!   call, so per-process clock fakes cannot skew it);
 //! * renew and release match owner id *and* token;
-//! * a fenced write compares, checks for forgery, writes and records a
+//! * a fenced write is accepted only with the resource's current token
+//!   (its fence) and the owner id that token was issued to, and a token not
+//!   below the key's accepted one; it checks, writes and records a
 //!   rejection in one statement or one transaction;
 //! * tokens are `epoch << 32 | counter` (see [`EPOCH_SHIFT`]): a winning
 //!   acquire sets the fence to `max(fence + 1, (epoch << 32) + 1)`, the
@@ -631,7 +633,9 @@ pub struct PutRequest<'a> {
     pub key: &'a Name,
     pub value: &'a [u8],
     pub token: Token,
-    pub owner_id: Option<&'a str>,
+    /// The owner id the token was issued to (`Lease::owner_id`); the write
+    /// is refused (`WrongOwner`) when the lease row names another.
+    pub owner_id: &'a str,
     /// Require a strictly greater token (exactly-once application).
     pub once: bool,
     /// Recorded with a rejection: who tried.
@@ -645,10 +649,16 @@ pub struct PutRequest<'a> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RejectReason {
-    /// A newer token already wrote this key.
+    /// A newer token has been issued for the resource since (and may have
+    /// written this key): the caller's generation is over.
     Stale,
-    /// The token is larger than any the lease store ever issued.
+    /// The token is larger than any the lease store ever issued for the
+    /// resource, or the resource was never leased.
     Forged,
+    /// The token is the resource's current one, but it was issued to
+    /// another owner id: someone else's token (often another resource's
+    /// lease: tokens count per resource, so their numbers overlap).
+    WrongOwner,
 }
 
 impl RejectReason {
@@ -656,6 +666,7 @@ impl RejectReason {
         match self {
             RejectReason::Stale => "stale",
             RejectReason::Forged => "forged",
+            RejectReason::WrongOwner => "wrong_owner",
         }
     }
 }
@@ -822,10 +833,15 @@ pub trait Store: Send + Sync + 'static {
     /// Every lease ever taken, held or not, ordered by resource.
     async fn list(&self) -> Result<Vec<LeaseInfo>, StoreError>;
 
-    /// A fenced write: accepted when the token is `>=` (with `once`: `>`)
-    /// the highest accepted for the key and not larger than the highest
-    /// token ever issued for the resource; otherwise rejected and the
-    /// rejection recorded, all in one atomic operation.
+    /// A fenced write, accepted only when the token *is* the resource's
+    /// fence (the newest token issued for it: no newer generation exists),
+    /// the lease row's owner id is `req.owner_id` (the store issued exactly
+    /// this token for this resource to exactly this owner; a released or
+    /// expired lease keeps both until the next acquisition), and the token
+    /// is `>=` (with `once`: `>`) the one the key last accepted. `once` with
+    /// the key's own token is `AlreadyApplied`. Anything else is rejected
+    /// ([`classify_rejection`] names the reason) and the rejection recorded,
+    /// all in one atomic operation.
     async fn put(&self, req: &PutRequest<'_>) -> Result<PutOutcome, StoreError>;
 
     /// Reads a value and the token that wrote it.
@@ -1023,20 +1039,59 @@ pub(crate) fn classify_refusal(
     }
 }
 
-/// Classifies a refused write, given the accepted token of the key (if the
-/// key exists) and the highest token issued for the resource (if any).
+/// A refused write, as recorded: why, and the token it lost to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Rejection {
+    pub reason: RejectReason,
+    /// The record's `accepted_token`: for `Stale` and `WrongOwner` the
+    /// resource's current token (its fence, which no accepted token of a
+    /// key exceeds), for `Forged` the key's accepted token (if any).
+    pub accepted_token: Option<Token>,
+}
+
+/// Classifies a refused write from the state the refusing transaction sees:
+/// the key's accepted token (if the key exists) and the lease row's fence
+/// and owner id (if the resource was ever leased). `None` means the write
+/// is "already applied" (`once` with the key's own token by its owner).
+/// Shared by every backend so they report the same reasons.
+///
+/// In order: no lease or a token above the fence is `Forged`; a token
+/// below the fence is `Stale` (a newer generation exists, whether or not it
+/// wrote this key); the fence's token with another owner id is
+/// `WrongOwner`; then the key: a newer accepted token is `Stale`, the same
+/// one with `once` is already applied.
 pub(crate) fn classify_rejection(
     token: Token,
+    owner_id: &str,
     once: bool,
     accepted: Option<Token>,
-    issued: Option<Token>,
-) -> Option<RejectReason> {
-    if issued.is_none_or(|issued| token > issued) {
-        return Some(RejectReason::Forged);
+    lease: Option<(Token, &str)>,
+) -> Option<Rejection> {
+    let reject = |reason, accepted_token| {
+        Some(Rejection {
+            reason,
+            accepted_token,
+        })
+    };
+    let Some((fence, issued_to)) = lease else {
+        return reject(RejectReason::Forged, accepted);
+    };
+    if token > fence {
+        return reject(RejectReason::Forged, accepted);
+    }
+    if token < fence {
+        return reject(RejectReason::Stale, Some(fence));
+    }
+    if owner_id != issued_to {
+        return reject(RejectReason::WrongOwner, Some(fence));
     }
     match accepted {
         Some(a) if a == token && once => None,
-        _ => Some(RejectReason::Stale),
+        // The key's token never exceeds the fence, and the statement
+        // accepts everything else: reached only if the lease changed
+        // between the statement and this read. Refused is refused; a newer
+        // state than the write saw makes it stale.
+        _ => reject(RejectReason::Stale, Some(fence)),
     }
 }
 
@@ -1213,19 +1268,50 @@ mod tests {
 
     #[test]
     fn rejection_reasons() {
+        let rej = |reason, accepted_token| {
+            Some(Rejection {
+                reason,
+                accepted_token,
+            })
+        };
+        let (me, other) = ("owner-a", "owner-b");
+        // Never leased, or above the fence: forged, naming the key's token.
         assert_eq!(
-            classify_rejection(5, false, Some(6), Some(9)),
-            Some(RejectReason::Stale)
+            classify_rejection(1, me, false, None, None),
+            rej(RejectReason::Forged, None)
         );
         assert_eq!(
-            classify_rejection(10, false, Some(6), Some(9)),
-            Some(RejectReason::Forged)
+            classify_rejection(10, me, false, Some(6), Some((9, me))),
+            rej(RejectReason::Forged, Some(6))
+        );
+        // Below the fence: stale, naming the current token, whether or not
+        // the key was written since (and whoever holds the fence).
+        assert_eq!(
+            classify_rejection(5, me, false, Some(6), Some((9, me))),
+            rej(RejectReason::Stale, Some(9))
         );
         assert_eq!(
-            classify_rejection(1, false, None, None),
-            Some(RejectReason::Forged)
+            classify_rejection(5, me, false, None, Some((9, other))),
+            rej(RejectReason::Stale, Some(9))
         );
-        assert_eq!(classify_rejection(6, true, Some(6), Some(9)), None);
+        assert_eq!(
+            classify_rejection(5, me, true, Some(5), Some((9, other))),
+            rej(RejectReason::Stale, Some(9))
+        );
+        // The fence's token, issued to someone else.
+        assert_eq!(
+            classify_rejection(9, me, false, None, Some((9, other))),
+            rej(RejectReason::WrongOwner, Some(9))
+        );
+        assert_eq!(
+            classify_rejection(9, me, true, Some(9), Some((9, other))),
+            rej(RejectReason::WrongOwner, Some(9))
+        );
+        // The owner's own token again with `once`: already applied.
+        assert_eq!(
+            classify_rejection(9, me, true, Some(9), Some((9, me))),
+            None
+        );
     }
 
     #[test]

@@ -88,8 +88,8 @@ const LIST: &str = concat!(
     " AS now_ms FROM fencecron_leases ORDER BY resource"
 );
 
-/// The conditional write. Inserts only when the token does not exceed the
-/// highest issued fence (forgery check); on an existing key, every column
+/// The conditional write. Writes only when the token is the resource's
+/// fence and was issued to this owner; on an existing key, every column
 /// changes only when the token is at least (with `once`: above) the accepted
 /// one. `token` is assigned last because MySQL evaluates the assignments
 /// left to right and the earlier conditions must see the old token.
@@ -98,7 +98,7 @@ const PUT: &str = concat!(
        (resource, key_name, value, token, owner_id, operation_id, written_at_ms)
      SELECT ?, ?, ?, ?, ?, ?, ",
     now_ms!(),
-    " FROM fencecron_leases l WHERE l.resource = ? AND l.fence >= ?
+    " FROM fencecron_leases l WHERE l.resource = ? AND l.fence = ? AND l.owner_id = ?
      ON DUPLICATE KEY UPDATE
        value = IF(fencecron_values.token < VALUES(token) OR (fencecron_values.token = VALUES(token) AND NOT ?), VALUES(value), fencecron_values.value),
        owner_id = IF(fencecron_values.token < VALUES(token) OR (fencecron_values.token = VALUES(token) AND NOT ?), VALUES(owner_id), fencecron_values.owner_id),
@@ -111,7 +111,8 @@ const PUT_STATE: &str = "SELECT
        (SELECT operation_id FROM fencecron_values WHERE resource = ? AND key_name = ?) AS op,
        (SELECT written_at_ms FROM fencecron_values WHERE resource = ? AND key_name = ?) AS written_at,
        (SELECT token FROM fencecron_values WHERE resource = ? AND key_name = ?) AS accepted,
-       (SELECT fence FROM fencecron_leases WHERE resource = ?) AS issued";
+       (SELECT fence FROM fencecron_leases WHERE resource = ?) AS issued,
+       (SELECT owner_id FROM fencecron_leases WHERE resource = ?) AS issued_to";
 
 const INSERT_STALE: &str = concat!(
     "INSERT INTO fencecron_stale
@@ -369,6 +370,7 @@ impl MySqlStore {
             .bind(&op)
             .bind(req.resource.as_str())
             .bind(req.token)
+            .bind(req.owner_id)
             .bind(req.once)
             .bind(req.once)
             .bind(req.once)
@@ -387,6 +389,7 @@ impl MySqlStore {
             .bind(r)
             .bind(k)
             .bind(r)
+            .bind(r)
             .fetch_one(&mut *tx)
             .await
             .map_err(|e| self.err(e))?;
@@ -400,18 +403,22 @@ impl MySqlStore {
         }
         let accepted: Option<i64> = state.try_get("accepted").map_err(|e| self.err(e))?;
         let issued: Option<i64> = state.try_get("issued").map_err(|e| self.err(e))?;
-        let Some(reason) = classify_rejection(req.token, req.once, accepted, issued) else {
+        let issued_to: Option<String> = state.try_get("issued_to").map_err(|e| self.err(e))?;
+        let lease = issued.zip(issued_to.as_deref());
+        let Some(rejection) =
+            classify_rejection(req.token, req.owner_id, req.once, accepted, lease)
+        else {
             tx.rollback().await.map_err(|e| self.err(e))?;
             return Ok(PutOutcome::AlreadyApplied);
         };
         let rec = NewStaleRecord {
             kind: StaleKind::WriteRejected,
-            reason: reason.as_str(),
+            reason: rejection.reason.as_str(),
             resource: r,
             key: Some(k),
-            owner_id: req.owner_id,
+            owner_id: Some(req.owner_id),
             token: req.token,
-            accepted_token: accepted,
+            accepted_token: rejection.accepted_token,
             node: req.node,
             job: req.job,
             stage: req.stage,
@@ -707,6 +714,7 @@ impl Store for MySqlStore {
                     .bind(owner_id)
                     .bind(r)
                     .bind(token)
+                    .bind(owner_id)
                     .bind(false)
                     .bind(false)
                     .bind(false)

@@ -231,8 +231,9 @@ const LIST: &str = concat!(
     " AS now_ms FROM fencecron_leases ORDER BY resource"
 );
 
-/// The conditional write: inserts only when the token does not exceed the
-/// highest issued fence (forgery check), updates only when the token is at
+/// The conditional write: writes only when the token is the resource's
+/// fence and was issued to this owner (the lease row as the statement's
+/// snapshot sees it), and on an existing key only when the token is at
 /// least (or, for `once`, above) the accepted one.
 const PUT: &str = concat!(
     "INSERT INTO fencecron_values AS v
@@ -240,7 +241,7 @@ const PUT: &str = concat!(
      SELECT $1, $2, $3, $4, $5, $6, ",
     now_ms!(),
     "
-       FROM fencecron_leases l WHERE l.resource = $1 AND l.fence >= $4
+       FROM fencecron_leases l WHERE l.resource = $1 AND l.fence = $4 AND l.owner_id = $5
      ON CONFLICT (resource, key) DO UPDATE
         SET value = EXCLUDED.value, token = EXCLUDED.token, owner_id = EXCLUDED.owner_id,
             operation_id = EXCLUDED.operation_id, written_at_ms = EXCLUDED.written_at_ms
@@ -251,7 +252,8 @@ const PUT: &str = concat!(
 /// After a refused write, within the same transaction: what beat it.
 const PUT_STATE: &str = "SELECT
        (SELECT token FROM fencecron_values WHERE resource = $1 AND key = $2) AS accepted,
-       (SELECT fence FROM fencecron_leases WHERE resource = $1) AS issued";
+       (SELECT fence FROM fencecron_leases WHERE resource = $1) AS issued,
+       (SELECT owner_id FROM fencecron_leases WHERE resource = $1) AS issued_to";
 
 const INSERT_STALE: &str = concat!(
     "INSERT INTO fencecron_stale
@@ -504,18 +506,22 @@ impl PostgresStore {
             .map_err(|e| self.err(e))?;
         let accepted: Option<i64> = state.try_get("accepted").map_err(|e| self.err(e))?;
         let issued: Option<i64> = state.try_get("issued").map_err(|e| self.err(e))?;
-        let Some(reason) = classify_rejection(req.token, req.once, accepted, issued) else {
+        let issued_to: Option<String> = state.try_get("issued_to").map_err(|e| self.err(e))?;
+        let lease = issued.zip(issued_to.as_deref());
+        let Some(rejection) =
+            classify_rejection(req.token, req.owner_id, req.once, accepted, lease)
+        else {
             tx.rollback().await.map_err(|e| self.err(e))?;
             return Ok(PutOutcome::AlreadyApplied);
         };
         let rec = NewStaleRecord {
             kind: StaleKind::WriteRejected,
-            reason: reason.as_str(),
+            reason: rejection.reason.as_str(),
             resource: req.resource.as_str(),
             key: Some(req.key.as_str()),
-            owner_id: req.owner_id,
+            owner_id: Some(req.owner_id),
             token: req.token,
-            accepted_token: accepted,
+            accepted_token: rejection.accepted_token,
             node: req.node,
             job: req.job,
             stage: req.stage,

@@ -166,11 +166,12 @@ const GIVE_BACK: &str =
     AND (fence = ?3 OR (?3 IS NULL AND NOT released AND last_occurrence_ms = ?5))";
 
 /// The conditional write; the `WHERE` before `ON CONFLICT` (which SQLite's
-/// grammar needs for INSERT … SELECT … ON CONFLICT) is the forgery check.
+/// grammar needs for INSERT … SELECT … ON CONFLICT) binds the token to its
+/// resource and owner: it must be the fence, issued to this owner id.
 const PUT: &str = "INSERT INTO fencecron_values AS v
    (resource, key, value, token, owner_id, operation_id, written_at_ms)
  SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7
-   FROM fencecron_leases l WHERE l.resource = ?1 AND l.fence >= ?4
+   FROM fencecron_leases l WHERE l.resource = ?1 AND l.fence = ?4 AND l.owner_id = ?5
  ON CONFLICT (resource, key) DO UPDATE
     SET value = excluded.value, token = excluded.token, owner_id = excluded.owner_id,
         operation_id = excluded.operation_id, written_at_ms = excluded.written_at_ms
@@ -463,7 +464,8 @@ impl SqliteStore {
         }
         let state = sqlx::query(
             "SELECT (SELECT token FROM fencecron_values WHERE resource = ?1 AND key = ?2) AS accepted,
-                    (SELECT fence FROM fencecron_leases WHERE resource = ?1) AS issued",
+                    (SELECT fence FROM fencecron_leases WHERE resource = ?1) AS issued,
+                    (SELECT owner_id FROM fencecron_leases WHERE resource = ?1) AS issued_to",
         )
         .bind(req.resource.as_str())
         .bind(req.key.as_str())
@@ -472,18 +474,22 @@ impl SqliteStore {
         .map_err(|e| self.err(e))?;
         let accepted: Option<i64> = state.try_get("accepted").map_err(|e| self.err(e))?;
         let issued: Option<i64> = state.try_get("issued").map_err(|e| self.err(e))?;
-        let Some(reason) = classify_rejection(req.token, req.once, accepted, issued) else {
+        let issued_to: Option<String> = state.try_get("issued_to").map_err(|e| self.err(e))?;
+        let lease = issued.zip(issued_to.as_deref());
+        let Some(rejection) =
+            classify_rejection(req.token, req.owner_id, req.once, accepted, lease)
+        else {
             tx.rollback().await.map_err(|e| self.err(e))?;
             return Ok(PutOutcome::AlreadyApplied);
         };
         let rec = NewStaleRecord {
             kind: StaleKind::WriteRejected,
-            reason: reason.as_str(),
+            reason: rejection.reason.as_str(),
             resource: req.resource.as_str(),
             key: Some(req.key.as_str()),
-            owner_id: req.owner_id,
+            owner_id: Some(req.owner_id),
             token: req.token,
-            accepted_token: accepted,
+            accepted_token: rejection.accepted_token,
             node: req.node,
             job: req.job,
             stage: req.stage,
