@@ -11,6 +11,7 @@
 #![deny(clippy::print_stdout, clippy::print_stderr)]
 
 pub mod cli;
+pub mod clock;
 pub mod commands;
 pub mod config;
 pub mod daemon;
@@ -25,3 +26,5 @@ pub mod schedule;
 pub mod shim;
 pub mod store;
 pub mod supervise;
+#[cfg(test)]
+mod testing;
