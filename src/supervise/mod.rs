@@ -17,6 +17,8 @@
 
 mod child;
 mod deadline;
+#[cfg(test)]
+mod tests;
 mod timing;
 
 use std::collections::BTreeMap;

@@ -4,6 +4,7 @@
 //! daemon's occurrence policy run in-process on tokio's paused clock. None
 //! of it ships: the binary knows only the SQL backends.
 
+pub(crate) mod job;
 pub(crate) mod store;
 mod store_tests;
 
