@@ -11,6 +11,8 @@
 
 mod occurrence;
 mod scheduler;
+#[cfg(test)]
+mod tests;
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
