@@ -24,6 +24,7 @@ pub mod output;
 pub mod runs;
 pub mod schedule;
 pub mod shim;
+pub mod signals;
 pub mod store;
 pub mod supervise;
 #[cfg(test)]
