@@ -1,13 +1,15 @@
-//! `fencecron run`: ties the scheduler, the supervisor, signals and systemd
-//! together.
+//! The daemon: schedules jobs, competes for each occurrence's lease and runs
+//! the winners under the [`Supervisor`], until it is told to stop.
 //!
-//! One scheduler task owns a min-heap of (next instant, job) and sleeps until
-//! the earliest instant; each due occurrence becomes its own task that
-//! competes for the lease and, on winning, runs the job under the
-//! [`Supervisor`]. Signals arrive through signal-hook: SIGTERM/SIGINT cancel
-//! one [`CancellationToken`] that every task watches, SIGHUP sends a new job
-//! list to the scheduler. Shutdown waits for every task in the
-//! [`TaskTracker`], so leases are released before the process exits.
+//! [`run`] takes plain [`Settings`] and a stream of [`Control`] messages,
+//! both built by the command layer (`commands::run`, which turns SIGHUP into
+//! a reloaded job list and SIGTERM/SIGINT into a stop), so the daemon knows
+//! nothing of the command line, config files or signals, and a test can run
+//! it in-process. One scheduler task ([`scheduler`]) fires instants; each
+//! due occurrence is its own task ([`occurrence`]). A stop cancels one
+//! [`CancellationToken`] that every task watches and waits for every task
+//! in the [`TaskTracker`], so leases are released before `run` returns.
+//! systemd is told READY, RELOADING, STATUS and STOPPING.
 
 mod occurrence;
 mod scheduler;
@@ -18,21 +20,15 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::StreamExt;
 use sd_notify::NotifyState;
-use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
-use signal_hook_tokio::Signals;
 use tokio::sync::{mpsc, OnceCell};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::cli::Cli;
 use crate::clock::Clock;
-use crate::commands::Context;
 use crate::config::Job;
-use crate::error::{Error, Result};
 use crate::events;
-use crate::names::Name;
+use crate::job_env::ChildEnv;
 use crate::runs::{self, RunRecords};
 use crate::store::{self, OpenOptions, Store};
 use crate::supervise::Supervisor;
@@ -48,54 +44,82 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 /// opening another, which costs a round trip at most.
 const DEFAULT_MAX_CONNECTIONS: u32 = 4;
 
-/// Runs the daemon until SIGTERM/SIGINT; returns exit code 0 after a clean
-/// shutdown.
-pub async fn run(cli: &Cli, node_flag: Option<String>) -> Result<u8> {
-    let mut ctx = Context::load(cli, true)?;
-    // Computed while the context still holds the config (it names the
-    // config file to the jobs).
-    let child_env = ctx.child_env()?;
-    // The job list is held once, by the scheduler: with croner's schedules
-    // at about 5 KB each, every copy of 1,000 jobs costs 5 MB.
-    let config = ctx
-        .config
-        .take()
-        .ok_or_else(|| Error::Usage("fencecron run needs a config file".to_string()))?;
-    let started_with = StartedWith {
-        store: config.store.clone(),
-        store_max_connections: config.store_max_connections,
-        node_id: config.node_id.clone(),
-    };
-    let node = node_flag.unwrap_or_else(|| ctx.node.clone());
-    Name::parse("node", &node).map_err(|m| Error::Usage(format!("--node-id: {m}")))?;
+/// How the daemon opens its store: `store.max_connections` (default 4) and
+/// its per-call time limit.
+pub fn store_options(max_connections: Option<u32>) -> OpenOptions {
+    OpenOptions {
+        max_connections: max_connections.unwrap_or(DEFAULT_MAX_CONNECTIONS),
+        call_timeout: CALL_TIMEOUT,
+    }
+}
 
-    let mut signals = Signals::new([SIGTERM, SIGINT, SIGHUP])
-        .map_err(|e| Error::Runtime(format!("cannot install signal handlers: {e}")))?;
+/// What the daemon runs with.
+pub struct Settings {
+    /// This node's id (validated).
+    pub node: String,
+    /// The jobs to schedule. Held once, by the scheduler: with croner's
+    /// schedules at about 5 KB each, every copy of 1,000 jobs costs 5 MB.
+    pub jobs: Vec<Job>,
+    /// The store, opened with [`store_options`]; migrations are applied by
+    /// the daemon, retried until the store answers.
+    pub store: Arc<dyn Store>,
+    /// What every job's environment gains and loses.
+    pub child_env: ChildEnv,
+    /// Where runs in progress are noted for a successor after a crash;
+    /// `None` when there is no usable directory (leases then expire by
+    /// themselves).
+    pub records: Option<Arc<RunRecords>>,
+    /// For the start-up log line: the store (redacted) and the config file.
+    pub store_display: String,
+    pub config_display: String,
+}
+
+/// What the daemon can be told while it runs.
+#[derive(Debug)]
+pub enum Control {
+    /// A new job list; or why it could not be read (the old jobs keep
+    /// running).
+    Reload(Result<Vec<Job>, String>),
+    /// Stop: terminate running jobs, release their leases, return. The
+    /// reason is logged (`SIGTERM`, `SIGINT`).
+    Stop(&'static str),
+}
+
+/// Runs the daemon until [`Control::Stop`] (or until `control` closes), then
+/// terminates running jobs and returns once every lease is released.
+pub async fn run(mut settings: Settings, control: mpsc::Receiver<Control>) {
+    let child_env = std::mem::take(&mut settings.child_env);
+    let mut supervisor = Supervisor::new(settings.store.clone(), settings.node.clone(), child_env);
+    if let Some(records) = &settings.records {
+        supervisor = supervisor.with_records(records.clone());
+    }
+    serve(settings, control, supervisor, Clock::system()).await
+}
+
+/// [`run`] with the supervisor and the clock given (tests start fake jobs
+/// on tokio's paused clock).
+async fn serve(
+    settings: Settings,
+    mut control: mpsc::Receiver<Control>,
+    supervisor: Supervisor,
+    clock: Clock,
+) {
+    let Settings {
+        node,
+        jobs,
+        store,
+        records,
+        store_display,
+        config_display,
+        ..
+    } = settings;
     let shutdown = CancellationToken::new();
     let tracker = TaskTracker::new();
     let ready = Arc::new(OnceCell::new());
-    let store = store::open(
-        &ctx.store_url,
-        &OpenOptions {
-            max_connections: config
-                .store_max_connections
-                .unwrap_or(DEFAULT_MAX_CONNECTIONS),
-            call_timeout: CALL_TIMEOUT,
-        },
-    )?;
-    let mut supervisor = Supervisor::new(store.clone(), node.clone(), child_env);
-    match RunRecords::open(&node, &ctx.store_url) {
-        Ok(records) => {
-            let records = Arc::new(records);
-            supervisor = supervisor.with_records(records.clone());
-            // Leases of runs an earlier process of this node left behind are
-            // given back once those runs are provably dead.
-            tracker.spawn(runs::recover(records, store.clone(), node.clone()));
-        }
-        Err(e) => events::run_record_failed(
-            None,
-            &format!("no run-record directory ({e}); after a crash this node's leases expire by themselves"),
-        ),
+    if let Some(records) = records {
+        // Leases of runs an earlier process of this node left behind are
+        // given back once those runs are provably dead.
+        tracker.spawn(runs::recover(records, store.clone(), node.clone()));
     }
 
     // Apply migrations now if the store answers; if not, the first firing
@@ -118,29 +142,22 @@ pub async fn run(cli: &Cli, node_flag: Option<String>) -> Result<u8> {
         ready,
         shutdown: shutdown.clone(),
         tracker: tracker.clone(),
-        clock: Clock::system(),
+        clock,
     });
-    let job_count = config.jobs.len();
-    tracker.spawn(scheduler.run(config.jobs, reload_rx));
+    let job_count = jobs.len();
+    tracker.spawn(scheduler.run(jobs, reload_rx));
 
-    events::daemon_started(
-        &node,
-        job_count,
-        &ctx.store_url.to_string(),
-        &ctx.config_path.display().to_string(),
-    );
+    events::daemon_started(&node, job_count, &store_display, &config_display);
     notify(&[
         NotifyState::Ready,
         NotifyState::Status(&format!("scheduling {job_count} job(s) as {node}")),
     ]);
 
     let reason = loop {
-        match signals.next().await {
-            Some(SIGHUP) => reload(&ctx, &started_with, &reload_tx).await,
-            Some(SIGTERM) => break "SIGTERM",
-            Some(SIGINT) => break "SIGINT",
-            Some(_) => {}
-            None => break "signal stream closed",
+        match control.recv().await {
+            Some(Control::Reload(jobs)) => reload(jobs, &reload_tx).await,
+            Some(Control::Stop(reason)) => break reason,
+            None => break "control stream closed",
         }
     };
     notify(&[
@@ -153,7 +170,6 @@ pub async fn run(cli: &Cli, node_flag: Option<String>) -> Result<u8> {
     tracker.close();
     tracker.wait().await;
     events::daemon_stopped();
-    Ok(0)
 }
 
 /// Sends states to systemd when run under `Type=notify`; a no-op otherwise.
@@ -161,36 +177,15 @@ fn notify(states: &[NotifyState<'_>]) {
     let _ = sd_notify::notify(false, states);
 }
 
-/// The settings a reload cannot change.
-struct StartedWith {
-    store: Option<store::StoreUrl>,
-    store_max_connections: Option<u32>,
-    node_id: Option<String>,
-}
-
-/// Reloads jobs.toml on SIGHUP. An invalid file keeps the old jobs.
-async fn reload(ctx: &Context, original: &StartedWith, tx: &mpsc::Sender<Vec<Job>>) {
+/// Hands a reloaded job list to the scheduler. An invalid file keeps the
+/// old jobs.
+async fn reload(jobs: Result<Vec<Job>, String>, tx: &mpsc::Sender<Vec<Job>>) {
     notify(&[NotifyState::Reloading]);
-    match ctx.reload_config() {
-        Err(e) => events::config_invalid(&e.to_string()),
-        Ok(new) => {
-            if !ctx.store_from_flag && new.store != original.store {
-                events::config_ignored("store", "the store cannot change while running; restart the daemon to use the new store");
-            }
-            if new.store_max_connections != original.store_max_connections {
-                events::config_ignored(
-                    "store.max_connections",
-                    "the connection pool cannot be resized while running; restart the daemon",
-                );
-            }
-            if new.node_id != original.node_id {
-                events::config_ignored(
-                    "node.id",
-                    "the node id cannot change while running; restart the daemon",
-                );
-            }
-            let count = new.jobs.len();
-            let _ = tx.send(new.jobs).await;
+    match jobs {
+        Err(e) => events::config_invalid(&e),
+        Ok(jobs) => {
+            let count = jobs.len();
+            let _ = tx.send(jobs).await;
             notify(&[NotifyState::Status(&format!("scheduling {count} job(s)"))]);
         }
     }

@@ -50,12 +50,19 @@ impl Rig {
     }
 
     fn with_store(adjust: impl FnOnce(MemoryStore) -> MemoryStore) -> Rig {
+        Rig::with(
+            Script {
+                runs_for: Some(ms(2_000)),
+                ..Script::default()
+            },
+            adjust,
+        )
+    }
+
+    fn with(script: Script, adjust: impl FnOnce(MemoryStore) -> MemoryStore) -> Rig {
         let clock = Clock::following_tokio(epoch_wall());
         let store = adjust(MemoryStore::new(clock));
-        let launcher = FakeLauncher::new(Script {
-            runs_for: Some(ms(2_000)),
-            ..Script::default()
-        });
+        let launcher = FakeLauncher::new(script);
         let supervisor =
             Supervisor::with_launcher(Arc::new(store.clone()), "node-a".into(), launcher.clone());
         let shared = Shared {
@@ -404,4 +411,85 @@ async fn a_lease_held_elsewhere_skips_and_a_taken_instant_is_taken() {
         .unwrap();
     assert_eq!(rig.run().await, Ending::Taken);
     assert!(rig.runs().is_empty());
+}
+
+/// The whole daemon in-process: plain settings and a control stream, no
+/// command line, no signals. Jobs every 10 s run at their instants; a
+/// reload adds a job; a stop terminates the runs in progress (which take
+/// 500 ms to end) and returns only once their leases are released.
+#[tokio::test(start_paused = true)]
+async fn the_daemon_runs_in_process_from_settings_and_a_control_stream() {
+    let rig = Rig::with(
+        Script {
+            runs_for: Some(ms(2_000)),
+            term_takes: Some(ms(500)),
+            ..Script::default()
+        },
+        |s| s,
+    );
+    let every_10s = |name: &str| Job {
+        name: Name::parse("job", name).unwrap(),
+        resource: Name::parse("resource", name).unwrap(),
+        schedule: Schedule::parse("*/10 * * * * *", chrono_tz::UTC).unwrap(),
+        ..(*rig.job).clone()
+    };
+    let settings = super::Settings {
+        node: "node-a".into(),
+        jobs: vec![every_10s("a")],
+        store: Arc::new(rig.store.clone()),
+        child_env: Default::default(),
+        records: None,
+        store_display: "memory".into(),
+        config_display: "none".into(),
+    };
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    let daemon = tokio::spawn(super::serve(
+        settings,
+        rx,
+        rig.shared.supervisor.clone(),
+        rig.shared.clock,
+    ));
+    tokio::time::sleep(ms(25_000)).await;
+    tx.send(super::Control::Reload(Ok(vec![
+        every_10s("a"),
+        every_10s("b"),
+    ])))
+    .await
+    .unwrap();
+    // 31 s: "a" and "b" of 30 s are running (2 s each).
+    tokio::time::sleep(ms(6_000)).await;
+    tx.send(super::Control::Stop("test")).await.unwrap();
+    tokio::time::timeout(LIMIT, daemon)
+        .await
+        .expect("the daemon stops")
+        .unwrap();
+    let stopped_at = Instant::now() - rig.t0;
+
+    let mut runs: Vec<_> = rig
+        .launcher
+        .started()
+        .iter()
+        .map(|j| (j.started() - rig.t0, j.resource.clone(), j.token))
+        .collect();
+    runs.sort();
+    assert_eq!(
+        runs,
+        [
+            (ms(10_000), "a".to_string(), 1),
+            (ms(20_000), "a".to_string(), 2),
+            (ms(30_000), "a".to_string(), 3),
+            (ms(30_000), "b".to_string(), 1),
+        ]
+    );
+    // The runs of 30 s got SIGTERM at the stop (31 s) and ended 500 ms
+    // later; the daemon returned after releasing both leases.
+    for job in &rig.launcher.started()[2..] {
+        assert_eq!(job.signals().len(), 1, "{:?}", job.signals());
+        assert_eq!(job.signals()[0].0 - rig.t0, ms(31_000));
+    }
+    assert_eq!(stopped_at, ms(31_500));
+    for resource in ["a", "b"] {
+        assert!(rig.store.row(resource).unwrap().released, "{resource}");
+    }
+    assert_eq!(rig.store.history(Op::Release).len(), 4);
 }
