@@ -11,6 +11,7 @@
 #![deny(clippy::print_stdout, clippy::print_stderr)]
 
 pub mod cli;
+pub mod clock;
 pub mod commands;
 pub mod config;
 pub mod daemon;
@@ -23,5 +24,8 @@ pub mod output;
 pub mod runs;
 pub mod schedule;
 pub mod shim;
+pub mod signals;
 pub mod store;
 pub mod supervise;
+#[cfg(test)]
+mod testing;

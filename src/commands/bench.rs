@@ -35,9 +35,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
-use signal_hook::consts::{SIGINT, SIGTERM};
-use signal_hook_tokio::Signals;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use uuid::Uuid;
@@ -46,6 +43,7 @@ use crate::cli::{BenchArgs, Cli};
 use crate::error::{Error, Result};
 use crate::names::Name;
 use crate::output::{self, Out};
+use crate::signals::Signals;
 use crate::store::{
     AcquireOutcome, AcquireRequest, OpenOptions, PutOutcome, PutRequest, RawOp, ReleaseOutcome,
     RenewOutcome, Store, StoreError, Token, MAX_LEASE, MIN_LEASE,
@@ -104,8 +102,7 @@ pub async fn run(cli: &Cli, args: &BenchArgs) -> Result<u8> {
         "fencecron-bench-{}-",
         &Uuid::new_v4().simple().to_string()[..8]
     );
-    let mut signals = Signals::new([SIGINT, SIGTERM])
-        .map_err(|e| Error::Runtime(format!("cannot install signal handlers: {e}")))?;
+    let mut signals = Signals::stop()?;
     let mut out = Out::stdout();
     writeln!(
         out,

@@ -1,9 +1,6 @@
 //! `fencecron exec RESOURCE -- CMD…`: one command under a fenced lease,
 //! supervised exactly like a daemon job (same renewal, same deadlines).
 
-use futures::StreamExt;
-use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
-use signal_hook_tokio::Signals;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -12,6 +9,7 @@ use crate::error::{Error, Result};
 use crate::events;
 use crate::fence;
 use crate::names::Name;
+use crate::signals::Signals;
 use crate::store::{AcquireOutcome, AcquireRequest, OpenOptions};
 use crate::supervise::{LeaseTiming, RunSpec, Supervisor, DEFAULT_LEASE};
 
@@ -32,15 +30,8 @@ pub async fn run(cli: &Cli, args: &ExecArgs) -> Result<u8> {
     let child_env = ctx.child_env()?;
     // Signals are caught before anything else so that a SIGTERM during the
     // acquire still ends in an orderly release.
-    let mut signals = Signals::new([SIGTERM, SIGINT, SIGHUP])
-        .map_err(|e| Error::Runtime(format!("cannot install signal handlers: {e}")))?;
     let shutdown = CancellationToken::new();
-    let on_signal = shutdown.clone();
-    let signal_task = tokio::spawn(async move {
-        if signals.next().await.is_some() {
-            on_signal.cancel();
-        }
-    });
+    let signal_task = Signals::stop_and_hangup()?.cancel_on_first(shutdown.clone());
 
     let store = ctx
         .store(&OpenOptions {

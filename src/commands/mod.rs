@@ -7,6 +7,7 @@ mod epoch;
 mod exec;
 mod fenced;
 mod lease;
+mod run;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -192,7 +193,7 @@ pub fn hostname() -> String {
 /// Runs the parsed command line; returns the exit code.
 pub async fn dispatch(cli: Cli) -> Result<u8> {
     match &cli.command {
-        Command::Run { node_id } => crate::daemon::run(&cli, node_id.clone()).await,
+        Command::Run { node_id } => run::run(&cli, node_id.clone()).await,
         Command::Check => check::run(&cli),
         Command::Exec(args) => exec::run(&cli, args).await,
         Command::Lease(cmd) => lease::run(&cli, cmd).await,

@@ -1,0 +1,123 @@
+//! `fencecron run`: the daemon as the command line starts it. Resolves the
+//! config, store and node, catches signals, and hands the daemon plain
+//! settings and a control stream: SIGHUP becomes a reloaded job list,
+//! SIGTERM/SIGINT a stop.
+
+use std::sync::Arc;
+
+use tokio::sync::mpsc;
+
+use crate::cli::Cli;
+use crate::config::Job;
+use crate::daemon::{self, Control, Settings};
+use crate::error::{Error, Result};
+use crate::events;
+use crate::names::Name;
+use crate::runs::RunRecords;
+use crate::signals::{Received, Signals};
+use crate::store::{self, StoreUrl};
+
+use super::Context;
+
+/// Runs the daemon until SIGTERM/SIGINT; returns exit code 0 after a clean
+/// shutdown.
+pub async fn run(cli: &Cli, node_flag: Option<String>) -> Result<u8> {
+    let mut ctx = Context::load(cli, true)?;
+    // Computed while the context still holds the config (it names the
+    // config file to the jobs).
+    let child_env = ctx.child_env()?;
+    // The job list goes to the daemon's scheduler, which holds it once.
+    let config = ctx
+        .config
+        .take()
+        .ok_or_else(|| Error::Usage("fencecron run needs a config file".to_string()))?;
+    let started_with = StartedWith {
+        store: config.store.clone(),
+        store_max_connections: config.store_max_connections,
+        node_id: config.node_id.clone(),
+    };
+    let node = node_flag.unwrap_or_else(|| ctx.node.clone());
+    Name::parse("node", &node).map_err(|m| Error::Usage(format!("--node-id: {m}")))?;
+
+    let signals = Signals::stop_and_hangup()?;
+    let store = store::open(
+        &ctx.store_url,
+        &daemon::store_options(config.store_max_connections),
+    )?;
+    let records = match RunRecords::open(&node, &ctx.store_url) {
+        Ok(records) => Some(Arc::new(records)),
+        Err(e) => {
+            events::run_record_failed(
+                None,
+                &format!("no run-record directory ({e}); after a crash this node's leases expire by themselves"),
+            );
+            None
+        }
+    };
+    let settings = Settings {
+        node,
+        jobs: config.jobs,
+        store,
+        child_env,
+        records,
+        store_display: ctx.store_url.to_string(),
+        config_display: ctx.config_path.display().to_string(),
+    };
+    let (tx, rx) = mpsc::channel(4);
+    let control = tokio::spawn(control(signals, ctx, started_with, tx));
+    daemon::run(settings, rx).await;
+    control.abort();
+    Ok(0)
+}
+
+/// The settings a reload cannot change.
+struct StartedWith {
+    store: Option<StoreUrl>,
+    store_max_connections: Option<u32>,
+    node_id: Option<String>,
+}
+
+/// Turns signals into the daemon's control messages until it stops.
+async fn control(
+    mut signals: Signals,
+    ctx: Context,
+    started_with: StartedWith,
+    tx: mpsc::Sender<Control>,
+) {
+    loop {
+        let message = match signals.next().await {
+            Some(Received::Hangup) => Control::Reload(reload(&ctx, &started_with)),
+            Some(Received::Stop(name)) => Control::Stop(name),
+            None => Control::Stop("signal stream closed"),
+        };
+        let stop = matches!(message, Control::Stop(_));
+        if tx.send(message).await.is_err() || stop {
+            return;
+        }
+    }
+}
+
+/// Reads jobs.toml again (SIGHUP) the way the daemon was started, and logs
+/// what a reload cannot change.
+fn reload(ctx: &Context, original: &StartedWith) -> Result<Vec<Job>, String> {
+    let new = ctx.reload_config().map_err(|e| e.to_string())?;
+    if !ctx.store_from_flag && new.store != original.store {
+        events::config_ignored(
+            "store",
+            "the store cannot change while running; restart the daemon to use the new store",
+        );
+    }
+    if new.store_max_connections != original.store_max_connections {
+        events::config_ignored(
+            "store.max_connections",
+            "the connection pool cannot be resized while running; restart the daemon",
+        );
+    }
+    if new.node_id != original.node_id {
+        events::config_ignored(
+            "node.id",
+            "the node id cannot change while running; restart the daemon",
+        );
+    }
+    Ok(new.jobs)
+}

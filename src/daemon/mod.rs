@@ -1,0 +1,214 @@
+//! The daemon: schedules jobs, competes for each occurrence's lease and runs
+//! the winners under the [`Supervisor`], until it is told to stop.
+//!
+//! [`run`] takes plain [`Settings`] and a stream of [`Control`] messages,
+//! both built by the command layer (`commands::run`, which turns SIGHUP into
+//! a reloaded job list and SIGTERM/SIGINT into a stop), so the daemon knows
+//! nothing of the command line, config files or signals, and a test can run
+//! it in-process. One scheduler task ([`scheduler`]) fires instants; each
+//! due occurrence is its own task ([`occurrence`]). A stop cancels one
+//! [`CancellationToken`] that every task watches and waits for every task
+//! in the [`TaskTracker`], so leases are released before `run` returns.
+//! systemd is told READY, RELOADING, STATUS and STOPPING.
+
+mod occurrence;
+mod scheduler;
+#[cfg(test)]
+mod tests;
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use sd_notify::NotifyState;
+use tokio::sync::{mpsc, OnceCell};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::clock::Clock;
+use crate::config::Job;
+use crate::events;
+use crate::job_env::ChildEnv;
+use crate::runs::{self, RunRecords};
+use crate::store::{self, OpenOptions, Store};
+use crate::supervise::Supervisor;
+
+use scheduler::Scheduler;
+
+/// Time limit for one store call made by the daemon.
+const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Connections per daemon unless `store.max_connections` says otherwise:
+/// twenty hosts fit in PostgreSQL's default limit of 100. A caller that
+/// finds every connection busy waits for one to come back instead of
+/// opening another, which costs a round trip at most.
+const DEFAULT_MAX_CONNECTIONS: u32 = 4;
+
+/// How the daemon opens its store: `store.max_connections` (default 4) and
+/// its per-call time limit.
+pub fn store_options(max_connections: Option<u32>) -> OpenOptions {
+    OpenOptions {
+        max_connections: max_connections.unwrap_or(DEFAULT_MAX_CONNECTIONS),
+        call_timeout: CALL_TIMEOUT,
+    }
+}
+
+/// What the daemon runs with.
+pub struct Settings {
+    /// This node's id (validated).
+    pub node: String,
+    /// The jobs to schedule. Held once, by the scheduler: with croner's
+    /// schedules at about 5 KB each, every copy of 1,000 jobs costs 5 MB.
+    pub jobs: Vec<Job>,
+    /// The store, opened with [`store_options`]; migrations are applied by
+    /// the daemon, retried until the store answers.
+    pub store: Arc<dyn Store>,
+    /// What every job's environment gains and loses.
+    pub child_env: ChildEnv,
+    /// Where runs in progress are noted for a successor after a crash;
+    /// `None` when there is no usable directory (leases then expire by
+    /// themselves).
+    pub records: Option<Arc<RunRecords>>,
+    /// For the start-up log line: the store (redacted) and the config file.
+    pub store_display: String,
+    pub config_display: String,
+}
+
+/// What the daemon can be told while it runs.
+#[derive(Debug)]
+pub enum Control {
+    /// A new job list; or why it could not be read (the old jobs keep
+    /// running).
+    Reload(Result<Vec<Job>, String>),
+    /// Stop: terminate running jobs, release their leases, return. The
+    /// reason is logged (`SIGTERM`, `SIGINT`).
+    Stop(&'static str),
+}
+
+/// Runs the daemon until [`Control::Stop`] (or until `control` closes), then
+/// terminates running jobs and returns once every lease is released.
+pub async fn run(mut settings: Settings, control: mpsc::Receiver<Control>) {
+    let child_env = std::mem::take(&mut settings.child_env);
+    let mut supervisor = Supervisor::new(settings.store.clone(), settings.node.clone(), child_env);
+    if let Some(records) = &settings.records {
+        supervisor = supervisor.with_records(records.clone());
+    }
+    serve(settings, control, supervisor, Clock::system()).await
+}
+
+/// [`run`] with the supervisor and the clock given (tests start fake jobs
+/// on tokio's paused clock).
+async fn serve(
+    settings: Settings,
+    mut control: mpsc::Receiver<Control>,
+    supervisor: Supervisor,
+    clock: Clock,
+) {
+    let Settings {
+        node,
+        jobs,
+        store,
+        records,
+        store_display,
+        config_display,
+        ..
+    } = settings;
+    let shutdown = CancellationToken::new();
+    let tracker = TaskTracker::new();
+    let ready = Arc::new(OnceCell::new());
+    if let Some(records) = records {
+        // Leases of runs an earlier process of this node left behind are
+        // given back once those runs are provably dead.
+        tracker.spawn(runs::recover(records, store.clone(), node.clone()));
+    }
+
+    // Apply migrations now if the store answers; if not, the first firing
+    // retries, and the daemon keeps running either way.
+    {
+        let store = store.clone();
+        let ready = ready.clone();
+        tracker.spawn(async move {
+            if let Err(e) = ensure_ready(&ready, store.as_ref()).await {
+                events::store_unavailable("migrate", None, &e.to_string(), None);
+            }
+        });
+    }
+
+    let (reload_tx, reload_rx) = mpsc::channel(4);
+    let running = Arc::new(Mutex::new(HashSet::new()));
+    let scheduler = Scheduler::new(Shared {
+        supervisor,
+        running: running.clone(),
+        ready,
+        shutdown: shutdown.clone(),
+        tracker: tracker.clone(),
+        clock,
+    });
+    let job_count = jobs.len();
+    tracker.spawn(scheduler.run(jobs, reload_rx));
+
+    events::daemon_started(&node, job_count, &store_display, &config_display);
+    notify(&[
+        NotifyState::Ready,
+        NotifyState::Status(&format!("scheduling {job_count} job(s) as {node}")),
+    ]);
+
+    let reason = loop {
+        match control.recv().await {
+            Some(Control::Reload(jobs)) => reload(jobs, &reload_tx).await,
+            Some(Control::Stop(reason)) => break reason,
+            None => break "control stream closed",
+        }
+    };
+    notify(&[
+        NotifyState::Stopping,
+        NotifyState::Status("stopping: terminating jobs and releasing leases"),
+    ]);
+    let in_progress = running.lock().map(|r| r.len()).unwrap_or(0);
+    events::daemon_stopping(reason, in_progress);
+    shutdown.cancel();
+    tracker.close();
+    tracker.wait().await;
+    events::daemon_stopped();
+}
+
+/// Sends states to systemd when run under `Type=notify`; a no-op otherwise.
+fn notify(states: &[NotifyState<'_>]) {
+    let _ = sd_notify::notify(false, states);
+}
+
+/// Hands a reloaded job list to the scheduler. An invalid file keeps the
+/// old jobs.
+async fn reload(jobs: Result<Vec<Job>, String>, tx: &mpsc::Sender<Vec<Job>>) {
+    notify(&[NotifyState::Reloading]);
+    match jobs {
+        Err(e) => events::config_invalid(&e),
+        Ok(jobs) => {
+            let count = jobs.len();
+            let _ = tx.send(jobs).await;
+            notify(&[NotifyState::Status(&format!("scheduling {count} job(s)"))]);
+        }
+    }
+    notify(&[NotifyState::Ready]);
+}
+
+/// Applies migrations once per process; retried by later callers on failure.
+async fn ensure_ready(ready: &OnceCell<()>, store: &dyn Store) -> Result<(), store::StoreError> {
+    ready.get_or_try_init(|| store.migrate()).await.map(|_| ())
+}
+
+/// What the scheduler and every occurrence of this node share.
+#[derive(Clone)]
+struct Shared {
+    supervisor: Supervisor,
+    /// Resources with a run in progress on this node.
+    running: Arc<Mutex<HashSet<String>>>,
+    /// Set once migrations are applied.
+    ready: Arc<OnceCell<()>>,
+    /// Cancelled at SIGTERM/SIGINT.
+    shutdown: CancellationToken,
+    /// Every task of the daemon; shutdown waits for all of them.
+    tracker: TaskTracker,
+    /// Wall time: instants, give-up times.
+    clock: Clock,
+}

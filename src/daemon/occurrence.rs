@@ -1,0 +1,483 @@
+//! One scheduled occurrence on this node: compete for its lease, run the job
+//! if this node wins, and make sure a win nobody uses goes back.
+//!
+//! The policy, step by step ([`Occurrence::run`]):
+//!
+//! * skip at once when this node already acquires or runs the job;
+//! * pick one owner id for every attempt at the occurrence, so that a retry
+//!   *adopts* a win of an earlier attempt whose answer never came back;
+//! * retry a failing store with backoff until the occurrence is no longer
+//!   worth starting (the job's next instant, or a lease length after the
+//!   instant); an attempt still hanging then is abandoned, and should it
+//!   win after all, the lease is given back with its occurrence
+//!   ([`Occurrence::release_if_won`]);
+//! * a store whose clock is behind this host's (`NotYetDue`) is waited for,
+//!   up to [`MAX_CLOCK_AHEAD`]; a store already past the job's next instant
+//!   (`Superseded`) means this host's clock runs behind: skip;
+//! * if any attempt went unanswered and the job did not run here, sweep for
+//!   a win of this owner id later ([`Occurrence::sweep`]).
+//!
+//! *Invariant:* an occurrence never starts after the job's next instant is
+//! due. Wall time comes from the [`Clock`] seam, waiting from tokio's
+//! clock, so the whole policy runs in tests on tokio's paused clock.
+
+use std::collections::HashSet;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use tokio::time::Instant;
+use uuid::Uuid;
+
+use super::{ensure_ready, Shared, CALL_TIMEOUT};
+use crate::config::Job;
+use crate::events;
+use crate::fence;
+use crate::store::{
+    self, rfc3339, AcquireOutcome, AcquireRequest, Lease, ReleaseOutcome, Store, StoreError,
+    StoreTime,
+};
+use crate::supervise::{RunSpec, SuperviseError};
+
+/// How far ahead of the store's clock this host's clock may run before an
+/// occurrence is skipped instead of waited for.
+pub(super) const MAX_CLOCK_AHEAD: Duration = Duration::from_secs(60);
+
+/// How an occurrence ended on this node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Ending {
+    /// This node won the lease: the job ran, could not be started, or the
+    /// answer came too late to run it safely and the lease went back
+    /// (`acquired_too_late`).
+    Won,
+    /// Skipped, with the reason `occurrence_skipped` logs: `held`,
+    /// `store_unavailable`, `clock_ahead`, `clock_behind`, `missed`.
+    Skipped(&'static str),
+    /// Another node took it (`occurrence_taken`).
+    Taken,
+    /// The daemon is stopping.
+    Stopped,
+}
+
+/// One scheduled occurrence on this node: compete, and run if we win.
+pub(super) struct Occurrence {
+    pub(super) shared: Shared,
+    pub(super) job: Arc<Job>,
+    /// The scheduled instant, which names the occurrence fleet-wide.
+    pub(super) at: DateTime<Utc>,
+}
+
+/// Removes a resource from the node's running set when the run ends.
+struct RunningGuard {
+    running: Arc<Mutex<HashSet<String>>>,
+    resource: String,
+}
+
+impl Drop for RunningGuard {
+    fn drop(&mut self) {
+        if let Ok(mut r) = self.running.lock() {
+            r.remove(&self.resource);
+        }
+    }
+}
+
+impl Occurrence {
+    /// Competes for the occurrence and runs the job if this node wins;
+    /// returns how it ended here. Background work it leaves (an abandoned
+    /// attempt, a sweep) runs on the daemon's task tracker.
+    pub(super) async fn run(self) -> Ending {
+        let job = &self.job;
+        let resource = job.resource.to_string();
+        {
+            let mut running = self
+                .shared
+                .running
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            if !running.insert(resource.clone()) {
+                // Known locally; no need to ask the store.
+                events::occurrence_skipped(
+                    job.name.as_str(),
+                    &rfc3339(self.at),
+                    "held",
+                    "an earlier occurrence of this job is still being acquired or run on this node",
+                );
+                return Ending::Skipped("held");
+            }
+        }
+        let _guard = RunningGuard {
+            running: self.shared.running.clone(),
+            resource,
+        };
+
+        // One owner id for every attempt at this occurrence on this node: an
+        // attempt that timed out here may still have won in the store, and
+        // the next attempt then adopts that win instead of finding its own
+        // occurrence taken (see `AcquireRequest::owner_id`).
+        let owner_id = store::fresh_owner();
+        let mut unanswered = false;
+        let ending = self.compete(owner_id, &mut unanswered).await;
+        if ending != Ending::Won && unanswered {
+            self.sweep(owner_id);
+        }
+        ending
+    }
+
+    fn name(&self) -> &str {
+        self.job.name.as_str()
+    }
+
+    fn store(&self) -> &Arc<dyn Store> {
+        self.shared.supervisor.store()
+    }
+
+    fn node(&self) -> &str {
+        self.shared.supervisor.node()
+    }
+
+    /// Competes for the occurrence until it runs here, is decided elsewhere
+    /// or is given up. `unanswered` is set when an attempt ended without an
+    /// answer, so its statement may still win in the store.
+    async fn compete(&self, owner_id: Uuid, unanswered: &mut bool) -> Ending {
+        let job = &self.job;
+        let name = self.name();
+        let at = rfc3339(self.at);
+        let next = job.schedule.next_after(self.at);
+        // Retry a failing store until the occurrence is no longer worth
+        // starting: the next occurrence is due or a lease length has passed.
+        let mut give_up =
+            self.at + chrono::Duration::from_std(job.timing.lease).unwrap_or_default();
+        if let Some(next) = next {
+            give_up = give_up.min(next);
+        }
+        let mut delay = Duration::from_millis(100);
+        loop {
+            // Every attempt, including one that hangs on a stalled store or
+            // a starved pool, is given up at `give_up`: an occurrence that
+            // started that late would hold up the next one, which this node
+            // then skips locally.
+            let sent_wall = self.shared.clock.now();
+            let give_up_in = (give_up - sent_wall).to_std().unwrap_or(Duration::ZERO);
+            let sent = Instant::now();
+            let mut attempt = Box::pin(acquire_attempt(
+                self.store().clone(),
+                self.shared.ready.clone(),
+                job.clone(),
+                self.node().to_string(),
+                owner_id,
+                (self.at, next),
+            ));
+            let outcome = tokio::select! {
+                r = &mut attempt => r,
+                _ = tokio::time::sleep_until(sent + give_up_in) => {
+                    let detail = format!(
+                        "the store did not answer before {}, when the occurrence was no longer worth starting",
+                        rfc3339(give_up)
+                    );
+                    events::store_unavailable("acquire", Some(name), &detail, None);
+                    events::occurrence_skipped(name, &at, "store_unavailable", &detail);
+                    // Should the store time this call out, its statement may
+                    // still commit later, out of `release_if_won`'s sight.
+                    *unanswered = true;
+                    self.release_if_won(attempt);
+                    return Ending::Skipped("store_unavailable");
+                }
+                _ = self.shared.shutdown.cancelled() => {
+                    self.release_if_won(attempt);
+                    return Ending::Stopped;
+                }
+            };
+            let wait = match outcome {
+                Ok(AcquireOutcome::Acquired(lease)) => return self.run_won(lease, sent).await,
+                Ok(AcquireOutcome::NotYetDue { store_now }) => {
+                    // This host's clock runs ahead of the store's: wait until
+                    // the store reaches the instant, then compete as usual.
+                    let ahead = match self.not_yet_due(store_now) {
+                        Ok(ahead) => ahead,
+                        Err(ending) => return ending,
+                    };
+                    // The occurrence's deadline moves with the store's
+                    // clock, or a host running ahead would never run a job
+                    // whose interval is shorter than its offset.
+                    give_up += chrono::Duration::from_std(ahead).unwrap_or_default();
+                    ahead + Duration::from_millis(1)
+                }
+                Ok(AcquireOutcome::Superseded { store_now }) => {
+                    return self.superseded(store_now, next, sent_wall, sent)
+                }
+                Ok(lost) => return self.lost(lost),
+                Err(e) => {
+                    *unanswered = true;
+                    let now = self.shared.clock.now();
+                    if now + chrono::Duration::from_std(delay).unwrap_or_default() >= give_up {
+                        events::store_unavailable("acquire", Some(name), &e.to_string(), None);
+                        events::occurrence_skipped(name, &at, "store_unavailable", &e.to_string());
+                        return Ending::Skipped("store_unavailable");
+                    }
+                    events::store_unavailable("acquire", Some(name), &e.to_string(), Some(delay));
+                    let wait = delay;
+                    delay = (delay * 2).min(Duration::from_secs(5));
+                    wait
+                }
+            };
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                _ = self.shared.shutdown.cancelled() => return Ending::Stopped,
+            }
+        }
+    }
+
+    /// This node won: runs the job under the lease.
+    async fn run_won(&self, lease: Lease, sent: Instant) -> Ending {
+        let name = self.name();
+        events::lease_acquired(Some(name), &lease, self.node());
+        fence::taken_over(self.store(), Some(name), &lease, self.node());
+        let spec = spec_for(&self.job, self.at);
+        let shutdown = self.shared.shutdown.clone();
+        match self
+            .shared
+            .supervisor
+            .run(&spec, lease, sent, shutdown)
+            .await
+        {
+            Ok(_) => {}
+            Err(SuperviseError::AcquiredTooLate) => events::occurrence_skipped(
+                name,
+                &rfc3339(self.at),
+                "acquired_too_late",
+                "the store answered too late to run the job safely within the lease",
+            ),
+            // Already logged as job_spawn_failed.
+            Err(SuperviseError::Spawn { .. }) => {}
+        }
+        Ending::Won
+    }
+
+    /// Another owner holds the lease or took the occurrence.
+    fn lost(&self, outcome: AcquireOutcome) -> Ending {
+        let (name, at) = (self.name(), rfc3339(self.at));
+        match outcome {
+            AcquireOutcome::Held {
+                owner_id: Some(owner),
+                node,
+                token,
+                ..
+            } => {
+                let detail = format!(
+                    "lease held by {owner} on {} with token {token}",
+                    node.as_deref().unwrap_or("an unknown node")
+                );
+                events::occurrence_skipped(name, &at, "held", &detail);
+                Ending::Skipped("held")
+            }
+            // Held with no owner: another node's acquire won while ours
+            // waited for the row (the store could only see the row as it
+            // was before the winner committed): in a fleet that is this
+            // very occurrence, taken elsewhere.
+            _ => {
+                events::occurrence_taken(name, &at);
+                Ending::Taken
+            }
+        }
+    }
+
+    /// The store's clock has not reached the instant yet: how long to wait
+    /// for it, or the skip when this host's clock runs too far ahead.
+    fn not_yet_due(&self, store_now: StoreTime) -> Result<Duration, Ending> {
+        let (name, at) = (self.name(), rfc3339(self.at));
+        let ahead_ms = StoreTime::from_utc(self.at).0 - store_now.0;
+        let ahead = Duration::from_millis(u64::try_from(ahead_ms).unwrap_or(0));
+        if ahead > MAX_CLOCK_AHEAD {
+            events::occurrence_skipped_clock(
+                name,
+                &at,
+                "clock_ahead",
+                ahead_ms,
+                &format!("this host's clock is at least {ahead_ms} ms ahead of the store's; fix its time synchronisation"),
+            );
+            return Err(Ending::Skipped("clock_ahead"));
+        }
+        events::occurrence_early(name, &at, ahead_ms);
+        Ok(ahead)
+    }
+
+    /// The job's next instant is already due by the store's clock, not yet
+    /// by ours: this host's clock runs behind. The store wrote nothing; the
+    /// fleet runs the current instant. The offset is this host's clock
+    /// minus the store's, the local time taken halfway through the call.
+    fn superseded(
+        &self,
+        store_now: StoreTime,
+        next: Option<DateTime<Utc>>,
+        sent_wall: DateTime<Utc>,
+        sent: Instant,
+    ) -> Ending {
+        let (name, at) = (self.name(), rfc3339(self.at));
+        let answered = self.shared.clock.now();
+        if next.is_some_and(|n| answered >= n) {
+            // By our clock too: the answer came too late, not from a clock
+            // that runs behind.
+            events::occurrence_skipped(
+                name,
+                &at,
+                "missed",
+                "the store answered only after the job's next instant was due",
+            );
+            return Ending::Skipped("missed");
+        }
+        let local = sent_wall + chrono::Duration::from_std(sent.elapsed() / 2).unwrap_or_default();
+        let offset_ms = StoreTime::from_utc(local).0 - store_now.0;
+        events::occurrence_skipped_clock(
+            name,
+            &at,
+            "clock_behind",
+            offset_ms,
+            &format!(
+                "the store's clock ({store_now}) is past this occurrence's successor; this host's clock is about {} ms behind the store's; fix its time synchronisation",
+                -offset_ms
+            ),
+        );
+        Ending::Skipped("clock_behind")
+    }
+
+    /// Lets an acquire this occurrence no longer waits for (given up, or the
+    /// daemon is stopping) finish in the background, bounded by the store's
+    /// own time limit. Should it still win, the lease is given back at once,
+    /// and the occurrence with it: kept, the lease would block the job's
+    /// next instants on every node until it expired with no job running
+    /// under it, and the instant would count as taken although it ran
+    /// nowhere.
+    fn release_if_won(
+        &self,
+        attempt: impl Future<Output = Result<AcquireOutcome, StoreError>> + Send + 'static,
+    ) {
+        let (store, job) = (self.store().clone(), self.job.clone());
+        let node = self.node().to_string();
+        let at = self.at;
+        self.shared.tracker.spawn(async move {
+            if let Ok(AcquireOutcome::Acquired(lease)) = attempt.await {
+                events::lease_acquired(Some(job.name.as_str()), &lease, &node);
+                fence::taken_over(&store, Some(job.name.as_str()), &lease, &node);
+                give_back_unused(store.as_ref(), &job, &lease, at).await;
+            }
+        });
+    }
+
+    /// After an occurrence that did not run here while an attempt went
+    /// unanswered: should that attempt's statement have committed after all
+    /// (a ghost owner: the lease held with nothing under it, the instant
+    /// counted as taken), gives the win back with its occurrence, so the
+    /// lease is free and another node still trying the instant can run it.
+    /// Tried 1 s and a store call's time limit after the occurrence ended
+    /// (statements in flight by then have mostly landed or failed), and
+    /// once more shortly before the job's next instant when a ghost's lease
+    /// could still block it (the store refuses this occurrence after that
+    /// instant, [`AcquireOutcome::Superseded`]). At shutdown, tried at once.
+    fn sweep(&self, owner_id: Uuid) {
+        let (store, job) = (self.store().clone(), self.job.clone());
+        let node = self.node().to_string();
+        let (at, shutdown) = (self.at, self.shared.shutdown.clone());
+        // Soon, once a call's time limit later, and shortly before the next
+        // instant if the lease a ghost took could still be held then.
+        let now = Instant::now();
+        let mut times = vec![now + Duration::from_secs(1), now + CALL_TIMEOUT];
+        if let Some(next) = job.schedule.next_after(at) {
+            let before_next =
+                (next - self.shared.clock.now() - chrono::Duration::seconds(1)).to_std();
+            if let Ok(d) = before_next {
+                if d > Duration::from_secs(1) && d < job.timing.lease {
+                    times.push(now + d);
+                }
+            }
+        }
+        times.sort();
+        self.shared.tracker.spawn(async move {
+            let name = job.name.as_str();
+            let owner = owner_id.to_string();
+            for when in times {
+                tokio::select! {
+                    _ = tokio::time::sleep_until(when) => {}
+                    _ = shutdown.cancelled() => {}
+                }
+                match store
+                    .give_back(&job.resource, &owner, None, StoreTime::from_utc(at))
+                    .await
+                {
+                    Ok(ReleaseOutcome::Released) => {
+                        events::occurrence_given_back(name, &rfc3339(at), &owner, &node);
+                        return;
+                    }
+                    Ok(ReleaseOutcome::Refused(_)) => {}
+                    Err(e) => {
+                        events::store_unavailable("give_back", Some(name), &e.to_string(), None)
+                    }
+                }
+                if shutdown.is_cancelled() {
+                    return;
+                }
+            }
+        });
+    }
+}
+
+/// One acquisition of `job`'s lease for the occurrence at `at`, migrations
+/// first if they have not been applied yet. Owns what it uses, so that an
+/// attempt given up by its occurrence can finish on its own.
+async fn acquire_attempt(
+    store: Arc<dyn Store>,
+    ready: Arc<tokio::sync::OnceCell<()>>,
+    job: Arc<Job>,
+    node: String,
+    owner_id: Uuid,
+    (at, next): (DateTime<Utc>, Option<DateTime<Utc>>),
+) -> Result<AcquireOutcome, StoreError> {
+    ensure_ready(&ready, store.as_ref()).await?;
+    store
+        .acquire(&AcquireRequest {
+            resource: &job.resource,
+            lease: job.timing.lease,
+            node: &node,
+            owner_id,
+            occurrence: Some(StoreTime::from_utc(at)),
+            next_occurrence: next.map(StoreTime::from_utc),
+        })
+        .await
+}
+
+/// Gives back a lease that was won too late to be used, and its occurrence
+/// with it (see [`Store::give_back`]).
+async fn give_back_unused(store: &dyn Store, job: &Job, lease: &Lease, at: DateTime<Utc>) {
+    match store
+        .give_back(
+            &job.resource,
+            &lease.owner_id.to_string(),
+            Some(lease.token),
+            StoreTime::from_utc(at),
+        )
+        .await
+    {
+        Ok(ReleaseOutcome::Released) => events::lease_released(Some(job.name.as_str()), lease),
+        // Not ours any more (expired meanwhile): nothing to give back.
+        Ok(ReleaseOutcome::Refused(_)) => {}
+        Err(e) => {
+            events::store_unavailable("release", Some(job.name.as_str()), &e.to_string(), None)
+        }
+    }
+}
+
+/// The supervisor's view of a job occurrence.
+fn spec_for(job: &Job, at: DateTime<Utc>) -> RunSpec {
+    RunSpec {
+        job: job.name.to_string(),
+        resource: job.resource.clone(),
+        command: job.command.clone(),
+        env: job.env.clone(),
+        workdir: job.workdir.clone(),
+        timing: job.timing,
+        timeout: job.timeout,
+        stale_exit_code: job.stale_exit_code,
+        scheduled_at: Some(at),
+        inherit_stdio: false,
+    }
+}

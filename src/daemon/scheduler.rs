@@ -1,0 +1,167 @@
+//! The timer: fires each job's occurrences at their instants.
+//!
+//! One task owns a min-heap of (next instant, rank, generation, job) and
+//! sleeps until the earliest instant (at most [`MAX_SLEEP`], so a stepped
+//! wall clock shifts firings by at most that much). Each due occurrence
+//! becomes its own task ([`Occurrence`]). A reload replaces the job list
+//! without touching runs in progress.
+//!
+//! *Invariant:* the job list is held once, here: with croner's schedules at
+//! about 5 KB each, every copy of 1,000 jobs costs 5 MB.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use tokio::sync::mpsc;
+
+use super::occurrence::Occurrence;
+use super::Shared;
+use crate::config::Job;
+use crate::events;
+use crate::store::rfc3339;
+
+/// The longest the scheduler sleeps before re-reading the wall clock, so a
+/// stepped clock (NTP, manual change) shifts firings by at most this much.
+const MAX_SLEEP: Duration = Duration::from_secs(30);
+
+/// One job as the scheduler knows it.
+struct Entry {
+    job: Arc<Job>,
+    generation: u64,
+}
+
+/// A heap entry: instant, rank, generation, job name.
+type Due = (DateTime<Utc>, u64, u64, String);
+
+/// The timer: fires each job's occurrences at their instants.
+pub(super) struct Scheduler {
+    shared: Shared,
+    jobs: HashMap<String, Entry>,
+    /// Next instant per job, then the job's node-specific rank (see
+    /// [`rank`]); entries of replaced or removed jobs are recognised by
+    /// their generation and dropped when they surface.
+    heap: BinaryHeap<Reverse<Due>>,
+    generation: u64,
+}
+
+impl Scheduler {
+    pub(super) fn new(shared: Shared) -> Scheduler {
+        Scheduler {
+            shared,
+            jobs: HashMap::new(),
+            heap: BinaryHeap::new(),
+            generation: 0,
+        }
+    }
+
+    /// Fires occurrences of `jobs` until shutdown; a job list received on
+    /// `reloads` replaces the current one.
+    pub(super) async fn run(mut self, jobs: Vec<Job>, mut reloads: mpsc::Receiver<Vec<Job>>) {
+        self.apply(jobs, false);
+        loop {
+            let now = self.shared.clock.now();
+            let sleep_for = self
+                .heap
+                .peek()
+                .map(|Reverse((at, _, _, _))| (*at - now).to_std().unwrap_or(Duration::ZERO))
+                .unwrap_or(MAX_SLEEP)
+                .min(MAX_SLEEP);
+            tokio::select! {
+                biased;
+                _ = self.shared.shutdown.cancelled() => return,
+                Some(jobs) = reloads.recv() => self.apply(jobs, true),
+                _ = tokio::time::sleep(sleep_for) => self.fire_due(),
+            }
+        }
+    }
+
+    /// Installs a job list: unchanged jobs keep their timers, changed and
+    /// new ones start from now, removed ones stop firing. Runs in progress
+    /// are not touched.
+    fn apply(&mut self, jobs: Vec<Job>, is_reload: bool) {
+        let now = self.shared.clock.now();
+        let names: HashSet<String> = jobs.iter().map(|j| j.name.to_string()).collect();
+        let before = self.jobs.len();
+        self.jobs.retain(|name, _| names.contains(name));
+        let removed = before - self.jobs.len();
+        let (mut added, mut changed) = (0, 0);
+        for job in jobs {
+            let name = job.name.to_string();
+            match self.jobs.get(&name) {
+                Some(e) if *e.job == job => continue,
+                Some(_) => changed += 1,
+                None => added += 1,
+            }
+            self.generation += 1;
+            let rank = rank(self.shared.supervisor.node(), &name);
+            if let Some(next) = job.schedule.next_after(now) {
+                self.heap
+                    .push(Reverse((next, rank, self.generation, name.clone())));
+            }
+            self.jobs.insert(
+                name,
+                Entry {
+                    job: Arc::new(job),
+                    generation: self.generation,
+                },
+            );
+        }
+        if is_reload {
+            events::config_reloaded(added, removed, changed, self.jobs.len());
+        }
+    }
+
+    /// Fires every occurrence that is due.
+    fn fire_due(&mut self) {
+        let now = self.shared.clock.now();
+        while let Some(Reverse((at, rank, generation, name))) = self.heap.peek().cloned() {
+            if at > now {
+                break;
+            }
+            self.heap.pop();
+            let Some(entry) = self.jobs.get(&name) else {
+                continue;
+            };
+            if entry.generation != generation {
+                continue;
+            }
+            let job = entry.job.clone();
+            let next = job.schedule.next_after(at);
+            if let Some(n) = next {
+                self.heap.push(Reverse((n, rank, generation, name.clone())));
+            }
+            if next.is_some_and(|n| n <= now) {
+                // A later instant is already due (this host was paused or
+                // overloaded): only the newest due occurrence is attempted.
+                events::occurrence_skipped(
+                    &name,
+                    &rfc3339(at),
+                    "missed",
+                    "a later occurrence is already due on this node",
+                );
+                continue;
+            }
+            let occurrence = Occurrence {
+                shared: self.shared.clone(),
+                job,
+                at,
+            };
+            self.shared.tracker.spawn(occurrence.run());
+        }
+    }
+}
+
+/// The order in which this node tries jobs due at the same instant: a hash
+/// of node and job, so that each node starts with different jobs. In the
+/// same order on every node, all nodes would queue on the first job's row
+/// lock, then on the second's; spread out, most nodes find a job already
+/// taken and lose at once without waiting for the winner's commit.
+fn rank(node: &str, job: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (node, job).hash(&mut h);
+    h.finish()
+}

@@ -1,0 +1,495 @@
+//! The occurrence policy on tokio's paused clock: one occurrence of a job
+//! against the in-memory store with injected faults and clock offsets, the
+//! job a fake that runs for 2 s. Times are exact, measured from the
+//! instant (the occurrence fires at its instant).
+//!
+//! The job fires every minute with a 10 s lease: an occurrence is given up
+//! 10 s after its instant (a lease length; the next instant is 60 s away).
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::OnceCell;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use uuid::Uuid;
+
+use super::occurrence::{Ending, Occurrence};
+use super::Shared;
+use crate::clock::Clock;
+use crate::config::Job;
+use crate::names::Name;
+use crate::schedule::Schedule;
+use crate::store::{AcquireOutcome, AcquireRequest, Store, StoreTime};
+use crate::supervise::{LeaseTiming, Supervisor};
+use crate::testing::epoch_wall;
+use crate::testing::job::{FakeLauncher, Script};
+use crate::testing::store::{Commit, Fault, Gate, MemoryStore, Op};
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+/// Longer than any test needs; a policy that never ends fails instead of
+/// hanging (paused time races through it).
+const LIMIT: Duration = Duration::from_secs(3_600);
+
+struct Rig {
+    store: MemoryStore,
+    launcher: Arc<FakeLauncher>,
+    shared: Shared,
+    job: Arc<Job>,
+    t0: Instant,
+}
+
+impl Rig {
+    fn new() -> Rig {
+        Rig::with_store(|s| s)
+    }
+
+    fn with_store(adjust: impl FnOnce(MemoryStore) -> MemoryStore) -> Rig {
+        Rig::with(
+            Script {
+                runs_for: Some(ms(2_000)),
+                ..Script::default()
+            },
+            adjust,
+        )
+    }
+
+    fn with(script: Script, adjust: impl FnOnce(MemoryStore) -> MemoryStore) -> Rig {
+        let clock = Clock::following_tokio(epoch_wall());
+        let store = adjust(MemoryStore::new(clock));
+        let launcher = FakeLauncher::new(script);
+        let supervisor =
+            Supervisor::with_launcher(Arc::new(store.clone()), "node-a".into(), launcher.clone());
+        let shared = Shared {
+            supervisor,
+            running: Arc::new(Mutex::new(HashSet::new())),
+            ready: Arc::new(OnceCell::new()),
+            shutdown: CancellationToken::new(),
+            tracker: TaskTracker::new(),
+            clock,
+        };
+        let job = Job {
+            name: Name::parse("job", "job").unwrap(),
+            schedule: Schedule::parse("0 * * * * *", chrono_tz::UTC).unwrap(),
+            command: vec!["true".into()],
+            resource: Name::parse("resource", "job").unwrap(),
+            timeout: None,
+            env: Default::default(),
+            workdir: None,
+            timing: LeaseTiming::new(ms(10_000), None, None).unwrap(),
+            stale_exit_code: None,
+        };
+        Rig {
+            store,
+            launcher,
+            shared,
+            job: Arc::new(job),
+            t0: Instant::now(),
+        }
+    }
+
+    /// Runs the occurrence at the instant `epoch_wall()`, which is now.
+    async fn run(&self) -> Ending {
+        let occurrence = Occurrence {
+            shared: self.shared.clone(),
+            job: self.job.clone(),
+            at: epoch_wall(),
+        };
+        tokio::time::timeout(LIMIT, occurrence.run())
+            .await
+            .expect("the occurrence ends")
+    }
+
+    /// Waits for the background work the occurrence left (abandoned
+    /// attempts, sweeps).
+    async fn settle(&self) {
+        self.shared.tracker.close();
+        tokio::time::timeout(LIMIT, self.shared.tracker.wait())
+            .await
+            .expect("background work ends");
+    }
+
+    /// What the store did for `op`, as (time since the instant, what).
+    fn log(&self, op: Op) -> Vec<(Duration, String)> {
+        self.store
+            .entries(op)
+            .into_iter()
+            .map(|e| (e.at - self.t0, e.what))
+            .collect()
+    }
+
+    /// When each job started (since the instant), with its token.
+    fn runs(&self) -> Vec<(Duration, i64)> {
+        self.launcher
+            .started()
+            .iter()
+            .map(|j| (j.started() - self.t0, j.token))
+            .collect()
+    }
+
+    /// Acquires the job's lease as another node, for `occurrence`.
+    async fn acquire_elsewhere(&self, occurrence: Option<StoreTime>) -> AcquireOutcome {
+        self.store
+            .acquire(&AcquireRequest {
+                resource: &self.job.resource,
+                lease: self.job.timing.lease,
+                node: "node-b",
+                owner_id: Uuid::new_v4(),
+                occurrence,
+                next_occurrence: None,
+            })
+            .await
+            .unwrap()
+    }
+}
+
+fn at() -> StoreTime {
+    StoreTime::from_utc(epoch_wall())
+}
+
+fn log(entries: &[(u64, &str)]) -> Vec<(Duration, String)> {
+    entries
+        .iter()
+        .map(|(t, w)| (ms(*t), w.to_string()))
+        .collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_acquire_that_fails_then_succeeds_runs_the_job() {
+    let rig = Rig::new();
+    rig.store.fault(Op::Acquire, Fault::Fail, 2);
+    assert_eq!(rig.run().await, Ending::Won);
+    rig.settle().await;
+    // Backoff 100 ms, then 200 ms.
+    assert_eq!(
+        rig.log(Op::Acquire),
+        log(&[(0, "failed"), (100, "failed"), (300, "acquired 1")])
+    );
+    assert_eq!(rig.runs(), [(ms(300), 1)]);
+    assert_eq!(rig.log(Op::Release), log(&[(2_300, "released 1")]));
+    assert!(rig.log(Op::GiveBack).is_empty(), "nothing to sweep");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failing_store_is_retried_with_backoff_until_the_give_up_time() {
+    let rig = Rig::new();
+    rig.store.fault(Op::Acquire, Fault::Fail, 100);
+    assert_eq!(rig.run().await, Ending::Skipped("store_unavailable"));
+    let times: Vec<_> = rig.log(Op::Acquire).into_iter().map(|(t, _)| t).collect();
+    // 100, 200, 400, 800, 1600, 3200 ms; the next wait (5 s) would end
+    // past the give-up time (10 s), so the occurrence is skipped at once.
+    assert_eq!(
+        times,
+        [0, 100, 300, 700, 1_500, 3_100, 6_300].map(ms),
+        "attempts"
+    );
+    assert!(rig.runs().is_empty());
+    rig.settle().await;
+}
+
+/// The first attempt commits in the store, but its answer is lost: the
+/// caller times out after 5 s. The retry, with the same owner id, adopts
+/// that win instead of finding its own occurrence taken.
+#[tokio::test(start_paused = true)]
+async fn a_timed_out_acquire_that_committed_is_adopted_by_the_retry() {
+    let rig = Rig::new();
+    rig.store
+        .fault(Op::Acquire, Fault::Hang(Gate::new(), Commit::Before), 1);
+    assert_eq!(rig.run().await, Ending::Won);
+    rig.settle().await;
+    assert_eq!(
+        rig.log(Op::Acquire),
+        log(&[
+            (0, "acquired 1"),
+            (0, "hung"),
+            (5_000, "timed_out"),
+            (5_100, "adopted 1"),
+        ])
+    );
+    assert_eq!(rig.runs(), [(ms(5_100), 1)]);
+    let job = &rig.launcher.started()[0];
+    assert_eq!(
+        job.owner_id.to_string(),
+        rig.store.row("job").unwrap().owner_id,
+        "the job runs as the owner the store recorded"
+    );
+    assert_eq!(rig.log(Op::Release), log(&[(7_100, "released 1")]));
+}
+
+/// The store holds the statement past the give-up time (10 s) and then
+/// commits it (at 20 s, still before the next instant), answering the
+/// abandoned attempt: the win goes back with its occurrence, which another
+/// node can then still take.
+#[tokio::test(start_paused = true)]
+async fn a_win_after_the_occurrence_was_abandoned_is_given_back_with_it() {
+    let rig = Rig::with_store(|s| s.with_call_timeout(None));
+    let gate = Gate::new();
+    rig.store
+        .fault(Op::Acquire, Fault::Hang(gate.clone(), Commit::After), 1);
+    tokio::spawn(async move {
+        tokio::time::sleep(ms(20_000)).await;
+        gate.open();
+    });
+    assert_eq!(rig.run().await, Ending::Skipped("store_unavailable"));
+    assert_eq!(Instant::now() - rig.t0, ms(10_000), "given up at 10 s");
+    rig.settle().await;
+    assert!(rig.runs().is_empty(), "the job never ran");
+    assert_eq!(
+        rig.log(Op::Acquire),
+        log(&[(0, "hung"), (20_000, "acquired 1")])
+    );
+    // The sweep (1 s and 5 s after giving up) found nothing yet; the
+    // abandoned attempt's own answer gives the win back.
+    assert_eq!(
+        rig.log(Op::GiveBack),
+        log(&[
+            (11_000, "refused"),
+            (15_000, "refused"),
+            (20_000, "given_back 1")
+        ])
+    );
+    let row = rig.store.row("job").unwrap();
+    assert!(row.released);
+    assert_eq!(row.last_occurrence, Some(at().0 - 1));
+    assert!(matches!(
+        rig.acquire_elsewhere(Some(at())).await,
+        AcquireOutcome::Acquired(l) if l.token == 2
+    ));
+}
+
+/// Every attempt hangs and times out unanswered (5 s each), and both
+/// statements commit later (at 10.5 s, the second adopting the first's
+/// win). Nobody saw those answers: the sweep, 1 s after the occurrence
+/// ended, finds the win by its owner id and gives it back.
+#[tokio::test(start_paused = true)]
+async fn a_win_nobody_saw_is_swept_back() {
+    let rig = Rig::new();
+    let gate = Gate::new();
+    rig.store
+        .fault(Op::Acquire, Fault::Hang(gate.clone(), Commit::After), 2);
+    tokio::spawn(async move {
+        tokio::time::sleep(ms(10_500)).await;
+        gate.open();
+    });
+    assert_eq!(rig.run().await, Ending::Skipped("store_unavailable"));
+    rig.settle().await;
+    assert!(rig.runs().is_empty());
+    assert_eq!(
+        rig.log(Op::Acquire),
+        log(&[
+            (0, "hung"),
+            (5_000, "timed_out"),
+            (5_100, "hung"),
+            (10_100, "timed_out"),
+            (10_500, "acquired 1"),
+            (10_500, "adopted 1"),
+        ])
+    );
+    assert_eq!(rig.log(Op::GiveBack), log(&[(11_000, "given_back")]));
+    let row = rig.store.row("job").unwrap();
+    assert!(row.released);
+    assert_eq!(row.last_occurrence, Some(at().0 - 1));
+}
+
+/// SIGTERM while an acquire hangs: the occurrence stops at once, and the
+/// win that arrives later goes back, without the job ever starting.
+#[tokio::test(start_paused = true)]
+async fn shutdown_mid_acquire_gives_a_late_win_back() {
+    let rig = Rig::new();
+    let gate = Gate::new();
+    rig.store
+        .fault(Op::Acquire, Fault::Hang(gate.clone(), Commit::After), 1);
+    let shutdown = rig.shared.shutdown.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(ms(1_000)).await;
+        shutdown.cancel();
+        tokio::time::sleep(ms(1_000)).await;
+        gate.open();
+    });
+    assert_eq!(rig.run().await, Ending::Stopped);
+    assert_eq!(Instant::now() - rig.t0, ms(1_000));
+    rig.settle().await;
+    assert!(rig.runs().is_empty());
+    assert_eq!(rig.log(Op::GiveBack), log(&[(2_000, "given_back 1")]));
+    assert!(rig.store.row("job").unwrap().released);
+}
+
+/// This host's clock runs 10 s ahead of the store's: the store refuses the
+/// instant as not yet due, and the occurrence waits for the store's clock
+/// to reach it, then runs.
+#[tokio::test(start_paused = true)]
+async fn a_clock_ahead_of_the_store_waits_for_it() {
+    let rig = Rig::new();
+    rig.store.set_offset_ms(-10_000);
+    assert_eq!(rig.run().await, Ending::Won);
+    assert_eq!(
+        rig.log(Op::Acquire),
+        log(&[(0, "not_yet_due"), (10_001, "acquired 1")])
+    );
+    assert_eq!(rig.runs(), [(ms(10_001), 1)]);
+    rig.settle().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_clock_more_than_a_minute_ahead_skips() {
+    let rig = Rig::new();
+    rig.store.set_offset_ms(-61_000);
+    assert_eq!(rig.run().await, Ending::Skipped("clock_ahead"));
+    rig.settle().await;
+    assert_eq!(rig.log(Op::Acquire), log(&[(0, "not_yet_due")]));
+    assert!(rig.runs().is_empty());
+    assert!(rig.log(Op::GiveBack).is_empty(), "nothing to sweep");
+}
+
+/// This host's clock runs behind: by the store's clock the job's next
+/// instant is already due, so this one is over for the fleet.
+#[tokio::test(start_paused = true)]
+async fn a_clock_behind_the_store_skips_a_superseded_instant() {
+    let rig = Rig::new();
+    rig.store.set_offset_ms(61_000);
+    assert_eq!(rig.run().await, Ending::Skipped("clock_behind"));
+    assert_eq!(rig.log(Op::Acquire), log(&[(0, "superseded")]));
+    assert!(rig.store.row("job").is_none(), "nothing written");
+    assert!(rig.runs().is_empty());
+}
+
+/// A statement the store holds until after the job's next instant is due
+/// (by the store's clock) wins nothing: the store refuses it as superseded.
+#[tokio::test(start_paused = true)]
+async fn a_statement_delivered_after_the_next_instant_wins_nothing() {
+    let rig = Rig::with_store(|s| s.with_call_timeout(None));
+    let gate = Gate::new();
+    rig.store
+        .fault(Op::Acquire, Fault::Hang(gate.clone(), Commit::After), 1);
+    // The statement waits past the next instant (60 s) but the occurrence
+    // waits for it only until 10 s: skipped as store_unavailable.
+    tokio::spawn(async move {
+        tokio::time::sleep(ms(61_000)).await;
+        gate.open();
+    });
+    assert_eq!(rig.run().await, Ending::Skipped("store_unavailable"));
+    rig.settle().await;
+    assert_eq!(
+        rig.log(Op::Acquire),
+        log(&[(0, "hung"), (61_000, "superseded")]),
+        "a statement delivered after the next instant wins nothing"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_run_in_progress_on_this_node_skips_without_asking_the_store() {
+    let rig = Rig::new();
+    rig.shared.running.lock().unwrap().insert("job".into());
+    assert_eq!(rig.run().await, Ending::Skipped("held"));
+    assert!(rig.log(Op::Acquire).is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lease_held_elsewhere_skips_and_a_taken_instant_is_taken() {
+    let rig = Rig::new();
+    let AcquireOutcome::Acquired(other) = rig.acquire_elsewhere(None).await else {
+        panic!("acquire elsewhere");
+    };
+    assert_eq!(rig.run().await, Ending::Skipped("held"));
+    rig.store
+        .release(&rig.job.resource, &other.owner_id.to_string(), other.token)
+        .await
+        .unwrap();
+
+    let rig = Rig::new();
+    let AcquireOutcome::Acquired(other) = rig.acquire_elsewhere(Some(at())).await else {
+        panic!("acquire elsewhere");
+    };
+    rig.store
+        .release(&rig.job.resource, &other.owner_id.to_string(), other.token)
+        .await
+        .unwrap();
+    assert_eq!(rig.run().await, Ending::Taken);
+    assert!(rig.runs().is_empty());
+}
+
+/// The whole daemon in-process: plain settings and a control stream, no
+/// command line, no signals. Jobs every 10 s run at their instants; a
+/// reload adds a job; a stop terminates the runs in progress (which take
+/// 500 ms to end) and returns only once their leases are released.
+#[tokio::test(start_paused = true)]
+async fn the_daemon_runs_in_process_from_settings_and_a_control_stream() {
+    let rig = Rig::with(
+        Script {
+            runs_for: Some(ms(2_000)),
+            term_takes: Some(ms(500)),
+            ..Script::default()
+        },
+        |s| s,
+    );
+    let every_10s = |name: &str| Job {
+        name: Name::parse("job", name).unwrap(),
+        resource: Name::parse("resource", name).unwrap(),
+        schedule: Schedule::parse("*/10 * * * * *", chrono_tz::UTC).unwrap(),
+        ..(*rig.job).clone()
+    };
+    let settings = super::Settings {
+        node: "node-a".into(),
+        jobs: vec![every_10s("a")],
+        store: Arc::new(rig.store.clone()),
+        child_env: Default::default(),
+        records: None,
+        store_display: "memory".into(),
+        config_display: "none".into(),
+    };
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    let daemon = tokio::spawn(super::serve(
+        settings,
+        rx,
+        rig.shared.supervisor.clone(),
+        rig.shared.clock,
+    ));
+    tokio::time::sleep(ms(25_000)).await;
+    tx.send(super::Control::Reload(Ok(vec![
+        every_10s("a"),
+        every_10s("b"),
+    ])))
+    .await
+    .unwrap();
+    // 31 s: "a" and "b" of 30 s are running (2 s each).
+    tokio::time::sleep(ms(6_000)).await;
+    tx.send(super::Control::Stop("test")).await.unwrap();
+    tokio::time::timeout(LIMIT, daemon)
+        .await
+        .expect("the daemon stops")
+        .unwrap();
+    let stopped_at = Instant::now() - rig.t0;
+
+    let mut runs: Vec<_> = rig
+        .launcher
+        .started()
+        .iter()
+        .map(|j| (j.started() - rig.t0, j.resource.clone(), j.token))
+        .collect();
+    runs.sort();
+    assert_eq!(
+        runs,
+        [
+            (ms(10_000), "a".to_string(), 1),
+            (ms(20_000), "a".to_string(), 2),
+            (ms(30_000), "a".to_string(), 3),
+            (ms(30_000), "b".to_string(), 1),
+        ]
+    );
+    // The runs of 30 s got SIGTERM at the stop (31 s) and ended 500 ms
+    // later; the daemon returned after releasing both leases.
+    for job in &rig.launcher.started()[2..] {
+        assert_eq!(job.signals().len(), 1, "{:?}", job.signals());
+        assert_eq!(job.signals()[0].0 - rig.t0, ms(31_000));
+    }
+    assert_eq!(stopped_at, ms(31_500));
+    for resource in ["a", "b"] {
+        assert!(rig.store.row(resource).unwrap().released, "{resource}");
+    }
+    assert_eq!(rig.store.history(Op::Release).len(), 4);
+}

@@ -1,0 +1,401 @@
+//! One fenced run: spawn under an acquired lease, renew in the background,
+//! kill before the local deadline, release. Shared by the daemon and
+//! `fencecron exec`.
+//!
+//! The deadline rule (PRODUCT.md principle 8): from the moment the last
+//! successful acquire or renew was *sent*, measured on this host's monotonic
+//! clock, the job receives SIGTERM at `lease − margin − kill_grace` and
+//! SIGKILL at `lease − margin`. The store computed its expiry no earlier
+//! than that send, so the job is dead before the lease can expire — whether
+//! the store is slow, unreachable, or this process was paused. The deadline
+//! timer never waits for a renewal to fail: a renewal in flight and the
+//! deadline race in one `select!`.
+//!
+//! The flow of one run is here ([`Supervisor::run`]); the deadline state
+//! machine is [`deadline`], the job's process and its watchdog are
+//! [`child`], and the lease's timing is [`timing`].
+
+mod child;
+mod deadline;
+#[cfg(test)]
+mod tests;
+mod timing;
+
+use std::collections::BTreeMap;
+use std::os::unix::process::ExitStatusExt;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::events;
+use crate::fence;
+use crate::job_env::ChildEnv;
+use crate::names::Name;
+use crate::runs::{RunRecord, RunRecords};
+use crate::store::{rfc3339, Lease, NewStaleRecord, StaleKind, Store};
+
+use child::ShimLauncher;
+pub(crate) use child::{JobProcess, Launch};
+use deadline::Watch;
+pub use timing::{LeaseTiming, TimingError, DEFAULT_LEASE};
+
+/// Why the supervisor terminated a job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CancelReason {
+    /// The store refused a renewal: another owner has the lease.
+    LeaseLost,
+    /// No renewal was confirmed before the local deadline.
+    LeaseUnconfirmed,
+    /// The job ran longer than its `timeout`.
+    Timeout,
+    /// The daemon (or `exec`) is shutting down.
+    Shutdown,
+}
+
+impl CancelReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CancelReason::LeaseLost => "lease_lost",
+            CancelReason::LeaseUnconfirmed => "lease_unconfirmed",
+            CancelReason::Timeout => "timeout",
+            CancelReason::Shutdown => "shutdown",
+        }
+    }
+}
+
+/// What to run under a lease.
+#[derive(Debug, Clone)]
+pub struct RunSpec {
+    /// Job name (for `exec`, the resource).
+    pub job: String,
+    pub resource: Name,
+    pub command: Vec<String>,
+    pub env: BTreeMap<String, String>,
+    pub workdir: Option<PathBuf>,
+    pub timing: LeaseTiming,
+    pub timeout: Option<Duration>,
+    pub stale_exit_code: Option<i32>,
+    /// The scheduled occurrence; `None` for `exec`.
+    pub scheduled_at: Option<DateTime<Utc>>,
+    /// `exec` passes its terminal through; the daemon logs each line.
+    pub inherit_stdio: bool,
+}
+
+/// How a supervised run ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunResult {
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub cancelled: Option<CancelReason>,
+    /// Whether the lease was lost (refused or unconfirmed) during the run.
+    pub lease_lost: bool,
+}
+
+impl RunResult {
+    /// The shell-style exit code: the child's code, or 128 + signal.
+    pub fn shell_code(&self) -> u8 {
+        match (self.exit_code, self.signal) {
+            (Some(c), _) => u8::try_from(c & 0xff).unwrap_or(1),
+            (None, Some(s)) => u8::try_from(128 + s).unwrap_or(255),
+            (None, None) => 1,
+        }
+    }
+}
+
+/// Runs jobs under leases on one store, as one node.
+#[derive(Clone)]
+pub struct Supervisor {
+    store: Arc<dyn Store>,
+    node: String,
+    /// Where the daemon notes each run in progress, so that after a crash
+    /// its successor can give back the leases of runs that are provably
+    /// dead (`None` for `exec`).
+    records: Option<Arc<RunRecords>>,
+    /// How jobs are started: through their watchdog, with the fencing
+    /// environment and `child_env` ([`ShimLauncher`]).
+    launcher: Arc<dyn Launch>,
+}
+
+/// Errors before the child ran.
+#[derive(Debug, thiserror::Error)]
+pub enum SuperviseError {
+    /// The command could not be started.
+    #[error("cannot start `{program}`: {error}; check the command path and permissions")]
+    Spawn { program: String, error: String },
+    #[error("the lease was acquired too late to run safely (the store took longer than the lease allows); skipped")]
+    AcquiredTooLate,
+}
+
+/// Whether a release also gives the occurrence back.
+#[derive(Debug, Clone, Copy)]
+enum Unrun {
+    /// The occurrence ran (or started to): it stays taken.
+    Keep,
+    /// Nothing ran under the lease: the occurrence becomes takeable again.
+    GiveBack,
+}
+
+impl Supervisor {
+    /// A supervisor that starts jobs through their watchdog, with
+    /// `child_env` applied to their environment.
+    pub fn new(store: Arc<dyn Store>, node: String, child_env: ChildEnv) -> Self {
+        Self::with_launcher(store, node, Arc::new(ShimLauncher::new(child_env)))
+    }
+
+    /// A supervisor that starts jobs with `launcher` (tests start fake ones).
+    pub(crate) fn with_launcher(
+        store: Arc<dyn Store>,
+        node: String,
+        launcher: Arc<dyn Launch>,
+    ) -> Self {
+        Supervisor {
+            store,
+            node,
+            records: None,
+            launcher,
+        }
+    }
+
+    /// Notes every run in `records` while it is in progress.
+    pub fn with_records(mut self, records: Arc<RunRecords>) -> Self {
+        self.records = Some(records);
+        self
+    }
+
+    /// The store this supervisor uses.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    /// This node's id.
+    pub fn node(&self) -> &str {
+        &self.node
+    }
+
+    /// Runs `spec` under `lease`, acquired by a call sent at `sent_at`.
+    /// Returns once the child (and its process group) is gone and the lease
+    /// released (or known lost).
+    pub async fn run(
+        &self,
+        spec: &RunSpec,
+        lease: Lease,
+        sent_at: Instant,
+        shutdown: CancellationToken,
+    ) -> Result<RunResult, SuperviseError> {
+        let timing = spec.timing;
+        if Instant::now() + timing.kill_grace >= sent_at + timing.kill_by() {
+            // The acquire itself stalled for most of the lease: the job would
+            // have to be terminated the moment it started. Nothing ran, so
+            // the occurrence goes back with the lease.
+            self.release_as(spec, &lease, Unrun::GiveBack).await;
+            return Err(SuperviseError::AcquiredTooLate);
+        }
+        let kill_at = sent_at + timing.kill_by();
+        let lag = timing.watchdog_lag();
+        let mut job = match self
+            .launcher
+            .start(
+                spec,
+                &lease,
+                &self.node,
+                kill_at - timing.kill_grace + lag,
+                kill_at + lag,
+            )
+            .await
+        {
+            Ok(c) => c,
+            Err(error) => {
+                let err = SuperviseError::Spawn {
+                    program: spec.command[0].clone(),
+                    error,
+                };
+                events::job_spawn_failed(&spec.job, lease.token, &err.to_string());
+                self.release(spec, &lease).await;
+                return Err(err);
+            }
+        };
+        let started = Instant::now();
+        let scheduled = spec.scheduled_at.map(rfc3339).unwrap_or_default();
+        let record = self.note_run(spec, &lease, job.as_ref());
+        events::job_started(
+            &spec.job,
+            spec.resource.as_str(),
+            lease.token,
+            Some(job.pid()),
+            &scheduled,
+        );
+        job.forward_output(&spec.job, lease.token);
+
+        let mut watch = Watch::new(self, spec, &lease, sent_at, started);
+        let status = watch.supervise(job.as_mut(), &shutdown).await;
+
+        // The leader is gone; make sure nothing else of the job outlives the
+        // lease (a grandchild could still hold the token).
+        job.reap().await;
+        let (exit_code, signal) = match &status {
+            Ok(st) => (st.code(), st.signal()),
+            Err(_) => (None, None),
+        };
+        events::job_finished(&spec.job, lease.token, exit_code, signal, started.elapsed());
+
+        if let (Some(code), Some(stale_code)) = (exit_code, spec.stale_exit_code) {
+            if code == stale_code {
+                self.job_reported_stale(spec, &lease).await;
+            }
+        }
+        if !watch.lost() {
+            self.release(spec, &lease).await;
+        }
+        if let (Some(records), Some(path)) = (&self.records, record) {
+            records.remove(&path);
+        }
+        Ok(RunResult {
+            exit_code,
+            signal,
+            cancelled: watch.cancel_reason(),
+            lease_lost: watch.lost(),
+        })
+    }
+
+    /// Notes a run in progress for a successor daemon; returns the record's
+    /// path. A failure to write is logged, not fatal: without the record
+    /// the lease simply runs out by itself after a crash.
+    fn note_run(&self, spec: &RunSpec, lease: &Lease, job: &dyn JobProcess) -> Option<PathBuf> {
+        let records = self.records.as_ref()?;
+        let child_pid = job.watchdog_pid()?;
+        let rec = RunRecord::new(
+            &spec.job,
+            spec.resource.as_str(),
+            lease,
+            child_pid,
+            job.pid(),
+            spec.timing,
+        );
+        match records.write(&rec) {
+            Ok(p) => Some(p),
+            Err(e) => {
+                events::run_record_failed(Some(&spec.job), &e.to_string());
+                None
+            }
+        }
+    }
+
+    /// Logs each stdout/stderr line of the child with the job's fields.
+    /// runs out by itself.
+    async fn release(&self, spec: &RunSpec, lease: &Lease) {
+        self.release_as(spec, lease, Unrun::Keep).await
+    }
+
+    /// `release`; with [`Unrun::GiveBack`] (nothing ran under the lease) a
+    /// scheduled occurrence is given back with it, so another node still
+    /// trying it can run it.
+    async fn release_as(&self, spec: &RunSpec, lease: &Lease, unrun: Unrun) {
+        let mut delay = Duration::from_millis(200);
+        let owner_id = lease.owner_id.to_string();
+        for attempt in 0..3 {
+            let released = match (unrun, spec.scheduled_at) {
+                (Unrun::GiveBack, Some(at)) => {
+                    self.store
+                        .give_back(
+                            &spec.resource,
+                            &owner_id,
+                            Some(lease.token),
+                            crate::store::StoreTime::from_utc(at),
+                        )
+                        .await
+                }
+                _ => {
+                    self.store
+                        .release(&spec.resource, &owner_id, lease.token)
+                        .await
+                }
+            };
+            match released {
+                Ok(crate::store::ReleaseOutcome::Released) => {
+                    events::lease_released(Some(&spec.job), lease);
+                    return;
+                }
+                Ok(crate::store::ReleaseOutcome::Refused(r)) => {
+                    events::lease_lost(
+                        Some(&spec.job),
+                        lease,
+                        &self.node,
+                        "release_refused",
+                        &r.to_string(),
+                    );
+                    // The job ended before we noticed the loss (it finished
+                    // while this process was paused, say): a stale-owner
+                    // event like any other, so it is stored too.
+                    self.record_lost(spec, lease, "release_refused");
+                    return;
+                }
+                Err(e) => {
+                    let retry = (attempt < 2).then_some(delay);
+                    events::store_unavailable("release", Some(&spec.job), &e.to_string(), retry);
+                    tokio::time::sleep(delay).await;
+                    delay *= 2;
+                }
+            }
+        }
+    }
+
+    /// The job exited with its configured stale code: it reports a write its
+    /// own storage rejected. Record and log it like any other.
+    async fn job_reported_stale(&self, spec: &RunSpec, lease: &Lease) {
+        let owner = lease.owner_id.to_string();
+        let op = uuid::Uuid::new_v4().to_string();
+        let rec = NewStaleRecord {
+            kind: StaleKind::WriteRejected,
+            reason: "stale",
+            resource: spec.resource.as_str(),
+            key: None,
+            owner_id: Some(&owner),
+            token: lease.token,
+            accepted_token: None,
+            node: &self.node,
+            job: Some(&spec.job),
+            stage: "job",
+            operation_id: &op,
+        };
+        match fence::record(self.store.as_ref(), &rec).await {
+            Some(stored) => events::stale_write_rejected(&stored),
+            None => events::stale_write_rejected(&crate::store::StaleRecord {
+                at: crate::store::StoreTime::from_utc(Utc::now()),
+                kind: rec.kind,
+                reason: rec.reason.to_string(),
+                resource: rec.resource.to_string(),
+                key: None,
+                owner_id: Some(owner.clone()),
+                token: rec.token,
+                accepted_token: None,
+                node: self.node.clone(),
+                job: Some(spec.job.clone()),
+                stage: rec.stage.to_string(),
+                operation_id: op.clone(),
+            }),
+        }
+    }
+
+    /// Records a lost lease in the store, retrying in the background while
+    /// the store is unreachable (the event itself is already logged).
+    fn record_lost(&self, spec: &RunSpec, lease: &Lease, reason: &str) {
+        fence::record_in_background(
+            self.store.clone(),
+            fence::PendingRecord {
+                kind: StaleKind::LeaseLost,
+                reason: reason.to_string(),
+                resource: spec.resource.to_string(),
+                owner_id: Some(lease.owner_id.to_string()),
+                token: lease.token,
+                accepted_token: None,
+                node: self.node.clone(),
+                job: Some(spec.job.clone()),
+                stage: "renew".to_string(),
+            },
+        );
+    }
+}

@@ -1,0 +1,16 @@
+//! Test support compiled only for the crate's own tests (`cfg(test)`): an
+//! in-memory [`store::MemoryStore`] with injected faults and a fake job
+//! ([`job::FakeLauncher`]), so that the supervisor's deadline loop and the
+//! daemon's occurrence policy run in-process on tokio's paused clock. None
+//! of it ships: the binary knows only the SQL backends.
+
+pub(crate) mod job;
+pub(crate) mod store;
+mod store_tests;
+
+use chrono::{DateTime, Utc};
+
+/// A fixed wall-clock start for tests: 2027-01-15T08:00:00Z, a whole minute.
+pub(crate) fn epoch_wall() -> DateTime<Utc> {
+    DateTime::from_timestamp(1_800_000_000, 0).expect("a valid instant")
+}

@@ -1,0 +1,751 @@
+//! `MemoryStore`: the [`Store`] trait in memory, for in-process tests, with
+//! faults injected on purpose.
+//!
+//! Semantics are those of the SQL backends, statement by statement (see the
+//! SQLite store's `ACQUIRE`, `RENEW`, `RELEASE`, `GIVE_BACK`, `PUT`): the
+//! fence only grows, expiry is decided by the *store's* clock, a scheduled
+//! occurrence is taken at most once and only between its being due and its
+//! successor's being due, the same owner adopts its own unreleased win of
+//! the same occurrence, `give_back` makes an unused occurrence takeable
+//! again, a takeover reports the vanished owner, and a loser writes nothing.
+//! The losing outcomes are classified by the same shared code the backends
+//! use.
+//!
+//! The store's clock is the test's [`Clock`] plus an offset
+//! ([`MemoryStore::set_offset_ms`]), so a test on tokio's paused clock can
+//! put this host ahead of or behind its store. Faults ([`Fault`]) are queued
+//! per operation: fail the next calls, refuse renewals, or hang a call until
+//! a [`Gate`] opens (or forever), its statement committed before the hang
+//! (the answer is what is late) or after it (the statement itself waits,
+//! and commits when the gate opens even if nobody waits for it any more).
+//! Like every real store, each call has a time limit (5 s by default, the
+//! daemon's), after which the caller gets `StoreError::Timeout`.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::sync::watch;
+use tokio::time::Instant;
+use uuid::Uuid;
+
+use crate::clock::Clock;
+use crate::names::Name;
+use crate::store::{
+    classify_loss, classify_refusal, classify_rejection, first_token_of, AcquireOutcome,
+    AcquireRequest, Backend, EpochInfo, Lease, LeaseInfo, LossRow, NewStaleRecord, PutOutcome,
+    PutRequest, RawOp, ReleaseOutcome, RenewOutcome, StaleKind, StaleRecord, Store, StoreError,
+    StoreTime, StoreUrl, StoredValue, Takeover, Token, EPOCH_SHIFT,
+};
+
+/// The operations faults can be aimed at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Op {
+    Migrate,
+    Acquire,
+    Renew,
+    Release,
+    GiveBack,
+    Put,
+    RecordStale,
+}
+
+/// When a hung call's statement takes effect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Commit {
+    /// At once; only the answer hangs (a reply lost on a stalled network).
+    Before,
+    /// When the gate opens, whether or not the caller still waits (a
+    /// statement queued behind a lock or a stalled server).
+    After,
+}
+
+/// One injected fault, for one call.
+#[derive(Debug, Clone)]
+pub(crate) enum Fault {
+    /// The call fails at once ("unreachable"); nothing is written.
+    Fail,
+    /// The call hangs until the gate opens (forever if it never does).
+    Hang(Gate, Commit),
+    /// A renewal is refused: another owner holds the lease now.
+    Refuse,
+}
+
+/// Opens hung calls. Dropping every handle unopened hangs them forever.
+#[derive(Debug, Clone)]
+pub(crate) struct Gate(Arc<watch::Sender<bool>>);
+
+impl Gate {
+    pub(crate) fn new() -> Gate {
+        Gate(Arc::new(watch::channel(false).0))
+    }
+
+    /// Lets every call waiting on this gate go on.
+    pub(crate) fn open(&self) {
+        self.0.send_replace(true);
+    }
+
+    async fn wait(&self) {
+        let mut rx = self.0.subscribe();
+        // Only an open gate ends the wait; this handle keeps the sender.
+        let _ = rx.wait_for(|open| *open).await;
+    }
+}
+
+/// A lease row, as the SQL tables hold it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Row {
+    pub fence: Token,
+    pub owner_id: String,
+    pub node: String,
+    pub acquired_at: i64,
+    pub expires_at: i64,
+    pub last_occurrence: Option<i64>,
+    pub released: bool,
+    pub prev: Option<Takeover>,
+}
+
+/// What the store did, for tests to read back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Entry {
+    /// When (tokio's clock).
+    pub at: Instant,
+    pub op: Op,
+    /// `acquired 3`, `adopted 3`, `held`, `taken`, `not_yet_due`,
+    /// `superseded`, `renewed`, `refused`, `released`, `failed`,
+    /// `hung`, `timed_out`, …
+    pub what: String,
+}
+
+#[derive(Default)]
+struct State {
+    /// Store clock minus test clock, in milliseconds.
+    offset_ms: i64,
+    epoch: i64,
+    leases: BTreeMap<String, Row>,
+    values: BTreeMap<(String, String), StoredValue>,
+    stale: Vec<StaleRecord>,
+    faults: HashMap<Op, VecDeque<Fault>>,
+    history: Vec<Entry>,
+}
+
+impl State {
+    fn note(&mut self, op: Op, what: impl Into<String>) {
+        self.history.push(Entry {
+            at: Instant::now(),
+            op,
+            what: what.into(),
+        });
+    }
+}
+
+/// The in-memory store. Cheap to clone; clones share the state.
+#[derive(Clone)]
+pub(crate) struct MemoryStore {
+    url: StoreUrl,
+    clock: Clock,
+    call_timeout: Option<Duration>,
+    state: Arc<Mutex<State>>,
+}
+
+impl MemoryStore {
+    /// A store whose clock is `clock` (plus an offset, 0 until set), with
+    /// the daemon's 5 s limit on each call.
+    pub(crate) fn new(clock: Clock) -> MemoryStore {
+        MemoryStore {
+            url: StoreUrl::parse("sqlite://in-memory-test-store").expect("a valid URL"),
+            clock,
+            call_timeout: Some(Duration::from_secs(5)),
+            state: Arc::default(),
+        }
+    }
+
+    /// Sets the time limit of each call (`None`: wait as long as it takes).
+    pub(crate) fn with_call_timeout(mut self, limit: Option<Duration>) -> MemoryStore {
+        self.call_timeout = limit;
+        self
+    }
+
+    /// Puts the store's clock `ms` milliseconds ahead of the test's clock
+    /// (behind when negative).
+    pub(crate) fn set_offset_ms(&self, ms: i64) {
+        self.lock().offset_ms = ms;
+    }
+
+    /// Queues `fault` for the next `times` calls of `op`.
+    pub(crate) fn fault(&self, op: Op, fault: Fault, times: usize) {
+        let mut s = self.lock();
+        let queue = s.faults.entry(op).or_default();
+        queue.extend(std::iter::repeat_n(fault, times));
+    }
+
+    /// Drops every queued fault.
+    #[allow(dead_code)]
+    pub(crate) fn heal(&self) {
+        self.lock().faults.clear();
+    }
+
+    /// The lease row of `resource`.
+    pub(crate) fn row(&self, resource: &str) -> Option<Row> {
+        self.lock().leases.get(resource).cloned()
+    }
+
+    /// What the store did for `op`, in order (see [`Entry::what`]).
+    pub(crate) fn history(&self, op: Op) -> Vec<String> {
+        self.entries(op).into_iter().map(|e| e.what).collect()
+    }
+
+    /// What the store did for `op`, with times.
+    pub(crate) fn entries(&self, op: Op) -> Vec<Entry> {
+        self.lock()
+            .history
+            .iter()
+            .filter(|e| e.op == op)
+            .cloned()
+            .collect()
+    }
+
+    /// The store's clock now, in milliseconds.
+    pub(crate) fn now_ms(&self) -> i64 {
+        let offset = self.lock().offset_ms;
+        store_ms(self.clock, offset)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn unavailable(&self) -> StoreError {
+        StoreError::Unavailable {
+            url: self.url.to_string(),
+            source: sqlx::Error::Io(std::io::Error::new(
+                std::io::ErrorKind::ConnectionRefused,
+                "injected fault",
+            )),
+        }
+    }
+
+    /// Runs one call: its fault, if one is queued, then `apply` on the
+    /// state at the store's clock, all under the call's time limit.
+    async fn call<T: Send + 'static>(
+        &self,
+        op: Op,
+        apply: impl FnOnce(&mut State, i64) -> T + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let fault = self
+            .lock()
+            .faults
+            .get_mut(&op)
+            .and_then(VecDeque::pop_front);
+        let work = async {
+            match fault {
+                None => Ok(self.apply(apply)),
+                Some(Fault::Fail) => {
+                    self.lock().note(op, "failed");
+                    Err(self.unavailable())
+                }
+                Some(Fault::Refuse) => Err(StoreError::Corrupt {
+                    url: self.url.to_string(),
+                    detail: format!("Fault::Refuse is for renewals, not {op:?}"),
+                }),
+                Some(Fault::Hang(gate, Commit::Before)) => {
+                    let answer = self.apply(apply);
+                    self.lock().note(op, "hung");
+                    gate.wait().await;
+                    Ok(answer)
+                }
+                Some(Fault::Hang(gate, Commit::After)) => {
+                    self.lock().note(op, "hung");
+                    // The statement runs when the gate opens, whether or not
+                    // its caller still waits for the answer.
+                    let (tx, rx) = tokio::sync::oneshot::channel();
+                    let store = self.clone();
+                    tokio::spawn(async move {
+                        gate.wait().await;
+                        let _ = tx.send(store.apply(apply));
+                    });
+                    match rx.await {
+                        Ok(answer) => Ok(answer),
+                        Err(_) => std::future::pending().await,
+                    }
+                }
+            }
+        };
+        match self.call_timeout {
+            None => work.await,
+            Some(limit) => match tokio::time::timeout(limit, work).await {
+                Ok(r) => r,
+                Err(_) => {
+                    self.lock().note(op, "timed_out");
+                    Err(StoreError::Timeout {
+                        url: self.url.to_string(),
+                        limit,
+                    })
+                }
+            },
+        }
+    }
+
+    fn apply<T>(&self, apply: impl FnOnce(&mut State, i64) -> T) -> T {
+        let mut s = self.lock();
+        let now = store_ms(self.clock, s.offset_ms);
+        apply(&mut s, now)
+    }
+
+    /// A renewal that a [`Fault::Refuse`] turns down.
+    fn refused_renewal(&self, resource: &str) -> RenewOutcome {
+        let s = self.lock();
+        let fence = s.leases.get(resource).map_or(0, |r| r.fence);
+        RenewOutcome::Refused(crate::store::Refusal::NotOwner {
+            current_owner: "another-owner".to_string(),
+            current_token: fence + 1,
+        })
+    }
+}
+
+fn store_ms(clock: Clock, offset_ms: i64) -> i64 {
+    clock.now().timestamp_millis() + offset_ms
+}
+
+fn millis(d: Duration) -> i64 {
+    crate::store::millis(d)
+}
+
+/// `acquire` on the state, as the SQL statements do it.
+fn acquire(s: &mut State, now: i64, req: &OwnedAcquire) -> AcquireOutcome {
+    let owner = req.owner_id.to_string();
+    let occ = req.occurrence.map(|o| o.0);
+    let next = req.next_occurrence.map(|o| o.0);
+    let lease = millis(req.lease);
+    let floor = first_token_of(s.epoch);
+    let due = occ.is_none_or(|o| o <= now) && next.is_none_or(|n| n > now);
+    let Some(row) = s.leases.get_mut(&req.resource) else {
+        if occ.is_some_and(|o| o > now) {
+            return AcquireOutcome::NotYetDue {
+                store_now: StoreTime(now),
+            };
+        }
+        if next.is_some_and(|n| n <= now) {
+            return AcquireOutcome::Superseded {
+                store_now: StoreTime(now),
+            };
+        }
+        let row = Row {
+            fence: floor,
+            owner_id: owner,
+            node: req.node.clone(),
+            acquired_at: now,
+            expires_at: now + lease,
+            last_occurrence: occ,
+            released: false,
+            prev: None,
+        };
+        let lease = lease_of(req, &row);
+        s.leases.insert(req.resource.clone(), row);
+        return AcquireOutcome::Acquired(lease);
+    };
+    let adopt =
+        occ.is_some() && row.owner_id == owner && row.last_occurrence == occ && !row.released;
+    let free = row.expires_at <= now
+        && (occ.is_none() || row.last_occurrence.is_none_or(|l| Some(l) < occ));
+    if !((free || adopt) && due) {
+        let loss = LossRow {
+            fence: row.fence,
+            owner_id: row.owner_id.clone(),
+            node: row.node.clone(),
+            expires_at: row.expires_at,
+            last_occurrence: row.last_occurrence,
+            now,
+        };
+        return classify_loss(loss, &req.borrowed());
+    }
+    if adopt {
+        row.expires_at = row.expires_at.max(now + lease);
+    } else {
+        row.prev = (!row.released).then(|| Takeover {
+            owner_id: row.owner_id.clone(),
+            node: row.node.clone(),
+            token: row.fence,
+            expired_at: StoreTime(row.expires_at),
+        });
+        row.fence = (row.fence + 1).max(floor);
+        row.acquired_at = now;
+        row.expires_at = now + lease;
+    }
+    row.owner_id = owner;
+    row.node = req.node.clone();
+    row.released = false;
+    row.last_occurrence = occ.or(row.last_occurrence);
+    AcquireOutcome::Acquired(lease_of(req, row))
+}
+
+fn lease_of(req: &OwnedAcquire, row: &Row) -> Lease {
+    Lease {
+        resource: req.resource.clone(),
+        owner_id: req.owner_id,
+        token: row.fence,
+        expires_at: StoreTime(row.expires_at),
+        taken_over: row.prev.clone(),
+    }
+}
+
+/// An [`AcquireRequest`] that a late statement can own.
+struct OwnedAcquire {
+    resource: String,
+    name: Name,
+    lease: Duration,
+    node: String,
+    owner_id: Uuid,
+    occurrence: Option<StoreTime>,
+    next_occurrence: Option<StoreTime>,
+}
+
+impl OwnedAcquire {
+    fn borrowed(&self) -> AcquireRequest<'_> {
+        AcquireRequest {
+            resource: &self.name,
+            lease: self.lease,
+            node: &self.node,
+            owner_id: self.owner_id,
+            occurrence: self.occurrence,
+            next_occurrence: self.next_occurrence,
+        }
+    }
+}
+
+fn describe_acquire(out: &AcquireOutcome, adopted: bool) -> String {
+    match out {
+        AcquireOutcome::Acquired(l) if adopted => format!("adopted {}", l.token),
+        AcquireOutcome::Acquired(l) => format!("acquired {}", l.token),
+        AcquireOutcome::Held { .. } => "held".to_string(),
+        AcquireOutcome::OccurrenceTaken { .. } => "taken".to_string(),
+        AcquireOutcome::NotYetDue { .. } => "not_yet_due".to_string(),
+        AcquireOutcome::Superseded { .. } => "superseded".to_string(),
+    }
+}
+
+fn refusal_row(s: &State, resource: &str) -> Option<(String, Token, i64)> {
+    s.leases
+        .get(resource)
+        .map(|r| (r.owner_id.clone(), r.fence, r.expires_at))
+}
+
+fn stored(rec: &NewStaleRecord<'_>, now: i64) -> StaleRecord {
+    StaleRecord {
+        at: StoreTime(now),
+        kind: rec.kind,
+        reason: rec.reason.to_string(),
+        resource: rec.resource.to_string(),
+        key: rec.key.map(str::to_string),
+        owner_id: rec.owner_id.map(str::to_string),
+        token: rec.token,
+        accepted_token: rec.accepted_token,
+        node: rec.node.to_string(),
+        job: rec.job.map(str::to_string),
+        stage: rec.stage.to_string(),
+        operation_id: rec.operation_id.to_string(),
+    }
+}
+
+#[async_trait]
+impl Store for MemoryStore {
+    fn backend(&self) -> Backend {
+        Backend::Sqlite
+    }
+
+    fn url(&self) -> &StoreUrl {
+        &self.url
+    }
+
+    async fn migrate(&self) -> Result<(), StoreError> {
+        self.call(Op::Migrate, |_, _| ()).await
+    }
+
+    async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<AcquireOutcome, StoreError> {
+        let req = OwnedAcquire {
+            resource: req.resource.to_string(),
+            name: req.resource.clone(),
+            lease: req.lease,
+            node: req.node.to_string(),
+            owner_id: req.owner_id,
+            occurrence: req.occurrence,
+            next_occurrence: req.next_occurrence,
+        };
+        self.call(Op::Acquire, move |s, now| {
+            let before = s.leases.get(&req.resource).cloned();
+            let out = acquire(s, now, &req);
+            let adopted = matches!(&out, AcquireOutcome::Acquired(l)
+                if before.as_ref().is_some_and(|b| b.fence == l.token));
+            s.note(Op::Acquire, describe_acquire(&out, adopted));
+            out
+        })
+        .await
+    }
+
+    async fn renew(
+        &self,
+        resource: &Name,
+        owner_id: &str,
+        token: Token,
+        lease: Duration,
+    ) -> Result<RenewOutcome, StoreError> {
+        let (resource, owner_id) = (resource.to_string(), owner_id.to_string());
+        let refuse = {
+            let mut s = self.lock();
+            let q = s.faults.get_mut(&Op::Renew);
+            if q.as_ref()
+                .is_some_and(|q| matches!(q.front(), Some(Fault::Refuse)))
+            {
+                q.and_then(VecDeque::pop_front);
+                s.note(Op::Renew, "refused");
+                true
+            } else {
+                false
+            }
+        };
+        if refuse {
+            return Ok(self.refused_renewal(&resource));
+        }
+        self.call(Op::Renew, move |s, now| {
+            let out = match s.leases.get_mut(&resource) {
+                Some(r) if r.owner_id == owner_id && r.fence == token && r.expires_at > now => {
+                    r.expires_at = now + millis(lease);
+                    RenewOutcome::Renewed {
+                        expires_at: StoreTime(r.expires_at),
+                    }
+                }
+                _ => RenewOutcome::Refused(classify_refusal(
+                    refusal_row(s, &resource),
+                    &owner_id,
+                    token,
+                )),
+            };
+            let what = match &out {
+                RenewOutcome::Renewed { .. } => "renewed",
+                RenewOutcome::Refused(_) => "refused",
+            };
+            s.note(Op::Renew, what);
+            out
+        })
+        .await
+    }
+
+    async fn release(
+        &self,
+        resource: &Name,
+        owner_id: &str,
+        token: Token,
+    ) -> Result<ReleaseOutcome, StoreError> {
+        let (resource, owner_id) = (resource.to_string(), owner_id.to_string());
+        self.call(Op::Release, move |s, now| {
+            let out = match s.leases.get_mut(&resource) {
+                Some(r) if r.owner_id == owner_id && r.fence == token => {
+                    r.expires_at = r.expires_at.min(now);
+                    r.released = true;
+                    ReleaseOutcome::Released
+                }
+                _ => ReleaseOutcome::Refused(classify_refusal(
+                    refusal_row(s, &resource),
+                    &owner_id,
+                    token,
+                )),
+            };
+            let what = match &out {
+                ReleaseOutcome::Released => format!("released {token}"),
+                ReleaseOutcome::Refused(_) => "refused".to_string(),
+            };
+            s.note(Op::Release, what);
+            out
+        })
+        .await
+    }
+
+    async fn give_back(
+        &self,
+        resource: &Name,
+        owner_id: &str,
+        token: Option<Token>,
+        occurrence: StoreTime,
+    ) -> Result<ReleaseOutcome, StoreError> {
+        let (resource, owner_id) = (resource.to_string(), owner_id.to_string());
+        let occ = occurrence.0;
+        self.call(Op::GiveBack, move |s, now| {
+            let out = match s.leases.get_mut(&resource) {
+                Some(r)
+                    if r.owner_id == owner_id
+                        && (Some(r.fence) == token
+                            || (token.is_none()
+                                && !r.released
+                                && r.last_occurrence == Some(occ))) =>
+                {
+                    r.expires_at = r.expires_at.min(now);
+                    r.released = true;
+                    if r.last_occurrence == Some(occ) {
+                        r.last_occurrence = Some(occ - 1);
+                    }
+                    ReleaseOutcome::Released
+                }
+                _ => ReleaseOutcome::Refused(classify_refusal(
+                    refusal_row(s, &resource),
+                    &owner_id,
+                    token.unwrap_or(0),
+                )),
+            };
+            let what = match (&out, token) {
+                (ReleaseOutcome::Released, Some(t)) => format!("given_back {t}"),
+                (ReleaseOutcome::Released, None) => "given_back".to_string(),
+                (ReleaseOutcome::Refused(_), _) => "refused".to_string(),
+            };
+            s.note(Op::GiveBack, what);
+            out
+        })
+        .await
+    }
+
+    async fn list(&self) -> Result<Vec<LeaseInfo>, StoreError> {
+        Ok(self.apply(|s, now| {
+            s.leases
+                .iter()
+                .map(|(resource, r)| LeaseInfo {
+                    resource: resource.clone(),
+                    owner_id: r.owner_id.clone(),
+                    node: r.node.clone(),
+                    token: r.fence,
+                    expires_at: StoreTime(r.expires_at),
+                    held: r.expires_at > now,
+                    last_occurrence: r.last_occurrence.map(StoreTime),
+                })
+                .collect()
+        }))
+    }
+
+    async fn put(&self, req: &PutRequest<'_>) -> Result<PutOutcome, StoreError> {
+        let resource = req.resource.to_string();
+        let key = req.key.to_string();
+        let value = req.value.to_vec();
+        let (token, once) = (req.token, req.once);
+        let owner_id = req.owner_id.map(str::to_string);
+        let (node, job, stage) = (
+            req.node.to_string(),
+            req.job.map(str::to_string),
+            req.stage.to_string(),
+        );
+        let op = req.operation_id.to_string();
+        self.call(Op::Put, move |s, now| {
+            let issued = s.leases.get(&resource).map(|r| r.fence);
+            let slot = (resource.clone(), key.clone());
+            let accepted = s.values.get(&slot).map(|v| v.token);
+            let writes = issued.is_some_and(|i| i >= token)
+                && accepted.is_none_or(|a| a < token || (a == token && !once));
+            if writes {
+                s.values.insert(
+                    slot,
+                    StoredValue {
+                        resource,
+                        key,
+                        value,
+                        token,
+                        owner_id,
+                        written_at: StoreTime(now),
+                    },
+                );
+                return PutOutcome::Accepted {
+                    written_at: StoreTime(now),
+                };
+            }
+            let Some(reason) = classify_rejection(token, once, accepted, issued) else {
+                return PutOutcome::AlreadyApplied;
+            };
+            let rec = stored(
+                &NewStaleRecord {
+                    kind: StaleKind::WriteRejected,
+                    reason: reason.as_str(),
+                    resource: &resource,
+                    key: Some(&key),
+                    owner_id: owner_id.as_deref(),
+                    token,
+                    accepted_token: accepted,
+                    node: &node,
+                    job: job.as_deref(),
+                    stage: &stage,
+                    operation_id: &op,
+                },
+                now,
+            );
+            s.stale.push(rec.clone());
+            PutOutcome::Rejected(Box::new(rec))
+        })
+        .await
+    }
+
+    async fn get(&self, resource: &Name, key: &Name) -> Result<Option<StoredValue>, StoreError> {
+        let slot = (resource.to_string(), key.to_string());
+        Ok(self.lock().values.get(&slot).cloned())
+    }
+
+    async fn record_stale(&self, rec: &NewStaleRecord<'_>) -> Result<StaleRecord, StoreError> {
+        let rec = stored(rec, 0);
+        self.call(Op::RecordStale, move |s, now| {
+            let rec = StaleRecord {
+                at: StoreTime(now),
+                ..rec
+            };
+            s.stale.push(rec.clone());
+            rec
+        })
+        .await
+    }
+
+    async fn stale(&self, since: Option<StoreTime>) -> Result<Vec<StaleRecord>, StoreError> {
+        let s = self.lock();
+        let mut out: Vec<StaleRecord> = s
+            .stale
+            .iter()
+            .filter(|r| since.is_none_or(|t| r.at >= t))
+            .cloned()
+            .collect();
+        // Stable: records of the same millisecond stay in insertion order.
+        out.sort_by_key(|r| r.at);
+        Ok(out)
+    }
+
+    async fn now(&self) -> Result<StoreTime, StoreError> {
+        Ok(StoreTime(self.now_ms()))
+    }
+
+    async fn epoch(&self) -> Result<EpochInfo, StoreError> {
+        let s = self.lock();
+        let highest = s.leases.values().map(|r| r.fence).max();
+        Ok(EpochInfo::new(s.epoch, None, highest))
+    }
+
+    async fn advance_epoch(&self) -> Result<EpochInfo, StoreError> {
+        let mut s = self.lock();
+        let highest = s.leases.values().map(|r| r.fence).max();
+        s.epoch = s.epoch.max(highest.unwrap_or(0) >> EPOCH_SHIFT) + 1;
+        Ok(EpochInfo::new(s.epoch, None, highest))
+    }
+
+    async fn raw(
+        &self,
+        _op: RawOp,
+        _resource: &Name,
+        _owner_id: &str,
+        _token: Token,
+    ) -> Result<Option<Token>, StoreError> {
+        Err(StoreError::Corrupt {
+            url: self.url.to_string(),
+            detail: "the in-memory test store sends no raw statements".to_string(),
+        })
+    }
+
+    async fn purge_prefix(&self, prefix: &str) -> Result<u64, StoreError> {
+        let mut s = self.lock();
+        let before = s.leases.len() + s.values.len() + s.stale.len();
+        s.leases.retain(|r, _| !r.starts_with(prefix));
+        s.values.retain(|(r, _), _| !r.starts_with(prefix));
+        s.stale.retain(|r| !r.resource.starts_with(prefix));
+        Ok((before - s.leases.len() - s.values.len() - s.stale.len()) as u64)
+    }
+}
