@@ -625,7 +625,7 @@ impl Store for MemoryStore {
         let key = req.key.to_string();
         let value = req.value.to_vec();
         let (token, once) = (req.token, req.once);
-        let owner_id = req.owner_id.map(str::to_string);
+        let owner_id = req.owner_id.to_string();
         let (node, job, stage) = (
             req.node.to_string(),
             req.job.map(str::to_string),
@@ -633,10 +633,17 @@ impl Store for MemoryStore {
         );
         let op = req.operation_id.to_string();
         self.call(Op::Put, move |s, now| {
-            let issued = s.leases.get(&resource).map(|r| r.fence);
+            // The SQL write boundary: the resource's current token from the
+            // owner it was issued to, and the key's rule.
+            let lease = s
+                .leases
+                .get(&resource)
+                .map(|r| (r.fence, r.owner_id.clone()));
             let slot = (resource.clone(), key.clone());
             let accepted = s.values.get(&slot).map(|v| v.token);
-            let writes = issued.is_some_and(|i| i >= token)
+            let writes = lease
+                .as_ref()
+                .is_some_and(|(fence, owner)| *fence == token && *owner == owner_id)
                 && accepted.is_none_or(|a| a < token || (a == token && !once));
             if writes {
                 s.values.insert(
@@ -646,7 +653,7 @@ impl Store for MemoryStore {
                         key,
                         value,
                         token,
-                        owner_id,
+                        owner_id: Some(owner_id),
                         written_at: StoreTime(now),
                     },
                 );
@@ -654,18 +661,22 @@ impl Store for MemoryStore {
                     written_at: StoreTime(now),
                 };
             }
-            let Some(reason) = classify_rejection(token, once, accepted, issued) else {
+            let lease = lease
+                .as_ref()
+                .map(|(fence, owner)| (*fence, owner.as_str()));
+            let Some(rejection) = classify_rejection(token, &owner_id, once, accepted, lease)
+            else {
                 return PutOutcome::AlreadyApplied;
             };
             let rec = stored(
                 &NewStaleRecord {
                     kind: StaleKind::WriteRejected,
-                    reason: reason.as_str(),
+                    reason: rejection.reason.as_str(),
                     resource: &resource,
                     key: Some(&key),
-                    owner_id: owner_id.as_deref(),
+                    owner_id: Some(&owner_id),
                     token,
-                    accepted_token: accepted,
+                    accepted_token: rejection.accepted_token,
                     node: &node,
                     job: job.as_deref(),
                     stage: &stage,

@@ -301,49 +301,48 @@ async fn fenced_writes_compare_tokens_and_record_rejections() {
     let s = store();
     let r = name("put");
     let key = Name::parse("key", "k").unwrap();
-    let put = |token, once| PutRequest {
+    let put = |token, owner_id, once| PutRequest {
         resource: &r,
         key: &key,
         value: b"v",
         token,
-        owner_id: None,
+        owner_id,
         once,
         node: "node-a",
         job: None,
         stage: "test",
         operation_id: Uuid::new_v4(),
     };
+    let nobody = Uuid::new_v4().to_string();
     assert!(matches!(
-        s.put(&put(1, false)).await.unwrap(),
+        s.put(&put(1, &nobody, false)).await.unwrap(),
         PutOutcome::Rejected(rec) if rec.reason == RejectReason::Forged.as_str()
     ));
     let a = won(adhoc(&s, &r).await);
     release(&s, &a).await;
-    won(adhoc(&s, &r).await);
-    assert!(matches!(
-        s.put(&put(2, false)).await.unwrap(),
-        PutOutcome::Accepted { .. }
-    ));
-    assert!(matches!(
-        s.put(&put(2, false)).await.unwrap(),
-        PutOutcome::Accepted { .. }
-    ));
+    let b = won(adhoc(&s, &r).await);
+    let (a_owner, b_owner) = (a.owner_id.to_string(), b.owner_id.to_string());
+    for _ in 0..2 {
+        assert!(matches!(
+            s.put(&put(2, &b_owner, false)).await.unwrap(),
+            PutOutcome::Accepted { .. }
+        ));
+    }
     assert_eq!(
-        s.put(&put(2, true)).await.unwrap(),
+        s.put(&put(2, &b_owner, true)).await.unwrap(),
         PutOutcome::AlreadyApplied
     );
-    match s.put(&put(1, false)).await.unwrap() {
-        PutOutcome::Rejected(rec) => {
-            assert_eq!(
-                (rec.reason.as_str(), rec.accepted_token),
-                ("stale", Some(2))
-            )
+    for (token, owner, reason) in [(1, &a_owner, "stale"), (2, &a_owner, "wrong_owner")] {
+        match s.put(&put(token, owner, false)).await.unwrap() {
+            PutOutcome::Rejected(rec) => {
+                assert_eq!((rec.reason.as_str(), rec.accepted_token), (reason, Some(2)))
+            }
+            other => panic!("{other:?}"),
         }
-        other => panic!("{other:?}"),
     }
     assert_eq!(s.get(&r, &key).await.unwrap().unwrap().token, 2);
     let stale = s.stale(None).await.unwrap();
-    assert_eq!(stale.len(), 2);
+    assert_eq!(stale.len(), 3);
     assert!(stale.iter().all(|x| x.kind == StaleKind::WriteRejected));
 }
 
