@@ -159,23 +159,105 @@ pub fn job_output(job: &str, token: Token, stream: &'static str, line: &str) {
     info!(event = "job_output", job, token, stream, line, "job output");
 }
 
-/// The child ended on its own or after a signal.
-pub fn job_finished(
-    job: &str,
-    token: Token,
-    exit_code: Option<i32>,
-    signal: Option<i32>,
-    duration: Duration,
-) {
+/// How a run ended, as `job_finished` (and run history) name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Exit code 0.
+    Succeeded,
+    /// A non-zero exit code, or a signal fencecron did not send.
+    Failed,
+    /// Terminated at the job's `timeout`.
+    TimedOut,
+    /// Terminated because the lease was refused or could not be confirmed.
+    LeaseLost,
+    /// Terminated because the daemon stopped.
+    Shutdown,
+    /// The command could not be started.
+    SpawnFailed,
+}
+
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Succeeded => "succeeded",
+            Outcome::Failed => "failed",
+            Outcome::TimedOut => "timed_out",
+            Outcome::LeaseLost => "lease_lost",
+            Outcome::Shutdown => "shutdown",
+            Outcome::SpawnFailed => "spawn_failed",
+        }
+    }
+}
+
+/// A signal's name as every event spells it (`SIGTERM`), or `SIG<n>` for a
+/// number without one.
+pub fn signal_name(signal: i32) -> String {
+    nix::sys::signal::Signal::try_from(signal)
+        .map(|s| s.as_str().to_string())
+        .unwrap_or_else(|_| format!("SIG{signal}"))
+}
+
+/// One ended run, for `job_finished` / `job_failed`.
+#[derive(Debug, Clone, Copy)]
+pub struct JobEnd<'a> {
+    pub job: &'a str,
+    pub resource: &'a str,
+    pub node: &'a str,
+    pub token: Token,
+    /// The scheduled instant; `None` for `exec`.
+    pub scheduled_at: Option<&'a str>,
+    pub outcome: Outcome,
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub duration: Duration,
+}
+
+/// The child ended on its own or after a signal. Every run that started
+/// ends with exactly one `job_finished` (INFO); one that did not succeed
+/// also logs `job_failed` (WARN, same fields) for alerting.
+pub fn job_finished(end: &JobEnd<'_>) {
+    let signal = end.signal.map(signal_name);
+    let JobEnd {
+        job,
+        resource,
+        node,
+        token,
+        scheduled_at,
+        outcome,
+        exit_code,
+        duration,
+        ..
+    } = *end;
+    let outcome = outcome.as_str();
+    let duration_ms = ms(duration);
     info!(
         event = "job_finished",
         job,
+        resource,
+        node,
         token,
+        scheduled_at,
+        outcome,
         exit_code,
         signal,
-        duration_ms = ms(duration),
+        duration_ms,
         "job finished"
     );
+    if outcome != Outcome::Succeeded.as_str() {
+        warn!(
+            event = "job_failed",
+            job,
+            resource,
+            node,
+            token,
+            scheduled_at,
+            outcome,
+            exit_code,
+            signal,
+            duration_ms,
+            "job did not succeed"
+        );
+    }
 }
 
 /// The supervisor is terminating the job.

@@ -654,6 +654,23 @@ fn shutdown_on(sig: Signal) {
         &|e| is(e, "job_finished") && token_of(e) == token,
         "job_finished",
     );
+    let fin = &all[finished];
+    assert_eq!(str_field(fin, "outcome"), Some("shutdown"), "{fin}");
+    assert_eq!(str_field(fin, "signal"), Some("SIGKILL"), "{fin}");
+    assert_eq!(str_field(fin, "node"), Some(d.node.as_str()), "{fin}");
+    assert_eq!(str_field(fin, "resource"), Some(job.as_str()), "{fin}");
+    assert_eq!(
+        str_field(fin, "scheduled_at"),
+        str_field(&started, "scheduled_at"),
+        "{fin}"
+    );
+    assert!(
+        all.iter().any(|e| is(e, "job_failed")
+            && token_of(e) == token
+            && str_field(e, "level") == Some("WARN")),
+        "a run ended by shutdown logs job_failed at WARN: {}",
+        d.summary()
+    );
     let released = pos(
         &|e| is(e, "lease_released") && token_of(e) == token,
         "lease_released",
@@ -672,6 +689,69 @@ fn shutdown_on(sig: Signal) {
         .unwrap_or_else(|| panic!("{job} not in lease list: {leases:?}"));
     assert_eq!(row.get("held"), Some(&Value::Bool(false)), "{row}");
     assert_eq!(i64_field(row, "token"), Some(token), "{row}");
+}
+
+/// `job_finished` names the run (node, resource, scheduled instant,
+/// outcome); a run that did not succeed also logs `job_failed` at WARN, and
+/// one that did does not.
+#[test]
+fn job_finished_names_the_run_and_failures_warn_sqlite() {
+    let store = TestStore::new(Backend::Sqlite, "job_finished").expect("sqlite");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let good = unique("good");
+    let bad = unique("bad");
+    let sh = |script: &str| -> Vec<String> { vec!["sh".into(), "-c".into(), script.into()] };
+    let config = write_config(
+        dir.path(),
+        "",
+        &[
+            job_toml(&good, "* * * * * *", &sh("true"), ""),
+            job_toml(&bad, "* * * * * *", &sh("kill -USR1 $$"), ""),
+        ],
+    );
+    let mut d = Daemon::spawn(DaemonOpts::new("finished", &config, &store.url));
+    let finished_of = |job: &str| {
+        let job = job.to_string();
+        move |e: &Value| is(e, "job_finished") && str_field(e, "job") == Some(job.as_str())
+    };
+    let good_end = d.expect("good job_finished", finished_of(&good), secs(30));
+    let bad_end = d.expect("bad job_finished", finished_of(&bad), secs(30));
+    let failed = d.expect(
+        "job_failed",
+        |e: &Value| is(e, "job_failed") && token_of(e) == token_of(&bad_end),
+        secs(10),
+    );
+    d.stop(secs(30));
+
+    for (end, job) in [(&good_end, &good), (&bad_end, &bad)] {
+        assert_eq!(str_field(end, "node"), Some(d.node.as_str()), "{end}");
+        assert_eq!(str_field(end, "resource"), Some(job.as_str()), "{end}");
+        let at = str_field(end, "scheduled_at").unwrap_or_else(|| panic!("{end}"));
+        assert!(at.parse::<DateTime<Utc>>().is_ok(), "{end}");
+        assert_eq!(str_field(end, "level"), Some("INFO"), "{end}");
+    }
+    assert_eq!(
+        str_field(&good_end, "outcome"),
+        Some("succeeded"),
+        "{good_end}"
+    );
+    assert_eq!(i64_field(&good_end, "exit_code"), Some(0), "{good_end}");
+    assert_eq!(str_field(&bad_end, "outcome"), Some("failed"), "{bad_end}");
+    assert_eq!(str_field(&bad_end, "signal"), Some("SIGUSR1"), "{bad_end}");
+    assert_eq!(str_field(&failed, "level"), Some("WARN"), "{failed}");
+    assert_eq!(str_field(&failed, "outcome"), Some("failed"), "{failed}");
+    assert_eq!(str_field(&failed, "signal"), Some("SIGUSR1"), "{failed}");
+    assert_eq!(
+        str_field(&failed, "scheduled_at"),
+        str_field(&bad_end, "scheduled_at")
+    );
+    assert!(
+        d.events("job_failed")
+            .iter()
+            .all(|e| str_field(e, "job") == Some(bad.as_str())),
+        "only the failing job logs job_failed: {}",
+        d.summary()
+    );
 }
 
 #[test]

@@ -370,7 +370,18 @@ fn renewal_refused(backend: Backend, test: &str) {
         "order: lease_lost@{i_lost} job_cancelled(SIGTERM)@{i_term} \
          job_cancelled(SIGKILL)@{i_kill} job_finished@{i_fin}"
     );
-    assert_eq!(i64_field(&all[i_fin], "signal"), Some(9), "{}", all[i_fin]);
+    assert_eq!(
+        str_field(&all[i_fin], "signal"),
+        Some("SIGKILL"),
+        "{}",
+        all[i_fin]
+    );
+    assert_eq!(
+        str_field(&all[i_fin], "outcome"),
+        Some("lease_lost"),
+        "{}",
+        all[i_fin]
+    );
     eprintln!(
         "SIGTERM at {}, SIGKILL at {} (kill_grace 1s)",
         str_field(&all[i_term], "timestamp").unwrap_or("?"),
@@ -485,7 +496,18 @@ fn timeout_terminates_and_releases_sqlite() {
         "{}",
         all[i_cancel]
     );
-    assert_eq!(i64_field(&all[i_fin], "signal"), Some(15), "{}", all[i_fin]);
+    assert_eq!(
+        str_field(&all[i_fin], "signal"),
+        Some("SIGTERM"),
+        "{}",
+        all[i_fin]
+    );
+    assert_eq!(
+        str_field(&all[i_fin], "outcome"),
+        Some("timed_out"),
+        "{}",
+        all[i_fin]
+    );
     assert!(
         i64_field(&all[i_fin], "exit_code").is_none(),
         "{}",

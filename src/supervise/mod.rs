@@ -106,6 +106,24 @@ impl RunResult {
     }
 }
 
+/// How a run that started ended: fencecron's own reason to end it wins
+/// over the exit status it caused.
+fn outcome_of(
+    exit_code: Option<i32>,
+    cancelled: Option<CancelReason>,
+    lease_lost: bool,
+) -> events::Outcome {
+    use events::Outcome;
+    match cancelled {
+        Some(CancelReason::LeaseLost | CancelReason::LeaseUnconfirmed) => Outcome::LeaseLost,
+        Some(CancelReason::Timeout) => Outcome::TimedOut,
+        Some(CancelReason::Shutdown) => Outcome::Shutdown,
+        None if lease_lost => Outcome::LeaseLost,
+        None if exit_code == Some(0) => Outcome::Succeeded,
+        None => Outcome::Failed,
+    }
+}
+
 /// Runs jobs under leases on one store, as one node.
 #[derive(Clone)]
 pub struct Supervisor {
@@ -240,7 +258,18 @@ impl Supervisor {
             Ok(st) => (st.code(), st.signal()),
             Err(_) => (None, None),
         };
-        events::job_finished(&spec.job, lease.token, exit_code, signal, started.elapsed());
+        let cancelled = watch.cancel_reason();
+        events::job_finished(&events::JobEnd {
+            job: &spec.job,
+            resource: spec.resource.as_str(),
+            node: &self.node,
+            token: lease.token,
+            scheduled_at: (!scheduled.is_empty()).then_some(scheduled.as_str()),
+            outcome: outcome_of(exit_code, cancelled, watch.lost()),
+            exit_code,
+            signal,
+            duration: started.elapsed(),
+        });
 
         if let (Some(code), Some(stale_code)) = (exit_code, spec.stale_exit_code) {
             if code == stale_code {
@@ -256,7 +285,7 @@ impl Supervisor {
         Ok(RunResult {
             exit_code,
             signal,
-            cancelled: watch.cancel_reason(),
+            cancelled,
             lease_lost: watch.lost(),
         })
     }

@@ -16,7 +16,9 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use super::{CancelReason, LeaseTiming, RunResult, RunSpec, SuperviseError, Supervisor};
+use super::{
+    outcome_of, CancelReason, LeaseTiming, RunResult, RunSpec, SuperviseError, Supervisor,
+};
 use crate::clock::Clock;
 use crate::names::Name;
 use crate::store::{AcquireOutcome, AcquireRequest, Lease, StaleKind, Store, StoreTime};
@@ -379,4 +381,27 @@ fn exit_statuses_of_fake_jobs_read_like_real_ones() {
     use std::process::ExitStatus;
     assert_eq!(ExitStatus::from_raw(3 << 8).code(), Some(3));
     assert_eq!(ExitStatus::from_raw(libc::SIGKILL).signal(), Some(9));
+}
+
+#[test]
+fn outcome_names_fencecrons_reason_before_the_exit_status() {
+    use crate::events::Outcome;
+    assert_eq!(outcome_of(Some(0), None, false), Outcome::Succeeded);
+    assert_eq!(outcome_of(Some(1), None, false), Outcome::Failed);
+    assert_eq!(outcome_of(None, None, false), Outcome::Failed);
+    assert_eq!(outcome_of(Some(0), None, true), Outcome::LeaseLost);
+    assert_eq!(
+        outcome_of(Some(0), Some(CancelReason::Timeout), false),
+        Outcome::TimedOut
+    );
+    assert_eq!(
+        outcome_of(None, Some(CancelReason::LeaseUnconfirmed), true),
+        Outcome::LeaseLost
+    );
+    assert_eq!(
+        outcome_of(None, Some(CancelReason::Shutdown), false),
+        Outcome::Shutdown
+    );
+    assert_eq!(crate::events::signal_name(9), "SIGKILL");
+    assert_eq!(crate::events::signal_name(200), "SIG200");
 }
