@@ -16,6 +16,33 @@ pub const EXIT_USAGE: u8 = 2;
 pub const EXIT_STALE: u8 = 3;
 /// Exit code: the lease is held by another owner (EX_TEMPFAIL).
 pub const EXIT_HELD: u8 = 75;
+/// Exit code: interrupted by SIGINT/SIGTERM before the work was done
+/// (128 + SIGINT, as a shell reports it).
+pub const EXIT_INTERRUPTED: u8 = 130;
+
+/// How a command that did not fail ends. With [`Error::exit_code`] this is
+/// the only source of fencecron's exit codes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exit {
+    /// Done: [`EXIT_OK`].
+    Success,
+    /// `exec`: the job's own shell-style code (its exit code, or 128 +
+    /// signal), passed through.
+    Job(u8),
+    /// Stopped by a signal before finishing: [`EXIT_INTERRUPTED`].
+    Interrupted,
+}
+
+impl Exit {
+    /// The process exit code.
+    pub fn code(self) -> u8 {
+        match self {
+            Exit::Success => EXIT_OK,
+            Exit::Job(code) => code,
+            Exit::Interrupted => EXIT_INTERRUPTED,
+        }
+    }
+}
 
 /// Everything a fencecron command can fail with.
 #[derive(Debug, thiserror::Error)]

@@ -28,7 +28,7 @@ fn main() -> ExitCode {
         }
     };
     match runtime.block_on(commands::dispatch(cli)) {
-        Ok(code) => ExitCode::from(code),
+        Ok(exit) => ExitCode::from(exit.code()),
         Err(e) => {
             if !e.is_closed_pipe() {
                 output::error_line(&e);

@@ -40,7 +40,7 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use crate::cli::{BenchArgs, Cli};
-use crate::error::{Error, Result};
+use crate::error::{Error, Exit, Result};
 use crate::names::Name;
 use crate::output::{self, Out};
 use crate::signals::Signals;
@@ -79,7 +79,7 @@ struct Samples {
     odd: [usize; 3],
 }
 
-pub async fn run(cli: &Cli, args: &BenchArgs) -> Result<u8> {
+pub async fn run(cli: &Cli, args: &BenchArgs) -> Result<Exit> {
     if args.clients == 0 || args.resources == 0 {
         return Err(Error::Usage(
             "--clients and --resources must be at least 1".to_string(),
@@ -126,12 +126,12 @@ pub async fn run(cli: &Cli, args: &BenchArgs) -> Result<u8> {
     let Some(result) = result else {
         cleaned?;
         output::error_line("bench: interrupted; its rows were removed");
-        return Ok(130);
+        return Ok(Exit::Interrupted);
     };
     let report = result?;
     cleaned?;
     print_report(&mut out, &report)?;
-    Ok(0)
+    Ok(Exit::Success)
 }
 
 /// Runs every operation for `duration`, all clients at once.

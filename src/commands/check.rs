@@ -4,16 +4,16 @@
 use chrono::Utc;
 
 use crate::cli::Cli;
-use crate::error::Result;
+use crate::error::{Exit, Result};
 use crate::output::Out;
 use crate::store::rfc3339;
 
 use super::Context;
 
-pub fn run(cli: &Cli) -> Result<u8> {
+pub fn run(cli: &Cli) -> Result<Exit> {
     let ctx = Context::load(cli, true)?;
     let Some(config) = ctx.config else {
-        return Ok(0);
+        return Ok(Exit::Success);
     };
     let mut out = Out::stdout();
     writeln!(
@@ -40,5 +40,5 @@ pub fn run(cli: &Cli) -> Result<u8> {
             writeln!(out, "  next: {}", rfc3339(at))?;
         }
     }
-    Ok(0)
+    Ok(Exit::Success)
 }

@@ -6,14 +6,14 @@
 //! new primary never received.
 
 use crate::cli::{Cli, EpochAction, EpochArgs};
-use crate::error::Result;
+use crate::error::{Exit, Result};
 use crate::events;
 use crate::output::{self, Out};
 use crate::store::{EpochInfo, OpenOptions};
 
 use super::{print_json, Context};
 
-pub async fn run(cli: &Cli, args: &EpochArgs) -> Result<u8> {
+pub async fn run(cli: &Cli, args: &EpochArgs) -> Result<Exit> {
     let ctx = Context::load(cli, false)?;
     let store = ctx.store(&OpenOptions::default()).await?;
     let info = match args.action.unwrap_or(EpochAction::Show) {
@@ -29,7 +29,7 @@ pub async fn run(cli: &Cli, args: &EpochArgs) -> Result<u8> {
     } else {
         print_text(&info)?;
     }
-    Ok(0)
+    Ok(Exit::Success)
 }
 
 /// `key='value'` lines, like `lease acquire` (`eval`-able).

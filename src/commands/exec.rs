@@ -5,7 +5,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::cli::{Cli, ExecArgs};
-use crate::error::{Error, Result};
+use crate::error::{Error, Exit, Result};
 use crate::events;
 use crate::fence;
 use crate::names::Name;
@@ -16,7 +16,7 @@ use crate::supervise::{LeaseTiming, RunSpec, Supervisor, DEFAULT_LEASE};
 use super::lease::held_error;
 use super::{Context, RECORD_WAIT};
 
-pub async fn run(cli: &Cli, args: &ExecArgs) -> Result<u8> {
+pub async fn run(cli: &Cli, args: &ExecArgs) -> Result<Exit> {
     let ctx = Context::load(cli, false)?;
     let resource = Name::parse("resource", &args.resource).map_err(Error::Usage)?;
     let timing = LeaseTiming::new(
@@ -75,5 +75,5 @@ pub async fn run(cli: &Cli, args: &ExecArgs) -> Result<u8> {
     fence::finish_recording(recording, &resource_name, RECORD_WAIT).await;
     let result = result.map_err(|e| Error::Runtime(e.to_string()))?;
     signal_task.abort();
-    Ok(result.shell_code())
+    Ok(Exit::Job(result.shell_code()))
 }

@@ -6,7 +6,7 @@ use base64::Engine as _;
 use serde_json::json;
 
 use crate::cli::{Cli, GetArgs, PutArgs, StaleArgs};
-use crate::error::{Error, Result};
+use crate::error::{Error, Exit, Result};
 use crate::fence;
 use crate::names::Name;
 use crate::output::Out;
@@ -43,7 +43,7 @@ fn owner_id(flag: &Option<String>) -> Result<String> {
     Ok(id.hyphenated().to_string())
 }
 
-pub async fn put(cli: &Cli, args: &PutArgs) -> Result<u8> {
+pub async fn put(cli: &Cli, args: &PutArgs) -> Result<Exit> {
     let ctx = Context::load(cli, false)?;
     let resource = resource(&args.resource)?;
     let key = Name::parse("key", &args.key).map_err(Error::Usage)?;
@@ -100,14 +100,14 @@ pub async fn put(cli: &Cli, args: &PutArgs) -> Result<u8> {
                 Out::stdout(),
                 "accepted: {resource}/{key} token={token} written_at={written_at}"
             )?;
-            Ok(0)
+            Ok(Exit::Success)
         }
         PutOutcome::AlreadyApplied => {
             writeln!(
                 Out::stdout(),
                 "already applied: {resource}/{key} token={token}; nothing changed"
             )?;
-            Ok(0)
+            Ok(Exit::Success)
         }
         PutOutcome::Rejected(rec) => {
             let why = match rec.reason.as_str() {
@@ -140,7 +140,7 @@ fn read_capped(r: impl Read) -> std::io::Result<Vec<u8>> {
     Ok(buf)
 }
 
-pub async fn get(cli: &Cli, args: &GetArgs) -> Result<u8> {
+pub async fn get(cli: &Cli, args: &GetArgs) -> Result<Exit> {
     let ctx = Context::load(cli, false)?;
     let resource = resource(&args.resource)?;
     let key = Name::parse("key", &args.key).map_err(Error::Usage)?;
@@ -171,10 +171,10 @@ pub async fn get(cli: &Cli, args: &GetArgs) -> Result<u8> {
         out.write_all(&v.value)?;
         out.flush()?;
     }
-    Ok(0)
+    Ok(Exit::Success)
 }
 
-pub async fn stale(cli: &Cli, args: &StaleArgs) -> Result<u8> {
+pub async fn stale(cli: &Cli, args: &StaleArgs) -> Result<Exit> {
     let ctx = Context::load(cli, false)?;
     let store = ctx.store(&OpenOptions::default()).await?;
     let since = match args.since {
@@ -211,5 +211,5 @@ pub async fn stale(cli: &Cli, args: &StaleArgs) -> Result<u8> {
             )?;
         }
     }
-    Ok(0)
+    Ok(Exit::Success)
 }

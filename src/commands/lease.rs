@@ -3,7 +3,7 @@
 use serde_json::json;
 
 use crate::cli::{Cli, LeaseCommand};
-use crate::error::{Error, Result};
+use crate::error::{Error, Exit, Result};
 use crate::fence;
 use crate::names::Name;
 use crate::output::{self, Out};
@@ -14,7 +14,7 @@ use crate::supervise::DEFAULT_LEASE;
 
 use super::{print_json, Context, RECORD_WAIT};
 
-pub async fn run(cli: &Cli, cmd: &LeaseCommand) -> Result<u8> {
+pub async fn run(cli: &Cli, cmd: &LeaseCommand) -> Result<Exit> {
     let ctx = Context::load(cli, false)?;
     match cmd {
         LeaseCommand::Acquire {
@@ -54,7 +54,7 @@ pub async fn run(cli: &Cli, cmd: &LeaseCommand) -> Result<u8> {
                         return Err(e);
                     }
                     fence::finish_recording(recording, &l.resource, RECORD_WAIT).await;
-                    Ok(0)
+                    Ok(Exit::Success)
                 }
                 other => Err(held_error(&resource, &other)),
             }
@@ -81,7 +81,7 @@ pub async fn run(cli: &Cli, cmd: &LeaseCommand) -> Result<u8> {
                     } else {
                         output::assignment(&mut Out::stdout(), "expires_at", expires_at)?;
                     }
-                    Ok(0)
+                    Ok(Exit::Success)
                 }
                 RenewOutcome::Refused(r) => Err(Error::NotOwner(format!(
                     "cannot renew {resource} as owner {owner_id} with token {token}: {r}; acquire a new lease instead"
@@ -96,7 +96,7 @@ pub async fn run(cli: &Cli, cmd: &LeaseCommand) -> Result<u8> {
             let resource = Name::parse("resource", resource).map_err(Error::Usage)?;
             let store = ctx.store(&OpenOptions::default()).await?;
             match store.release(&resource, owner_id, *token).await? {
-                ReleaseOutcome::Released => Ok(0),
+                ReleaseOutcome::Released => Ok(Exit::Success),
                 ReleaseOutcome::Refused(r) => Err(Error::NotOwner(format!(
                     "cannot release {resource} as owner {owner_id} with token {token}: {r}; nothing to do"
                 ))),
@@ -127,7 +127,7 @@ pub async fn run(cli: &Cli, cmd: &LeaseCommand) -> Result<u8> {
                     )?;
                 }
             }
-            Ok(0)
+            Ok(Exit::Success)
         }
     }
 }

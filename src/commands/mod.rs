@@ -1,5 +1,6 @@
 //! The subcommands. Each takes a [`Context`] (config, store URL, node id)
-//! and returns the process exit code or an [`Error`].
+//! and returns how it ended ([`Exit`]) or an [`Error`]; `src/error.rs` maps
+//! both to exit codes.
 
 mod bench;
 mod check;
@@ -14,7 +15,7 @@ use std::sync::Arc;
 
 use crate::cli::{Cli, Command};
 use crate::config::{self, Config};
-use crate::error::{Error, Result};
+use crate::error::{Error, Exit, Result};
 use crate::events;
 use crate::job_env::{self, ChildEnv, JobStore};
 use crate::output::Out;
@@ -190,8 +191,8 @@ pub fn hostname() -> String {
         .unwrap_or_else(|| "localhost".to_string())
 }
 
-/// Runs the parsed command line; returns the exit code.
-pub async fn dispatch(cli: Cli) -> Result<u8> {
+/// Runs the parsed command line; returns how it ended ([`Exit`]).
+pub async fn dispatch(cli: Cli) -> Result<Exit> {
     match &cli.command {
         Command::Run { node_id } => run::run(&cli, node_id.clone()).await,
         Command::Check => check::run(&cli),

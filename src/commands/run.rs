@@ -10,7 +10,7 @@ use tokio::sync::mpsc;
 use crate::cli::Cli;
 use crate::config::Job;
 use crate::daemon::{self, Control, Settings};
-use crate::error::{Error, Result};
+use crate::error::{Error, Exit, Result};
 use crate::events;
 use crate::names::Name;
 use crate::runs::RunRecords;
@@ -21,7 +21,7 @@ use super::Context;
 
 /// Runs the daemon until SIGTERM/SIGINT; returns exit code 0 after a clean
 /// shutdown.
-pub async fn run(cli: &Cli, node_flag: Option<String>) -> Result<u8> {
+pub async fn run(cli: &Cli, node_flag: Option<String>) -> Result<Exit> {
     let mut ctx = Context::load(cli, true)?;
     // Computed while the context still holds the config (it names the
     // config file to the jobs).
@@ -67,7 +67,7 @@ pub async fn run(cli: &Cli, node_flag: Option<String>) -> Result<u8> {
     let control = tokio::spawn(control(signals, ctx, started_with, tx));
     daemon::run(settings, rx).await;
     control.abort();
-    Ok(0)
+    Ok(Exit::Success)
 }
 
 /// The settings a reload cannot change.
