@@ -10,7 +10,8 @@
 
 use std::fmt;
 
-use chrono::{DateTime, Timelike, Utc};
+use chrono::offset::LocalResult;
+use chrono::{DateTime, NaiveDateTime, TimeZone, Timelike, Utc};
 use chrono_tz::Tz;
 use croner::parser::{CronParser, Seconds};
 use croner::Cron;
@@ -62,13 +63,70 @@ impl Schedule {
     /// the sub-second part of `t` is dropped before searching (croner would
     /// otherwise carry it into the result), so every host names an
     /// occurrence by exactly the same instant.
+    ///
+    /// The expression is matched against the zone's wall clock, and daylight
+    /// saving changes resolve the way the README states: a wall-clock time
+    /// that does not exist (in the spring-forward gap) fires once, at the
+    /// first instant after the gap; one that occurs twice (fall-back) fires
+    /// once, at its first occurrence.
     pub fn next_after(&self, t: DateTime<Utc>) -> Option<DateTime<Utc>> {
         let whole = t.with_nanosecond(0).unwrap_or(t);
-        self.cron
-            .find_next_occurrence(&whole.with_timezone(&self.tz), false)
-            .ok()
-            .map(|d| d.with_timezone(&Utc))
-            .and_then(|d| d.with_nanosecond(0))
+        // The wall clock at `t`, as a zone-less time (UTC stands in for
+        // "no zone": it has no transitions).
+        let mut wall = whole.with_timezone(&self.tz).naive_local().and_utc();
+        // Bounded: a fold repeats at most a few hours, and a match inside it
+        // that was already passed is skipped once per repeated wall time.
+        for _ in 0..100_000 {
+            let next = self.cron.find_next_occurrence(&wall, false).ok()?;
+            let at = self.resolve(next.naive_utc())?;
+            if at > whole {
+                return at.with_nanosecond(0);
+            }
+            wall = next;
+        }
+        None
+    }
+
+    /// The instant a wall-clock time of the zone names: the earlier one when
+    /// it occurs twice, the end of the gap when it does not occur at all.
+    fn resolve(&self, wall: NaiveDateTime) -> Option<DateTime<Utc>> {
+        match self.tz.from_local_datetime(&wall) {
+            LocalResult::Single(at) => Some(at.with_timezone(&Utc)),
+            LocalResult::Ambiguous(first, _) => Some(first.with_timezone(&Utc)),
+            LocalResult::None => {
+                // The first instant whose wall clock is at or past `wall`:
+                // the moment the clocks jumped over it. Search the seconds
+                // between a wall time safely before the gap and one after.
+                let mut lo = self.earliest_before(wall)?.timestamp();
+                let mut hi = lo + 2 * 86_400;
+                while lo + 1 < hi {
+                    let mid = lo + (hi - lo) / 2;
+                    let local = DateTime::from_timestamp(mid, 0)?
+                        .with_timezone(&self.tz)
+                        .naive_local();
+                    if local >= wall {
+                        hi = mid;
+                    } else {
+                        lo = mid;
+                    }
+                }
+                DateTime::from_timestamp(hi, 0)
+            }
+        }
+    }
+
+    /// An instant whose wall clock is before `wall` (a day earlier, which
+    /// no gap spans).
+    fn earliest_before(&self, wall: NaiveDateTime) -> Option<DateTime<Utc>> {
+        let day_before = wall - chrono::Duration::days(1);
+        match self.tz.from_local_datetime(&day_before) {
+            LocalResult::Single(at) | LocalResult::Ambiguous(at, _) => Some(at.with_timezone(&Utc)),
+            LocalResult::None => self
+                .tz
+                .from_local_datetime(&(day_before - chrono::Duration::hours(3)))
+                .earliest()
+                .map(|at| at.with_timezone(&Utc)),
+        }
     }
 
     /// The next `n` instants strictly after `t`.
@@ -171,5 +229,68 @@ mod tests {
             .contains("3 fields"));
         assert!(Schedule::parse("99 * * * *", Tz::UTC).is_err());
         assert!(Schedule::parse("0 0 30 2 *", Tz::UTC).is_err());
+    }
+
+    fn berlin(expr: &str) -> Schedule {
+        Schedule::parse(expr, Schedule::parse_tz("Europe/Berlin").unwrap()).unwrap()
+    }
+
+    fn utc(y: i32, mo: u32, d: u32, h: u32, mi: u32, s: u32) -> DateTime<Utc> {
+        Utc.with_ymd_and_hms(y, mo, d, h, mi, s).unwrap()
+    }
+
+    /// Spring forward in Berlin, 2026-03-29: 02:00 CET jumps to 03:00 CEST
+    /// (01:00 UTC). A wall time in the gap fires once, at 03:00 CEST.
+    #[test]
+    fn a_time_in_the_spring_gap_fires_once_at_the_end_of_the_gap() {
+        let night = utc(2026, 3, 28, 22, 0, 0);
+        assert_eq!(
+            berlin("0 30 2 * * *").upcoming(night, 2),
+            vec![utc(2026, 3, 29, 1, 0, 0), utc(2026, 3, 30, 0, 30, 0)]
+        );
+        // A range across the gap: 01:30 CET, 02:30 (gap -> 03:00 CEST), 03:30 CEST.
+        assert_eq!(
+            berlin("0 30 1-3 * * *").upcoming(night, 3),
+            vec![
+                utc(2026, 3, 29, 0, 30, 0),
+                utc(2026, 3, 29, 1, 0, 0),
+                utc(2026, 3, 29, 1, 30, 0)
+            ]
+        );
+        // Every half hour: 02:00 and 02:30 do not exist; 03:00 CEST fires once.
+        assert_eq!(
+            berlin("0 */30 * * * *").upcoming(utc(2026, 3, 29, 0, 15, 0), 3),
+            vec![
+                utc(2026, 3, 29, 0, 30, 0),
+                utc(2026, 3, 29, 1, 0, 0),
+                utc(2026, 3, 29, 1, 30, 0)
+            ]
+        );
+    }
+
+    /// Fall back in Berlin, 2026-10-25: 03:00 CEST goes back to 02:00 CET
+    /// (01:00 UTC); 02:00-02:59 happen twice. Each wall time fires once, the
+    /// first time, also for a host that starts during the second pass.
+    #[test]
+    fn a_time_that_occurs_twice_at_fall_back_fires_once() {
+        let night = utc(2026, 10, 24, 22, 0, 0);
+        assert_eq!(
+            berlin("0 30 2 * * *").upcoming(night, 2),
+            vec![utc(2026, 10, 25, 0, 30, 0), utc(2026, 10, 26, 1, 30, 0)]
+        );
+        assert_eq!(
+            berlin("0 0 * * * *").upcoming(utc(2026, 10, 24, 23, 30, 0), 4),
+            vec![
+                utc(2026, 10, 25, 0, 0, 0), // 02:00 CEST
+                utc(2026, 10, 25, 2, 0, 0), // 03:00 CET (02:00 CET already ran)
+                utc(2026, 10, 25, 3, 0, 0),
+                utc(2026, 10, 25, 4, 0, 0)
+            ]
+        );
+        // Asked during the second pass (02:10 CET): 02:30 already ran.
+        assert_eq!(
+            berlin("0 30 2 * * *").next_after(utc(2026, 10, 25, 1, 10, 0)),
+            Some(utc(2026, 10, 26, 1, 30, 0))
+        );
     }
 }
