@@ -35,6 +35,9 @@ pub const MAX_CONFIG_BYTES: u64 = 1024 * 1024;
 /// The largest `store.max_connections` accepted.
 pub const MAX_STORE_CONNECTIONS: u32 = 64;
 
+/// The largest `jitter`: a day, the longest sensible spread of a job.
+pub const MAX_JITTER: Duration = Duration::from_secs(24 * 3600);
+
 /// A loaded, validated configuration.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
@@ -130,6 +133,7 @@ struct RawDefaults {
     renew_every: Option<Spanned<String>>,
     kill_grace: Option<Spanned<String>>,
     timezone: Option<Spanned<String>>,
+    jitter: Option<Spanned<String>>,
     stale_exit_code: Option<Spanned<i64>>,
 }
 
@@ -147,6 +151,7 @@ struct RawJob {
     renew_every: Option<Spanned<String>>,
     kill_grace: Option<Spanned<String>>,
     timezone: Option<Spanned<String>>,
+    jitter: Option<Spanned<String>>,
     stale_exit_code: Option<Spanned<i64>>,
 }
 
@@ -488,8 +493,20 @@ impl Parser<'_> {
             }
             None => chrono_tz::Tz::UTC,
         };
-        let schedule = Schedule::parse(raw.schedule.get_ref(), tz)
+        let mut schedule = Schedule::parse(raw.schedule.get_ref(), tz)
             .map_err(|m| self.at(raw.schedule.span(), key("schedule"), m))?;
+        let (jitter_value, jitter_key) = pick(&raw.jitter, &defaults.jitter, "jitter");
+        if let Some(j) = &jitter_value {
+            let d = self.duration(j, &jitter_key)?;
+            if d < Duration::from_secs(1) || d > MAX_JITTER {
+                return Err(self.at(
+                    j.span(),
+                    &jitter_key,
+                    "jitter must be between 1s and 24h (instants are whole seconds); remove it for none",
+                ));
+            }
+            schedule = schedule.with_jitter(name.as_str(), d);
+        }
 
         let command = raw.command.get_ref().clone();
         if command.is_empty() || command[0].is_empty() {
@@ -693,6 +710,32 @@ mod tests {
         let e = err(&format!("[defaults]\nlease = \"2s\"\n{JOB}"));
         assert_eq!(e.line, Some(2));
         assert_eq!(e.key.as_deref(), Some("defaults.lease"));
+    }
+
+    #[test]
+    fn jitter_from_the_job_or_the_defaults() {
+        let c = parse(
+            Path::new("jobs.toml"),
+            &format!("[defaults]\njitter = \"1h\"\n{JOB}"),
+        )
+        .unwrap();
+        let off = c.jobs[0].schedule.jitter_offset();
+        assert!(off < Duration::from_secs(3600), "{off:?}");
+        let plain = parse(Path::new("jobs.toml"), JOB).unwrap();
+        assert_eq!(plain.jobs[0].schedule.jitter_offset(), Duration::ZERO);
+        assert_ne!(
+            c.jobs[0].schedule, plain.jobs[0].schedule,
+            "a reload sees the change"
+        );
+        for bad in ["500ms", "25h"] {
+            let e = err(&format!("{JOB}jitter = \"{bad}\"\n"));
+            assert_eq!(e.line, Some(5), "{e}");
+            assert!(
+                e.to_string()
+                    .contains(".jitter: jitter must be between 1s and 24h"),
+                "{e}"
+            );
+        }
     }
 
     #[test]

@@ -22,6 +22,9 @@ pub struct Schedule {
     cron: Cron,
     tz: Tz,
     text: String,
+    /// Every instant is shifted this much later (`jitter`): the same on
+    /// every host, since it is derived from the job's name only.
+    offset: chrono::Duration,
 }
 
 impl Schedule {
@@ -47,7 +50,28 @@ impl Schedule {
             cron,
             tz,
             text: expr.to_string(),
+            offset: chrono::Duration::zero(),
         })
+    }
+
+    /// Shifts every instant by a fixed offset in `[0, jitter)`, in whole
+    /// seconds, derived from `key` (the job's name) with a hash that is the
+    /// same on every host and every version: all hosts name the same
+    /// shifted instant, so an occurrence is still taken once fleet-wide.
+    pub fn with_jitter(mut self, key: &str, jitter: std::time::Duration) -> Schedule {
+        let span = jitter.as_secs();
+        let offset = if span == 0 {
+            0
+        } else {
+            fnv1a(key.as_bytes()) % span
+        };
+        self.offset = chrono::Duration::seconds(offset as i64);
+        self
+    }
+
+    /// The fixed shift `with_jitter` chose (zero without jitter).
+    pub fn jitter_offset(&self) -> std::time::Duration {
+        self.offset.to_std().unwrap_or_default()
     }
 
     /// Parses a time zone name such as `UTC` or `Europe/Berlin`.
@@ -70,7 +94,12 @@ impl Schedule {
     /// first instant after the gap; one that occurs twice (fall-back) fires
     /// once, at its first occurrence.
     pub fn next_after(&self, t: DateTime<Utc>) -> Option<DateTime<Utc>> {
-        let whole = t.with_nanosecond(0).unwrap_or(t);
+        let whole = t.with_nanosecond(0).unwrap_or(t) - self.offset;
+        self.next_unshifted(whole).map(|at| at + self.offset)
+    }
+
+    /// `next_after` for the cron expression itself, before the jitter.
+    fn next_unshifted(&self, whole: DateTime<Utc>) -> Option<DateTime<Utc>> {
         // The wall clock at `t`, as a zone-less time (UTC stands in for
         // "no zone": it has no transitions).
         let mut wall = whole.with_timezone(&self.tz).naive_local().and_utc();
@@ -158,15 +187,27 @@ impl Schedule {
 
 impl PartialEq for Schedule {
     fn eq(&self, other: &Self) -> bool {
-        self.text == other.text && self.tz == other.tz
+        self.text == other.text && self.tz == other.tz && self.offset == other.offset
     }
+}
+
+/// 64-bit FNV-1a: fixed by its specification, unlike std's hashers, so
+/// every host and every fencecron version derive the same jitter.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
 }
 
 impl Eq for Schedule {}
 
 impl fmt::Debug for Schedule {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Schedule({:?} in {})", self.text, self.tz)
+        write!(f, "Schedule({:?} in {}", self.text, self.tz)?;
+        if !self.offset.is_zero() {
+            write!(f, " +{}s", self.offset.num_seconds())?;
+        }
+        f.write_str(")")
     }
 }
 
@@ -174,6 +215,7 @@ impl fmt::Debug for Schedule {
 mod tests {
     use super::*;
     use chrono::TimeZone;
+    use std::time::Duration;
 
     #[test]
     fn five_and_six_fields() {
@@ -291,6 +333,46 @@ mod tests {
         assert_eq!(
             berlin("0 30 2 * * *").next_after(utc(2026, 10, 25, 1, 10, 0)),
             Some(utc(2026, 10, 26, 1, 30, 0))
+        );
+    }
+
+    #[test]
+    fn jitter_shifts_every_instant_by_the_same_offset_from_the_name() {
+        let plain = Schedule::parse("0 */5 * * * *", Tz::UTC).unwrap();
+        let a = plain
+            .clone()
+            .with_jitter("nightly-report", Duration::from_secs(300));
+        let again = plain
+            .clone()
+            .with_jitter("nightly-report", Duration::from_secs(300));
+        let other = plain
+            .clone()
+            .with_jitter("cleanup", Duration::from_secs(300));
+        let off = a.jitter_offset();
+        assert!(off < Duration::from_secs(300));
+        assert_eq!(a, again, "the same name gives the same schedule");
+        assert_ne!(off, other.jitter_offset(), "names spread over the window");
+        // Pinned: a change here would move every jittered job in a fleet
+        // that upgrades host by host.
+        // (FNV-1a 64 reference vectors.)
+        assert_eq!(fnv1a(b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(fnv1a(b"a"), 0xaf63_dc4c_8601_ec8c);
+        assert_eq!(fnv1a(b"foobar"), 0x8594_4171_f739_67e8);
+        let t = utc(2026, 1, 1, 10, 0, 0);
+        let shifted = a.upcoming(t, 3);
+        let unshifted = plain.upcoming(t - chrono::Duration::from_std(off).unwrap(), 3);
+        for (s, u) in shifted.iter().zip(&unshifted) {
+            assert_eq!(*s - *u, chrono::Duration::from_std(off).unwrap());
+        }
+        assert!(shifted[0] > t);
+        // Asked exactly at a shifted instant: the next one.
+        assert_eq!(a.next_after(shifted[0]), Some(shifted[1]));
+        assert_eq!(
+            Schedule::parse("* * * * * *", Tz::UTC)
+                .unwrap()
+                .with_jitter("x", Duration::ZERO)
+                .jitter_offset(),
+            Duration::ZERO
         );
     }
 }

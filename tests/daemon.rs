@@ -286,6 +286,81 @@ fn clock_behind_postgres() {
     clock_behind(Backend::Postgres, "clock_behind_postgres");
 }
 
+/// FNV-1a 64, as the README specifies for `jitter`.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+/// `jitter` shifts every instant by the same offset on every host: three
+/// daemons run each shifted instant exactly once, and `check` names the
+/// offset.
+#[test]
+fn jitter_is_the_same_on_every_daemon_sqlite() {
+    let store = TestStore::new(Backend::Sqlite, "jitter").expect("sqlite");
+    let dir = tempfile::tempdir().expect("temp dir");
+    // A name whose offset in a 4 s window is not 0, so the shift shows.
+    let job = std::iter::repeat_with(|| unique("jit"))
+        .find(|n| fnv1a(n.as_bytes()) % 4 != 0)
+        .expect("a name");
+    let offset = (fnv1a(job.as_bytes()) % 4) as i64;
+    let config = write_config(
+        dir.path(),
+        "",
+        &[job_toml(
+            &job,
+            "*/4 * * * * *",
+            &["true".to_string()],
+            "jitter = \"4s\"",
+        )],
+    );
+    let check = run_cmd(
+        std::process::Command::new(common::bin())
+            .args(["check", "--config"])
+            .arg(&config),
+        secs(30),
+    );
+    let stdout = String::from_utf8_lossy(&check.stdout);
+    assert!(
+        stdout.contains(&format!("jitter: every instant +{offset}s")),
+        "{stdout}"
+    );
+    let mut daemons: Vec<Daemon> = (0..3)
+        .map(|i| Daemon::spawn(DaemonOpts::new(&format!("jit{i}"), &config, &store.url)))
+        .collect();
+    let started_at = |d: &Daemon| -> Vec<DateTime<Utc>> {
+        d.events("job_started")
+            .iter()
+            .filter_map(|e| str_field(e, "scheduled_at").map(|t| t.parse().expect("instant")))
+            .collect()
+    };
+    let deadline = std::time::Instant::now() + secs(60);
+    while daemons.iter().map(|d| started_at(d).len()).sum::<usize>() < 4 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "fewer than 4 runs in 60 s: {:?}",
+            daemons.iter().map(Daemon::summary).collect::<Vec<_>>()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    for d in &mut daemons {
+        d.stop(secs(30));
+    }
+    let mut all: Vec<DateTime<Utc>> = daemons.iter().flat_map(started_at).collect();
+    all.sort();
+    let n = all.len();
+    all.dedup();
+    assert_eq!(all.len(), n, "an instant ran twice: {all:?}");
+    for at in &all {
+        assert_eq!(
+            (at.timestamp() - offset).rem_euclid(4),
+            0,
+            "{at} is not a */4 instant shifted by {offset}s: {all:?}"
+        );
+    }
+}
+
 // ---------------------------------------------------------------------------
 // 2. Paused owner
 
@@ -705,7 +780,12 @@ fn job_finished_names_the_run_and_failures_warn_sqlite() {
         dir.path(),
         "",
         &[
-            job_toml(&good, "* * * * * *", &sh("true"), ""),
+            job_toml(
+                &good,
+                "* * * * * *",
+                &sh("echo \"run_id=$FENCECRON_RUN_ID\""),
+                "",
+            ),
             job_toml(&bad, "* * * * * *", &sh("kill -USR1 $$"), ""),
         ],
     );
@@ -736,6 +816,20 @@ fn job_finished_names_the_run_and_failures_warn_sqlite() {
         "{good_end}"
     );
     assert_eq!(i64_field(&good_end, "exit_code"), Some(0), "{good_end}");
+    // FENCECRON_RUN_ID names the occurrence: job and scheduled instant.
+    let run_id = d
+        .events("job_output")
+        .into_iter()
+        .find(|e| token_of(e) == token_of(&good_end) && str_field(e, "job") == Some(good.as_str()))
+        .unwrap_or_else(|| panic!("no output of the good job: {}", d.summary()));
+    assert_eq!(
+        str_field(&run_id, "line").map(str::to_string),
+        Some(format!(
+            "run_id={good}@{}",
+            str_field(&good_end, "scheduled_at").expect("scheduled_at")
+        )),
+        "{run_id}"
+    );
     assert_eq!(str_field(&bad_end, "outcome"), Some("failed"), "{bad_end}");
     assert_eq!(str_field(&bad_end, "signal"), Some("SIGUSR1"), "{bad_end}");
     assert_eq!(str_field(&failed, "level"), Some("WARN"), "{failed}");

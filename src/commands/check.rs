@@ -36,6 +36,14 @@ pub fn run(cli: &Cli) -> Result<Exit> {
             humantime::format_duration(job.timing.renew_every),
             humantime::format_duration(job.timing.kill_grace),
         )?;
+        let jitter = job.schedule.jitter_offset();
+        if !jitter.is_zero() {
+            writeln!(
+                out,
+                "  jitter: every instant +{} (from the job's name; the same on every host)",
+                humantime::format_duration(jitter)
+            )?;
+        }
         for at in job.schedule.upcoming(now, 3) {
             writeln!(out, "  next: {}", rfc3339(at))?;
         }

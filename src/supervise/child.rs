@@ -181,6 +181,7 @@ impl Launch for ShimLauncher {
             Some(at) => cmd.env("FENCECRON_SCHEDULED_AT", rfc3339(at)),
             None => cmd.env_remove("FENCECRON_SCHEDULED_AT"),
         };
+        cmd.env("FENCECRON_RUN_ID", spec.run_id(lease));
         if let Some(dir) = &spec.workdir {
             cmd.current_dir(dir);
         }

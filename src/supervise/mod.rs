@@ -85,6 +85,19 @@ pub struct RunSpec {
     pub inherit_stdio: bool,
 }
 
+impl RunSpec {
+    /// `FENCECRON_RUN_ID`: `JOB@SCHEDULED_AT` for a scheduled occurrence, the
+    /// same on every host and for every attempt at that occurrence, so a
+    /// destination can deduplicate on it; `RESOURCE@OWNER_ID` for `exec`,
+    /// whose every run is its own.
+    pub fn run_id(&self, lease: &Lease) -> String {
+        match self.scheduled_at {
+            Some(at) => format!("{}@{}", self.job, rfc3339(at)),
+            None => format!("{}@{}", self.job, lease.owner_id),
+        }
+    }
+}
+
 /// How a supervised run ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RunResult {
