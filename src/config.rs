@@ -71,6 +71,43 @@ pub struct Job {
     /// When the job exits with this code, it is reporting a stale write
     /// rejected by its own storage: the daemon records and logs it.
     pub stale_exit_code: Option<i32>,
+    /// Where its keys were written, for messages about them.
+    pub place: Place,
+}
+
+/// Line and column of a job's keys in the file. Where a job was written is
+/// not part of what it is: every `Place` equals every other, so moving a
+/// job in the file is not a change on reload.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Place {
+    pub command: (usize, usize),
+    pub workdir: Option<(usize, usize)>,
+}
+
+impl PartialEq for Place {
+    fn eq(&self, _: &Place) -> bool {
+        true
+    }
+}
+
+impl Config {
+    /// An error about job `job`'s `key`, at `at` (line, column) in this
+    /// file, as config errors are shown.
+    pub fn error_at(
+        &self,
+        at: (usize, usize),
+        job: &Name,
+        key: &str,
+        message: String,
+    ) -> ConfigError {
+        ConfigError {
+            path: self.path.clone(),
+            line: Some(at.0),
+            column: Some(at.1),
+            key: Some(format!("job `{job}`.{key}")),
+            message,
+        }
+    }
 }
 
 /// A configuration error: file, line and key, and what to do.
@@ -638,6 +675,13 @@ impl Parser<'_> {
             workdir,
             timing,
             stale_exit_code,
+            place: Place {
+                command: line_col(self.text, raw.command.span().start),
+                workdir: raw
+                    .workdir
+                    .as_ref()
+                    .map(|w| line_col(self.text, w.span().start)),
+            },
         })
     }
 

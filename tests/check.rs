@@ -292,6 +292,37 @@ fn valid_file_lists_three_next_fire_times_per_job() {
     }
 }
 
+/// What only the host can tell: a missing `workdir` (outside volatile
+/// directories) exits 2 with file, line and key; a command not on `PATH` and
+/// a file without jobs are warnings (exit 0).
+#[test]
+fn host_checks_missing_workdir_is_an_error_and_unknown_command_a_warning() {
+    let missing = Path::new(env!("CARGO_MANIFEST_DIR")).join("no-such-dir-for-check");
+    let text = format!("{JOB_A}workdir = \"{}\"\n", missing.display());
+    let stderr = expect_error(&text, 5, Some("job `a`.workdir"));
+    assert!(
+        stderr.contains("does not exist; create the directory"),
+        "{stderr}"
+    );
+
+    let (_dir, _path, out) = check(
+        "[[job]]\nname = \"b\"\nschedule = \"* * * * *\"\ncommand = [\"no-such-program-fencecron\"]\n",
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains("warning: ") && stderr.contains("not on this shell's PATH"),
+        "{stderr}"
+    );
+    let (_dir, _path, out) = check("");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains("warning: ") && stderr.contains("no [[job]]"),
+        "{stderr}"
+    );
+}
+
 /// Errors go to stderr only; nothing half-valid on stdout.
 #[test]
 fn missing_file() {

@@ -249,7 +249,7 @@ impl Occurrence {
                 "the store answered too late to run the job safely within the lease",
             ),
             // Already logged as job_spawn_failed.
-            Err(SuperviseError::Spawn { .. }) => {}
+            Err(SuperviseError::Spawn { .. } | SuperviseError::Workdir { .. }) => {}
         }
         Ending::Won
     }

@@ -83,6 +83,7 @@ impl Rig {
             workdir: None,
             timing: LeaseTiming::new(ms(10_000), None, None).unwrap(),
             stale_exit_code: None,
+            place: Default::default(),
         };
         Rig {
             store,

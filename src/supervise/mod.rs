@@ -23,7 +23,7 @@ mod timing;
 
 use std::collections::BTreeMap;
 use std::os::unix::process::ExitStatusExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -119,6 +119,17 @@ impl RunResult {
     }
 }
 
+/// What is wrong with a job's `workdir`, if anything: starting the job
+/// there would fail with an error that names the command instead.
+pub fn workdir_problem(dir: &Path) -> Option<String> {
+    match std::fs::metadata(dir) {
+        Ok(m) if m.is_dir() => None,
+        Ok(_) => Some("is not a directory".to_string()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Some("does not exist".to_string()),
+        Err(e) => Some(format!("cannot be used ({e})")),
+    }
+}
+
 /// How a run that started ended: fencecron's own reason to end it wins
 /// over the exit status it caused.
 fn outcome_of(
@@ -157,6 +168,11 @@ pub enum SuperviseError {
     /// The command could not be started.
     #[error("cannot start `{program}`: {error}; check the command path and permissions")]
     Spawn { program: String, error: String },
+    /// The job's `workdir` is missing or not a directory.
+    #[error(
+        "the job's workdir `{path}` {problem}; create the directory or fix the job's `workdir`"
+    )]
+    Workdir { path: String, problem: String },
     #[error("the lease was acquired too late to run safely (the store took longer than the lease allows); skipped")]
     AcquiredTooLate,
 }
@@ -224,6 +240,16 @@ impl Supervisor {
             // the occurrence goes back with the lease.
             self.release_as(spec, &lease, Unrun::GiveBack).await;
             return Err(SuperviseError::AcquiredTooLate);
+        }
+        let workdir = spec.workdir.as_deref();
+        if let Some((dir, problem)) = workdir.and_then(|d| workdir_problem(d).map(|p| (d, p))) {
+            let err = SuperviseError::Workdir {
+                path: dir.display().to_string(),
+                problem,
+            };
+            events::job_spawn_failed(&spec.job, lease.token, &err.to_string());
+            self.release(spec, &lease).await;
+            return Err(err);
         }
         let kill_at = sent_at + timing.kill_by();
         let lag = timing.watchdog_lag();

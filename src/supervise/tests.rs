@@ -376,6 +376,33 @@ async fn a_job_that_cannot_start_releases_the_lease() {
     assert_eq!(rig.store.history(Op::Release), ["released 1"]);
 }
 
+#[tokio::test(start_paused = true)]
+async fn a_missing_workdir_is_named_and_nothing_starts() {
+    let mut rig = Rig::new(Script::default());
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("gone");
+    rig.spec.workdir = Some(missing.clone());
+    let result = rig.run(CancellationToken::new()).await;
+    let err = result.unwrap_err();
+    assert!(matches!(err, SuperviseError::Workdir { .. }), "{err}");
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "the job's workdir `{}` does not exist; create the directory or fix the job's `workdir`",
+            missing.display()
+        )
+    );
+    assert!(rig.launcher.started().is_empty());
+    assert_eq!(rig.store.history(Op::Release), ["released 1"]);
+    // A file is not a directory either.
+    std::fs::write(&missing, b"").unwrap();
+    assert_eq!(
+        super::workdir_problem(&missing).as_deref(),
+        Some("is not a directory")
+    );
+    assert_eq!(super::workdir_problem(dir.path()), None);
+}
+
 #[test]
 fn exit_statuses_of_fake_jobs_read_like_real_ones() {
     use std::process::ExitStatus;
