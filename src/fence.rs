@@ -34,6 +34,45 @@ pub async fn put(store: &dyn Store, req: &PutRequest<'_>) -> Result<PutOutcome, 
     Ok(outcome)
 }
 
+/// The prefix of the line a `fencecron put` run inside a job writes to its
+/// stderr when its write is rejected, followed by the stored record as JSON
+/// (the shape `fencecron stale --json` prints). The daemon that runs the job
+/// turns that line into its own top-level `stale_write_rejected` event, so an
+/// alert on that event sees rejections inside jobs too, not only as text in
+/// a `job_output` line.
+pub const JOB_REPORT_PREFIX: &str = "FENCECRON_STALE_WRITE ";
+
+/// The line [`JOB_REPORT_PREFIX`] introduces, for `rec`.
+pub fn job_report_line(rec: &StaleRecord) -> Option<String> {
+    serde_json::to_string(rec)
+        .ok()
+        .map(|json| format!("{JOB_REPORT_PREFIX}{json}"))
+}
+
+/// The rejection a job's output line reports, if it is such a line from
+/// the job named `job`. The record in the store is the authority; this line
+/// only carries it to the daemon's log.
+pub fn parse_job_report(line: &str, job: &str) -> Option<StaleRecord> {
+    let v: serde_json::Value = serde_json::from_str(line.strip_prefix(JOB_REPORT_PREFIX)?).ok()?;
+    let text = |k: &str| v.get(k).and_then(|x| x.as_str()).map(str::to_string);
+    let at = text("at")?.parse::<chrono::DateTime<chrono::Utc>>().ok()?;
+    let rec = StaleRecord {
+        at: crate::store::StoreTime::from_utc(at),
+        kind: StaleKind::WriteRejected,
+        reason: text("reason")?,
+        resource: text("resource")?,
+        key: text("key"),
+        owner_id: text("owner_id"),
+        token: v.get("token")?.as_i64()?,
+        accepted_token: v.get("accepted_token").and_then(|t| t.as_i64()),
+        node: text("node")?,
+        job: text("job"),
+        stage: text("stage")?,
+        operation_id: text("operation_id")?,
+    };
+    (rec.job.as_deref() == Some(job)).then_some(rec)
+}
+
 /// Stores a stale-owner record that happened outside `put` (a lost lease, a
 /// rejection a job reports from its own storage). A failure to store it is
 /// logged; the caller has already logged the event itself.
@@ -163,5 +202,35 @@ pub async fn finish_recording(task: Option<JoinHandle<()>>, resource: &str, limi
                 "the store did not take the record before the command exited",
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::StoreTime;
+
+    #[test]
+    fn a_job_report_line_carries_the_record_and_only_for_its_job() {
+        let rec = StaleRecord {
+            at: StoreTime(1_764_000_000_123),
+            kind: StaleKind::WriteRejected,
+            reason: "stale".into(),
+            resource: "r".into(),
+            key: Some("k".into()),
+            owner_id: Some("o".into()),
+            token: 4,
+            accepted_token: Some(5),
+            node: "n".into(),
+            job: Some("j".into()),
+            stage: "publish".into(),
+            operation_id: "op".into(),
+        };
+        let line = job_report_line(&rec).unwrap();
+        assert!(line.starts_with(JOB_REPORT_PREFIX));
+        assert_eq!(parse_job_report(&line, "j"), Some(rec.clone()));
+        assert_eq!(parse_job_report(&line, "other"), None);
+        assert_eq!(parse_job_report("FENCECRON_STALE_WRITE {}", "j"), None);
+        assert_eq!(parse_job_report(&line[1..], "j"), None);
     }
 }

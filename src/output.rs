@@ -77,6 +77,12 @@ pub fn error_line(message: impl fmt::Display) {
     let _ = writeln!(io::stderr().lock(), "fencecron: {message}");
 }
 
+/// Writes one line to stderr as it is (no `fencecron: ` prefix), for a
+/// reader that parses it; a stderr that cannot be written to is ignored.
+pub fn error_line_raw(line: &str) {
+    let _ = writeln!(io::stderr().lock(), "{line}");
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

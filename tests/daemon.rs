@@ -286,6 +286,64 @@ fn clock_behind_postgres() {
     clock_behind(Backend::Postgres, "clock_behind_postgres");
 }
 
+/// A `fencecron put` rejected inside a job reaches the daemon's log as a
+/// top-level `stale_write_rejected` event of that job, not only as text in
+/// a `job_output` line.
+#[test]
+fn a_stale_put_inside_a_job_is_a_daemon_event_sqlite() {
+    let store = TestStore::new(Backend::Sqlite, "job_put").expect("sqlite");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let job = unique("putter");
+    // One token above its own: never issued, so `forged`.
+    let script = r#""$FENCECRON_BIN" put k --value v --token $((FENCECRON_TOKEN + 1)); echo "put exited $?""#;
+    let config = write_config(
+        dir.path(),
+        "",
+        &[job_toml(
+            &job,
+            "* * * * * *",
+            &["sh".to_string(), "-c".to_string(), script.to_string()],
+            "",
+        )],
+    );
+    let mut d = Daemon::spawn(DaemonOpts::new("putter", &config, &store.url));
+    let rejected = d.expect(
+        "stale_write_rejected from the job",
+        |e: &Value| is(e, "stale_write_rejected") && str_field(e, "job") == Some(job.as_str()),
+        secs(30),
+    );
+    let exited = d.expect(
+        "the put's exit status",
+        |e: &Value| {
+            is(e, "job_output")
+                && token_of(e) == i64_field(&rejected, "token").unwrap_or(-1) - 1
+                && str_field(e, "line") == Some("put exited 3")
+        },
+        secs(10),
+    );
+    d.stop(secs(30));
+    assert_eq!(str_field(&rejected, "level"), Some("WARN"), "{rejected}");
+    assert_eq!(str_field(&rejected, "reason"), Some("forged"), "{rejected}");
+    assert_eq!(
+        str_field(&rejected, "resource"),
+        Some(job.as_str()),
+        "{rejected}"
+    );
+    assert_eq!(str_field(&rejected, "key"), Some("k"), "{rejected}");
+    assert_eq!(
+        i64_field(&rejected, "token"),
+        Some(token_of(&exited) + 1),
+        "{rejected}"
+    );
+    assert!(
+        d.events("job_output").iter().all(|e| !str_field(e, "line")
+            .unwrap_or("")
+            .starts_with("FENCECRON_STALE_WRITE")),
+        "the report line was also logged as output: {}",
+        d.summary()
+    );
+}
+
 /// FNV-1a 64, as the README specifies for `jitter`.
 fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {

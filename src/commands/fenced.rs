@@ -9,7 +9,7 @@ use crate::cli::{Cli, GetArgs, PutArgs, StaleArgs};
 use crate::error::{Error, Exit, Result};
 use crate::fence;
 use crate::names::Name;
-use crate::output::Out;
+use crate::output::{self, Out};
 use crate::store::{OpenOptions, PutOutcome, PutRequest, StoreTime};
 
 use super::{print_json, Context};
@@ -110,6 +110,12 @@ pub async fn put(cli: &Cli, args: &PutArgs) -> Result<Exit> {
             Ok(Exit::Success)
         }
         PutOutcome::Rejected(rec) => {
+            if job.is_some() {
+                // Inside a job: hand the rejection to the daemon's log.
+                if let Some(line) = fence::job_report_line(&rec) {
+                    output::error_line_raw(&line);
+                }
+            }
             let why = match rec.reason.as_str() {
                 "forged" => format!(
                     "token {token} is larger than any token ever issued for {resource} (forged); use the token of a lease you acquired"

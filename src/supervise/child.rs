@@ -369,7 +369,11 @@ async fn forward_lines(
                 while buf.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
                     buf.pop();
                 }
-                events::job_output(&job, token, name, &String::from_utf8_lossy(&buf));
+                let line = String::from_utf8_lossy(&buf);
+                match crate::fence::parse_job_report(&line, &job) {
+                    Some(rec) => events::stale_write_rejected(&rec),
+                    None => events::job_output(&job, token, name, &line),
+                }
             }
         }
     }
