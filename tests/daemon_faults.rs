@@ -716,35 +716,10 @@ fn sqlite_write_lock_longer_than_the_lease() {
 // ---------------------------------------------------------------------------
 // 5. systemd notify
 
-/// Datagrams received on `sock` until one contains `want`: all of them, in
-/// order (the last one contains `want`).
+/// Datagrams received on `sock` until one contains the line `want`: all of
+/// them, in order (the last one contains `want`).
 fn recv_until(sock: &UnixDatagram, want: &str, timeout: Duration) -> Vec<String> {
-    let deadline = Instant::now() + timeout;
-    let mut got = Vec::new();
-    let mut buf = [0u8; 4096];
-    loop {
-        assert!(
-            Instant::now() < deadline,
-            "no notification containing {want:?} within {timeout:?}; got {got:?}"
-        );
-        match sock.recv(&mut buf) {
-            Ok(n) => {
-                let msg = String::from_utf8_lossy(&buf[..n]).to_string();
-                eprintln!("[notify] {msg:?}");
-                let done = msg.lines().any(|l| l == want);
-                got.push(msg);
-                if done {
-                    return got;
-                }
-            }
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) => {}
-            Err(e) => panic!("recv on the notify socket: {e}"),
-        }
-    }
+    recv_until_line(sock, |l| l == want, timeout)
 }
 
 #[test]
@@ -809,6 +784,104 @@ fn systemd_notify_ready_reloading_stopping() {
         "no daemon_stopped: {}",
         d.summary()
     );
+}
+
+/// READY=1 waits for the store: while it does not answer, systemd hears
+/// only STATUS= lines saying what the daemon waits for (and the watchdog
+/// pings of a scheduler loop that keeps turning); once it answers, READY=1.
+#[test]
+fn systemd_ready_waits_for_the_store_and_the_watchdog_is_pinged_postgres() {
+    let Some(store) = TestStore::new(Backend::Postgres, "notify_ready_postgres") else {
+        return;
+    };
+    let (proxy, proxied) = Proxy::for_url(&store.url, 5432);
+    proxy.blackhole();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let sock_path = dir.path().join("notify.sock");
+    let sock = UnixDatagram::bind(&sock_path).expect("bind the notify socket");
+    sock.set_read_timeout(Some(Duration::from_millis(200)))
+        .expect("read timeout");
+    let job = unique("ready");
+    let config = write_config(
+        dir.path(),
+        "",
+        &[job_toml(&job, "0 0 0 1 1 *", &["true".to_string()], "")],
+    );
+    let mut opts = DaemonOpts::new("ready", &config, &proxied);
+    opts.env
+        .push(("NOTIFY_SOCKET".into(), sock_path.display().to_string()));
+    // 2 s: pings are due every second. No WATCHDOG_PID: it applies to the
+    // process that reads it, as sd_watchdog_enabled(3) has it.
+    opts.env.push(("WATCHDOG_USEC".into(), "2000000".into()));
+    let started = Instant::now();
+    let mut d = Daemon::spawn(opts);
+
+    let lines = |msgs: &[String]| -> Vec<String> {
+        msgs.iter()
+            .flat_map(|m| m.lines().map(str::to_string))
+            .collect()
+    };
+    let waiting = recv_until_line(
+        &sock,
+        |l| l.starts_with("STATUS=waiting for the store:"),
+        secs(60),
+    );
+    let elapsed = started.elapsed();
+    let seen = lines(&waiting);
+    assert!(
+        !seen.iter().any(|l| l == "READY=1"),
+        "READY=1 while the store does not answer: {seen:?}"
+    );
+    let pings = seen.iter().filter(|l| *l == "WATCHDOG=1").count() as u64;
+    assert!(
+        pings + 2 >= elapsed.as_secs(),
+        "{pings} watchdog pings in {elapsed:?} (one a second expected): {seen:?}"
+    );
+
+    proxy.restore();
+    let ready = lines(&recv_until_line(&sock, |l| l == "READY=1", secs(60)));
+    assert!(
+        ready
+            .iter()
+            .any(|l| l.starts_with("STATUS=scheduling 1 job(s)")),
+        "no STATUS= with READY=1: {ready:?}"
+    );
+    let st = d.stop(secs(30));
+    assert!(st.is_some_and(|s| s.code() == Some(0)), "exit: {st:?}");
+}
+
+/// Datagrams on `sock` until a line of one matches `want`: all of them.
+fn recv_until_line(
+    sock: &UnixDatagram,
+    want: impl Fn(&str) -> bool,
+    timeout: Duration,
+) -> Vec<String> {
+    let deadline = Instant::now() + timeout;
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        assert!(
+            Instant::now() < deadline,
+            "no matching notification within {timeout:?}; got {got:?}"
+        );
+        match sock.recv(&mut buf) {
+            Ok(n) => {
+                let msg = String::from_utf8_lossy(&buf[..n]).to_string();
+                eprintln!("[notify] {msg:?}");
+                let done = msg.lines().any(&want);
+                got.push(msg);
+                if done {
+                    return got;
+                }
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(e) => panic!("recv on the notify socket: {e}"),
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------

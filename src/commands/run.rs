@@ -62,12 +62,26 @@ pub async fn run(cli: &Cli, node_flag: Option<String>) -> Result<Exit> {
         records,
         store_display: ctx.store_url.to_string(),
         config_display: ctx.config_path.display().to_string(),
+        watchdog: systemd_watchdog(),
     };
     let (tx, rx) = mpsc::channel(4);
     let control = tokio::spawn(control(signals, ctx, started_with, tx));
     daemon::run(settings, rx).await;
     control.abort();
     Ok(Exit::Success)
+}
+
+/// Half of systemd's `WatchdogSec=` when it asks this process for pings
+/// (`WATCHDOG_USEC`, and `WATCHDOG_PID` naming this process when set, as
+/// `sd_watchdog_enabled(3)` reads them).
+fn systemd_watchdog() -> Option<std::time::Duration> {
+    let usec: u64 = std::env::var("WATCHDOG_USEC").ok()?.parse().ok()?;
+    if let Ok(pid) = std::env::var("WATCHDOG_PID") {
+        if pid.parse::<u32>().ok()? != std::process::id() {
+            return None;
+        }
+    }
+    (usec > 0).then(|| std::time::Duration::from_micros(usec / 2))
 }
 
 /// The settings a reload cannot change.

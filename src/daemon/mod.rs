@@ -9,7 +9,9 @@
 //! due occurrence is its own task ([`occurrence`]). A stop cancels one
 //! [`CancellationToken`] that every task watches and waits for every task
 //! in the [`TaskTracker`], so leases are released before `run` returns.
-//! systemd is told READY, RELOADING, STATUS and STOPPING.
+//! systemd is told READY (once the store has answered; until then STATUS
+//! says what the daemon waits for), RELOADING, STATUS, STOPPING and, with
+//! `WatchdogSec=`, WATCHDOG pings from the scheduler loop itself.
 
 mod occurrence;
 mod scheduler;
@@ -72,7 +74,15 @@ pub struct Settings {
     /// For the start-up log line: the store (redacted) and the config file.
     pub store_display: String,
     pub config_display: String,
+    /// How often to ping systemd's watchdog (half of `WatchdogSec=`); `None`
+    /// without one. The scheduler loop pings, so a stuck loop stops pinging.
+    pub watchdog: Option<Duration>,
 }
+
+/// The first wait before retrying a store that did not answer at start-up;
+/// doubled up to [`STARTUP_RETRY_MAX`].
+const STARTUP_RETRY: Duration = Duration::from_secs(1);
+const STARTUP_RETRY_MAX: Duration = Duration::from_secs(30);
 
 /// What the daemon can be told while it runs.
 #[derive(Debug)]
@@ -111,6 +121,7 @@ async fn serve(
         records,
         store_display,
         config_display,
+        watchdog,
         ..
     } = settings;
     let shutdown = CancellationToken::new();
@@ -122,14 +133,19 @@ async fn serve(
         tracker.spawn(runs::recover(records, store.clone(), node.clone()));
     }
 
-    // Apply migrations now if the store answers; if not, the first firing
-    // retries, and the daemon keeps running either way.
+    // Apply migrations, retrying until the store answers; systemd hears
+    // READY=1 only then (a unit ordered after this one relies on a daemon
+    // that can take leases), and STATUS= says what it waits for. The daemon
+    // keeps scheduling meanwhile: an occurrence retries the store itself.
     {
         let store = store.clone();
         let ready = ready.clone();
+        let shutdown = shutdown.clone();
+        let status = format!("scheduling {} job(s) as {node}", jobs.len());
         tracker.spawn(async move {
-            if let Err(e) = ensure_ready(&ready, store.as_ref()).await {
-                events::store_unavailable("migrate", None, &e.to_string(), None);
+            await_store(&ready, store.as_ref(), &shutdown).await;
+            if ready.initialized() && !shutdown.is_cancelled() {
+                notify(&[NotifyState::Ready, NotifyState::Status(&status)]);
             }
         });
     }
@@ -139,23 +155,25 @@ async fn serve(
     let scheduler = Scheduler::new(Shared {
         supervisor,
         running: running.clone(),
-        ready,
+        ready: ready.clone(),
         shutdown: shutdown.clone(),
         tracker: tracker.clone(),
         clock,
+        watchdog,
     });
     let job_count = jobs.len();
     tracker.spawn(scheduler.run(jobs, reload_rx));
 
     events::daemon_started(&node, job_count, &store_display, &config_display);
-    notify(&[
-        NotifyState::Ready,
-        NotifyState::Status(&format!("scheduling {job_count} job(s) as {node}")),
-    ]);
+    if !ready.initialized() {
+        notify(&[NotifyState::Status(&format!(
+            "waiting for the store {store_display} to answer"
+        ))]);
+    }
 
     let reason = loop {
         match control.recv().await {
-            Some(Control::Reload(jobs)) => reload(jobs, &reload_tx).await,
+            Some(Control::Reload(jobs)) => reload(jobs, &reload_tx, ready.initialized()).await,
             Some(Control::Stop(reason)) => break reason,
             None => break "control stream closed",
         }
@@ -178,9 +196,14 @@ fn notify(states: &[NotifyState<'_>]) {
 }
 
 /// Hands a reloaded job list to the scheduler. An invalid file keeps the
-/// old jobs.
-async fn reload(jobs: Result<Vec<Job>, String>, tx: &mpsc::Sender<Vec<Job>>) {
-    notify(&[NotifyState::Reloading]);
+/// old jobs. systemd hears RELOADING=1 (with the monotonic time
+/// `Type=notify-reload` asks for), then READY=1 again, unless the daemon was
+/// not ready yet (its store has not answered).
+async fn reload(jobs: Result<Vec<Job>, String>, tx: &mpsc::Sender<Vec<Job>>, ready: bool) {
+    match NotifyState::monotonic_usec_now() {
+        Ok(now) => notify(&[NotifyState::Reloading, now]),
+        Err(_) => notify(&[NotifyState::Reloading]),
+    }
     match jobs {
         Err(e) => events::config_invalid(&e),
         Ok(jobs) => {
@@ -189,7 +212,37 @@ async fn reload(jobs: Result<Vec<Job>, String>, tx: &mpsc::Sender<Vec<Job>>) {
             notify(&[NotifyState::Status(&format!("scheduling {count} job(s)"))]);
         }
     }
-    notify(&[NotifyState::Ready]);
+    if ready {
+        notify(&[NotifyState::Ready]);
+    }
+}
+
+/// Applies migrations, retrying with back-off until the store answers or
+/// the daemon stops; each failure is logged (`store_unavailable`) and shown
+/// in systemd's STATUS=.
+async fn await_store(ready: &OnceCell<()>, store: &dyn Store, shutdown: &CancellationToken) {
+    let mut wait = STARTUP_RETRY;
+    loop {
+        let error = match ensure_ready(ready, store).await {
+            Ok(()) => return,
+            Err(e) => e.to_string(),
+        };
+        events::store_unavailable("migrate", None, &error, Some(wait));
+        notify(&[NotifyState::Status(&format!(
+            "waiting for the store: {error}; retrying in {}s",
+            wait.as_secs()
+        ))]);
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(wait) => {}
+        }
+        wait = (wait * 2).min(STARTUP_RETRY_MAX);
+    }
+}
+
+/// Pings systemd's watchdog (`WATCHDOG=1`).
+fn ping_watchdog() {
+    notify(&[NotifyState::Watchdog]);
 }
 
 /// Applies migrations once per process; retried by later callers on failure.
@@ -211,4 +264,6 @@ struct Shared {
     tracker: TaskTracker,
     /// Wall time: instants, give-up times.
     clock: Clock,
+    /// How often the scheduler loop pings systemd's watchdog, if at all.
+    watchdog: Option<Duration>,
 }

@@ -61,14 +61,25 @@ impl Scheduler {
     /// `reloads` replaces the current one.
     pub(super) async fn run(mut self, jobs: Vec<Job>, mut reloads: mpsc::Receiver<Vec<Job>>) {
         self.apply(jobs, false);
+        let mut next_ping = tokio::time::Instant::now();
         loop {
             let now = self.shared.clock.now();
-            let sleep_for = self
+            let mut sleep_for = self
                 .heap
                 .peek()
                 .map(|Reverse((at, _, _, _))| (*at - now).to_std().unwrap_or(Duration::ZERO))
                 .unwrap_or(MAX_SLEEP)
                 .min(MAX_SLEEP);
+            if let Some(every) = self.shared.watchdog {
+                // Pinged from this loop: if it stops turning, systemd's
+                // watchdog restarts the daemon.
+                let t = tokio::time::Instant::now();
+                if t >= next_ping {
+                    super::ping_watchdog();
+                    next_ping = t + every;
+                }
+                sleep_for = sleep_for.min(next_ping - t);
+            }
             tokio::select! {
                 biased;
                 _ = self.shared.shutdown.cancelled() => return,

@@ -72,6 +72,7 @@ impl Rig {
             shutdown: CancellationToken::new(),
             tracker: TaskTracker::new(),
             clock,
+            watchdog: None,
         };
         let job = Job {
             name: Name::parse("job", "job").unwrap(),
@@ -442,6 +443,7 @@ async fn the_daemon_runs_in_process_from_settings_and_a_control_stream() {
         records: None,
         store_display: "memory".into(),
         config_display: "none".into(),
+        watchdog: None,
     };
     let (tx, rx) = tokio::sync::mpsc::channel(4);
     let daemon = tokio::spawn(super::serve(
@@ -493,4 +495,46 @@ async fn the_daemon_runs_in_process_from_settings_and_a_control_stream() {
         assert!(rig.store.row(resource).unwrap().released, "{resource}");
     }
     assert_eq!(rig.store.history(Op::Release).len(), 4);
+}
+
+/// At start-up the daemon retries migrations with back-off (1 s, 2 s, 4 s,
+/// … up to 30 s) until the store answers, and gives up waiting at a stop.
+#[tokio::test(start_paused = true)]
+async fn the_store_is_retried_with_back_off_until_it_answers() {
+    let store = MemoryStore::new(Clock::following_tokio(epoch_wall()));
+    store.fault(Op::Migrate, Fault::Fail, 3);
+    let ready = OnceCell::new();
+    let t0 = Instant::now();
+    super::await_store(&ready, &store, &CancellationToken::new()).await;
+    assert!(ready.initialized());
+    assert_eq!(
+        Instant::now() - t0,
+        ms(7_000),
+        "the fourth attempt answered"
+    );
+    let failures: Vec<Duration> = store
+        .entries(Op::Migrate)
+        .iter()
+        .map(|e| e.at - t0)
+        .collect();
+    assert_eq!(failures, [ms(0), ms(1_000), ms(3_000)]);
+
+    // A store that never answers: the wait ends with the stop.
+    let store = MemoryStore::new(Clock::following_tokio(epoch_wall()));
+    store.fault(Op::Migrate, Fault::Fail, 100);
+    let ready = OnceCell::new();
+    let stop = CancellationToken::new();
+    let waiting = super::await_store(&ready, &store, &stop);
+    let stopper = async {
+        tokio::time::sleep(ms(100_000)).await;
+        stop.cancel();
+    };
+    tokio::join!(waiting, stopper);
+    assert!(!ready.initialized());
+    let gaps: Vec<Duration> = store
+        .entries(Op::Migrate)
+        .windows(2)
+        .map(|w| w[1].at - w[0].at)
+        .collect();
+    assert_eq!(&gaps[..6], [1, 2, 4, 8, 16, 30].map(|s| ms(s * 1_000)));
 }

@@ -170,6 +170,11 @@ impl Launch for ShimLauncher {
             .env("FENCECRON_EXPIRES_AT", lease.expires_at.rfc3339())
             .env("FENCECRON_JOB", &spec.job)
             .env("FENCECRON_NODE", node)
+            // systemd's notification socket and watchdog are the daemon's:
+            // a job must not report readiness or pings for it.
+            .env_remove("NOTIFY_SOCKET")
+            .env_remove("WATCHDOG_USEC")
+            .env_remove("WATCHDOG_PID")
             // Its own group: a signal meant for the daemon's group (a
             // terminal's Ctrl-C, a stop) does not reach the watchdog.
             .process_group(0)
