@@ -48,15 +48,10 @@ pub struct Cli {
     )]
     pub store: Option<String>,
 
-    /// Log format.
-    #[arg(
-        long,
-        global = true,
-        value_enum,
-        env = "FENCECRON_LOG_FORMAT",
-        default_value_t = LogFormat::Text
-    )]
-    pub log_format: LogFormat,
+    /// Log format [default: native journal entries when stderr is the
+    /// journal (`JOURNAL_STREAM`), else text].
+    #[arg(long, global = true, value_enum, env = "FENCECRON_LOG_FORMAT")]
+    pub log_format: Option<LogFormat>,
 
     #[command(subcommand)]
     pub command: Command,

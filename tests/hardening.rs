@@ -1011,3 +1011,152 @@ fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
     }
     all
 }
+
+/// journald's native socket, where `tracing-journald` sends entries.
+const JOURNAL_SOCKET: &str = "/run/systemd/journal/socket";
+
+/// With stderr connected to the journal (`JOURNAL_STREAM` names it) and no
+/// log format asked for, the daemon sends native journal entries: every
+/// event field a journal field, WARN as priority 4, INFO as 5. The test
+/// plays journald on its socket; where a real journald owns it (or the
+/// socket cannot be made), it says SKIPPED.
+#[test]
+fn journald_gets_native_entries_with_fields_and_priorities_sqlite() {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::net::UnixDatagram;
+
+    let path = Path::new(JOURNAL_SOCKET);
+    if path.exists() {
+        eprintln!(
+            "\n*** SKIPPED journald test: {JOURNAL_SOCKET} exists (a real journald owns it) ***\n"
+        );
+        return;
+    }
+    let made_dir = !path.parent().unwrap().exists();
+    let sock = match std::fs::create_dir_all(path.parent().unwrap())
+        .and_then(|()| UnixDatagram::bind(path))
+    {
+        Ok(s) => s,
+        Err(e) => {
+            assert!(
+                std::env::var("CI").as_deref() != Ok("true"),
+                "cannot play journald at {JOURNAL_SOCKET}: {e} (run as root)"
+            );
+            eprintln!("\n*** SKIPPED journald test: cannot bind {JOURNAL_SOCKET}: {e} ***\n");
+            return;
+        }
+    };
+    struct Cleanup(bool);
+    impl Drop for Cleanup {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(JOURNAL_SOCKET);
+            if self.0 {
+                let _ = std::fs::remove_dir(Path::new(JOURNAL_SOCKET).parent().unwrap());
+            }
+        }
+    }
+    let _cleanup = Cleanup(made_dir);
+    sock.set_read_timeout(Some(std::time::Duration::from_millis(200)))
+        .unwrap();
+
+    let store = TestStore::new(Backend::Sqlite, "journald").expect("sqlite");
+    let dir = tempfile::tempdir().unwrap();
+    let ok = unique("jok");
+    let bad = unique("jbad");
+    let config = dir.path().join("jobs.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[job]]\nname = \"{ok}\"\nschedule = \"* * * * * *\"\ncommand = [\"true\"]\n\
+             [[job]]\nname = \"{bad}\"\nschedule = \"* * * * * *\"\ncommand = [\"false\"]\n"
+        ),
+    )
+    .unwrap();
+    // stderr is a pipe the test made, so it knows its device and inode.
+    let (_read, write) = nix::unistd::pipe().unwrap();
+    let st = nix::sys::stat::fstat(write.as_raw_fd()).unwrap();
+    let mut child = clean(Command::new(common::bin()), dir.path())
+        .args(["run", "--node-id", "journal", "--config"])
+        .arg(&config)
+        .arg("--store")
+        .arg(&store.url)
+        .env("JOURNAL_STREAM", format!("{}:{}", st.st_dev, st.st_ino))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(write))
+        .spawn()
+        .unwrap();
+
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let mut entries: Vec<String> = Vec::new();
+    let mut buf = vec![0u8; 65536];
+    let has = |entries: &[String], event: &str, job: &str| {
+        entries.iter().any(|e| {
+            e.lines().any(|l| l == format!("F_EVENT={event}"))
+                && e.lines().any(|l| l == format!("F_JOB={job}"))
+        })
+    };
+    // journald's native protocol: `KEY=value\n`, or `KEY\n`, a 64-bit
+    // little-endian length, the value and `\n`; read as `KEY=value` lines.
+    let fields = |mut d: &[u8]| -> String {
+        let mut out = String::new();
+        while let Some(nl) = d.iter().position(|b| *b == b'\n') {
+            let line = &d[..nl];
+            if let Some(eq) = line.iter().position(|b| *b == b'=') {
+                out += &format!(
+                    "{}={}\n",
+                    String::from_utf8_lossy(&line[..eq]),
+                    String::from_utf8_lossy(&line[eq + 1..])
+                );
+                d = &d[nl + 1..];
+            } else {
+                let rest = &d[nl + 1..];
+                let len = u64::from_le_bytes(rest[..8].try_into().unwrap()) as usize;
+                out += &format!(
+                    "{}={}\n",
+                    String::from_utf8_lossy(line),
+                    String::from_utf8_lossy(&rest[8..8 + len])
+                );
+                d = &rest[8 + len + 1..];
+            }
+        }
+        out
+    };
+    while !(has(&entries, "job_finished", &ok) && has(&entries, "job_failed", &bad)) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no job_finished/job_failed entries in 60 s: {entries:?}"
+        );
+        if let Ok(n) = sock.recv(&mut buf) {
+            entries.push(fields(&buf[..n]));
+        }
+    }
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    );
+    let _ = child.wait();
+
+    let entry = |event: &str, job: &str| -> &String {
+        entries
+            .iter()
+            .find(|e| {
+                e.lines().any(|l| l == format!("F_EVENT={event}"))
+                    && e.lines().any(|l| l == format!("F_JOB={job}"))
+            })
+            .unwrap()
+    };
+    let finished = entry("job_finished", &ok);
+    assert!(finished.lines().any(|l| l == "PRIORITY=5"), "{finished}");
+    assert!(
+        finished.lines().any(|l| l == "F_OUTCOME=succeeded"),
+        "{finished}"
+    );
+    assert!(
+        finished.lines().any(|l| l == "SYSLOG_IDENTIFIER=fencecron"),
+        "{finished}"
+    );
+    let failed = entry("job_failed", &bad);
+    assert!(failed.lines().any(|l| l == "PRIORITY=4"), "{failed}");
+    assert!(failed.lines().any(|l| l == "F_EXIT_CODE=1"), "{failed}");
+}
