@@ -83,6 +83,16 @@ pub enum Command {
     Bench(BenchArgs),
     /// Show the epoch of fencing tokens, or advance it (in failover hooks).
     Epoch(EpochArgs),
+    /// Print shell completions for SHELL (bash, zsh, fish, elvish, powershell).
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Write the man pages (fencecron.1 and one per subcommand) into DIR.
+    Man {
+        #[arg(value_name = "DIR")]
+        dir: std::path::PathBuf,
+    },
 }
 
 /// `fencecron epoch [show|advance]`.

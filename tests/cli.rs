@@ -1644,3 +1644,47 @@ cli_tests!(
     case_epoch_advance_via_cli,
     case_takeover_logged_and_listed,
 );
+
+/// Shell completions and man pages come from the clap definitions: the bash
+/// script parses and knows the subcommands; `man DIR` writes one page per
+/// command, each a roff page naming it.
+#[test]
+fn completions_and_man_pages_are_generated_from_the_command_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let gen = |args: &[&std::ffi::OsStr]| {
+        let mut cmd = fencecron(dir.path());
+        cmd.args(args);
+        run(cmd, None)
+    };
+    let out = gen(&["completions".as_ref(), "bash".as_ref()]);
+    assert_eq!(code(&out), 0, "{}", describe(&out));
+    let script = String::from_utf8_lossy(&out.stdout).to_string();
+    for sub in ["run", "check", "lease", "put", "stale", "epoch"] {
+        assert!(script.contains(sub), "bash completions lack {sub}");
+    }
+    let path = dir.path().join("fencecron.bash");
+    std::fs::write(&path, &script).unwrap();
+    let syntax = Command::new("bash").arg("-n").arg(&path).output().unwrap();
+    assert!(syntax.status.success(), "{}", describe(&syntax));
+
+    let pages = dir.path().join("man");
+    let out = gen(&["man".as_ref(), dir.path().join("missing").as_os_str()]);
+    assert_eq!(code(&out), 2, "{}", describe(&out));
+    std::fs::create_dir(&pages).unwrap();
+    let out = gen(&["man".as_ref(), pages.as_os_str()]);
+    assert_eq!(code(&out), 0, "{}", describe(&out));
+    for page in [
+        "fencecron",
+        "fencecron-run",
+        "fencecron-lease-acquire",
+        "fencecron-put",
+    ] {
+        let text = std::fs::read_to_string(pages.join(format!("{page}.1")))
+            .unwrap_or_else(|e| panic!("{page}.1: {e}"));
+        assert!(
+            text.starts_with(".ie") || text.contains(".TH"),
+            "{page}.1 is not roff"
+        );
+        assert!(text.contains(page), "{page}.1 does not name {page}");
+    }
+}

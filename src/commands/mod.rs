@@ -7,6 +7,7 @@ mod check;
 mod epoch;
 mod exec;
 mod fenced;
+mod generate;
 mod lease;
 mod run;
 
@@ -203,6 +204,8 @@ pub async fn dispatch(cli: Cli) -> Result<Exit> {
         Command::Stale(args) => fenced::stale(&cli, args).await,
         Command::Bench(args) => bench::run(&cli, args).await,
         Command::Epoch(args) => epoch::run(&cli, args).await,
+        Command::Completions { shell } => generate::completions(*shell),
+        Command::Man { dir } => generate::man_pages(dir),
     }
 }
 
