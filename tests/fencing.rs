@@ -276,7 +276,7 @@ fn paused_owner_is_fenced_off_after_its_lease_moves_on() {
         WAIT,
     );
     assert!(
-        i64_field(&finished, "signal").is_some(),
+        str_field(&finished, "signal").is_some(),
         "A's job must have been killed: {finished}"
     );
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -298,6 +298,12 @@ fn paused_owner_is_fenced_off_after_its_lease_moves_on() {
                     .and_then(|l| serde_json::from_str::<Value>(l).ok())
                     .is_some_and(|inner| ev("stale_write_rejected")(&inner))
         },
+        WAIT,
+    );
+    // And A's daemon logged it as its own top-level event of the job.
+    a.expect(
+        "A's own stale_write_rejected for token N",
+        |e| ev("stale_write_rejected")(e) && is_job(e) && i64_field(e, "token") == Some(n),
         WAIT,
     );
 
