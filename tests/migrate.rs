@@ -851,3 +851,69 @@ async fn mysql_older_binary_stops_on_an_upgraded_database() {
     )
     .await;
 }
+
+/// An older fencecron started on a database this version created (no
+/// `_sqlx_migrations`, so no guard yet) runs its migrations again: on
+/// PostgreSQL they are all idempotent and it succeeds; on SQLite and MySQL
+/// it fails on a column that exists, changing nothing this version uses.
+/// The next start of this version removes the rows it recorded (also
+/// MySQL's unfinished one), keeps the data, and puts the guard on the table
+/// it created, so the older binary stops at once from then on.
+async fn older_binary_on_a_database_this_version_created(backend: Backend, test: &str) {
+    let Some(ts) = TestStore::new(backend, test) else {
+        return;
+    };
+    with_fresh_database(&ts, move |url| async move {
+        let lease = json_of(&url, &["lease", "acquire", "fresh-first", "--json"]);
+        let db = Db::open(backend, &url).await;
+        let own = db.timings(OWN).await;
+        let old = migrations_dir(backend, true, 0);
+        let first = db.sqlx_migrate(old.path()).await;
+        assert_eq!(
+            first.is_ok(),
+            backend == Backend::Postgres,
+            "the older binary's first run: {first:?}"
+        );
+        db.close().await;
+
+        let listed = json_of(&url, &["lease", "list", "--json"]);
+        assert_eq!(listed[0]["token"], lease["token"], "{listed}");
+        let db = Db::open(backend, &url).await;
+        assert_eq!(db.versions(LEGACY).await, Vec::<i64>::new());
+        assert_eq!(db.timings(OWN).await, own);
+        let err = db
+            .sqlx_migrate(old.path())
+            .await
+            .expect_err("guarded from now on");
+        assert!(err.to_string().contains("upgrade this fencecron"), "{err}");
+        db.close().await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn sqlite_older_binary_on_a_database_this_version_created() {
+    older_binary_on_a_database_this_version_created(
+        Backend::Sqlite,
+        "sqlite_older_binary_on_a_database_this_version_created",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn postgres_older_binary_on_a_database_this_version_created() {
+    older_binary_on_a_database_this_version_created(
+        Backend::Postgres,
+        "postgres_older_binary_on_a_database_this_version_created",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn mysql_older_binary_on_a_database_this_version_created() {
+    older_binary_on_a_database_this_version_created(
+        Backend::MySql,
+        "mysql_older_binary_on_a_database_this_version_created",
+    )
+    .await;
+}
