@@ -620,21 +620,32 @@ async fn shared_with_an_application(backend: Backend, test: &str) {
         return;
     };
     // The application first, then fencecron, then the application again.
+    // Its first migration is its own `0001_init.sql`: fencecron's version
+    // and description, other SQL.
     with_fresh_database(&ts, move |url| async move {
         let db = Db::open(backend, &url).await;
-        db.sqlx_migrate(migrations_dir(backend, false, 1).path())
+        let app = migrations_dir(backend, false, 0);
+        std::fs::write(
+            app.path().join("0001_init.sql"),
+            "CREATE TABLE app_init (id INT PRIMARY KEY);",
+        )
+        .expect("write app migration");
+        db.sqlx_migrate(app.path())
             .await
             .expect("the application's first migration");
         json_of(&url, &["lease", "acquire", "shared", "--json"]);
-        db.sqlx_migrate(migrations_dir(backend, false, 2).path())
+        std::fs::write(
+            app.path().join("20240101000000_app_users.sql"),
+            "CREATE TABLE app_users (id INT PRIMARY KEY);",
+        )
+        .expect("write app migration");
+        db.sqlx_migrate(app.path())
             .await
             .expect("the application migrates after fencecron");
         json_of(&url, &["lease", "list", "--json"]);
         assert_eq!(db.versions(OWN).await, all_versions(backend));
-        assert_eq!(
-            db.versions(LEGACY).await,
-            vec![20240101000000, 20240202000000]
-        );
+        assert_eq!(db.versions(LEGACY).await, vec![1, 20240101000000]);
+        assert_eq!(db.count("SELECT count(*) FROM app_users").await, 0);
         db.close().await;
     })
     .await;

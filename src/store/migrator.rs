@@ -65,9 +65,10 @@ pub(crate) struct Plan {
 ///
 /// `legacy` is every row of `_sqlx_migrations` (empty when there is none).
 /// A legacy row is fencecron's only when its version and checksum are those
-/// of one of `known`. A legacy row with a known version and description but
-/// another checksum counts as a changed fencecron migration (as it did
-/// before the move); one with another description is an application's.
+/// of one of `known`. When the table holds such rows, a row with a known
+/// version and description but another checksum counts as a changed
+/// fencecron migration (as it did before the move); any other row is an
+/// application's.
 pub(crate) fn plan(
     known: &[Migration],
     applied: &[Applied],
@@ -96,19 +97,29 @@ pub(crate) fn plan(
     }
 
     let mut plan = Plan::default();
+    let exact = |row: &Applied| {
+        by_version
+            .get(&row.version)
+            .is_some_and(|m| *m.checksum == *row.checksum)
+    };
+    // An older fencecron recorded its migrations here: only then can a row
+    // with one of fencecron's versions and descriptions be a changed
+    // fencecron migration rather than an application's (`0001_init.sql` is
+    // a common name).
+    let fencecron_was_here = legacy.iter().any(exact);
     let mut legacy: Vec<&Applied> = legacy.iter().collect();
     legacy.sort_by_key(|a| a.version);
     for row in legacy {
         let Some(m) = by_version.get(&row.version) else {
             continue;
         };
-        let ours = *m.checksum == *row.checksum;
+        let ours = exact(row);
         let key = (row.version, row.checksum.clone());
         match (ours, recorded.contains_key(&row.version)) {
             (true, true) => plan.forget.push(key),
             (true, false) if row.success => plan.adopt.push(key),
             (true, false) => return Err(MigrateError::Dirty(row.version)),
-            (false, false) if row.description == m.description => {
+            (false, false) if fencecron_was_here && row.description == m.description => {
                 return Err(MigrateError::VersionMismatch(row.version))
             }
             (false, _) => {}
@@ -547,6 +558,17 @@ mod tests {
         let p = plan(&k, &[row(&k[0])], &[app_two, app]).unwrap();
         assert!(p.adopt.is_empty() && p.forget.is_empty(), "{p:?}");
         assert_eq!(p.apply, vec![2, 3]);
+        // An application's own `0001_init.sql`, before fencecron's first
+        // start: same version and description, other SQL.
+        let app_init = Applied {
+            version: 1,
+            description: "init".into(),
+            checksum: vec![5; 48],
+            success: true,
+        };
+        let p = plan(&k, &[], &[app_init]).unwrap();
+        assert!(p.adopt.is_empty() && p.forget.is_empty(), "{p:?}");
+        assert_eq!(p.apply, vec![1, 2, 3]);
     }
 
     #[test]
