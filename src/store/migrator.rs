@@ -28,9 +28,9 @@ use sqlx::{ColumnIndex, Connection, Database, Decode, Encode, Executor, IntoArgu
 use super::Backend;
 
 /// fencecron's migrations table.
-pub const TABLE: &str = "fencecron_migrations";
+pub(crate) const TABLE: &str = "fencecron_migrations";
 /// sqlx's default table, where fencecron recorded its migrations before.
-pub const LEGACY_TABLE: &str = "_sqlx_migrations";
+pub(crate) const LEGACY_TABLE: &str = "_sqlx_migrations";
 
 /// One row of a migrations table.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -312,11 +312,11 @@ where
 /// The name of the trigger (and, on PostgreSQL, its function) that keeps
 /// older fencecron binaries from recording their migrations in
 /// `_sqlx_migrations` again.
-pub const GUARD: &str = "fencecron_legacy_guard";
+pub(crate) const GUARD: &str = "fencecron_legacy_guard";
 
 /// What an older fencecron reads when the guard stops it (MySQL keeps at
 /// most 128 characters of a `SIGNAL`'s text).
-pub const GUARD_MESSAGE: &str =
+pub(crate) const GUARD_MESSAGE: &str =
     "a newer fencecron moved its migrations to fencecron_migrations: upgrade this fencecron";
 
 /// The guard, in each dialect: a trigger that refuses to insert into

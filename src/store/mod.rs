@@ -25,7 +25,7 @@
 //!   writes nothing.
 
 mod diagnose;
-pub mod migrator;
+mod migrator;
 mod mysql;
 mod postgres;
 mod sqlite;
