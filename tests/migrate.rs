@@ -383,6 +383,27 @@ async fn mysql_upgrade_from_the_last_sqlx_recorded_version() {
     .await;
 }
 
+/// One test per backend of an async check taking the backend and the
+/// test's name.
+macro_rules! on_every_backend {
+    ($check:ident: $sqlite:ident, $postgres:ident, $mysql:ident) => {
+        #[tokio::test]
+        async fn $sqlite() {
+            $check(Backend::Sqlite, stringify!($sqlite)).await;
+        }
+
+        #[tokio::test]
+        async fn $postgres() {
+            $check(Backend::Postgres, stringify!($postgres)).await;
+        }
+
+        #[tokio::test]
+        async fn $mysql() {
+            $check(Backend::MySql, stringify!($mysql)).await;
+        }
+    };
+}
+
 /// fencecron's migrations table.
 const OWN: &str = "fencecron_migrations";
 /// sqlx's, where fencecron recorded its migrations before.
@@ -582,32 +603,7 @@ async fn fresh_database_has_only_fencecron_migrations(backend: Backend, test: &s
     .await;
 }
 
-#[tokio::test]
-async fn sqlite_fresh_database_has_only_fencecron_migrations() {
-    fresh_database_has_only_fencecron_migrations(
-        Backend::Sqlite,
-        "sqlite_fresh_database_has_only_fencecron_migrations",
-    )
-    .await;
-}
-
-#[tokio::test]
-async fn postgres_fresh_database_has_only_fencecron_migrations() {
-    fresh_database_has_only_fencecron_migrations(
-        Backend::Postgres,
-        "postgres_fresh_database_has_only_fencecron_migrations",
-    )
-    .await;
-}
-
-#[tokio::test]
-async fn mysql_fresh_database_has_only_fencecron_migrations() {
-    fresh_database_has_only_fencecron_migrations(
-        Backend::MySql,
-        "mysql_fresh_database_has_only_fencecron_migrations",
-    )
-    .await;
-}
+on_every_backend!(fresh_database_has_only_fencecron_migrations: sqlite_fresh_database_has_only_fencecron_migrations, postgres_fresh_database_has_only_fencecron_migrations, mysql_fresh_database_has_only_fencecron_migrations);
 
 /// fencecron and an application that uses sqlx migrations share one
 /// database, whichever came first: an application first, and a database
@@ -689,20 +685,7 @@ async fn shared_with_an_application(backend: Backend, test: &str) {
     .await;
 }
 
-#[tokio::test]
-async fn sqlite_shared_with_an_application() {
-    shared_with_an_application(Backend::Sqlite, "sqlite_shared_with_an_application").await;
-}
-
-#[tokio::test]
-async fn postgres_shared_with_an_application() {
-    shared_with_an_application(Backend::Postgres, "postgres_shared_with_an_application").await;
-}
-
-#[tokio::test]
-async fn mysql_shared_with_an_application() {
-    shared_with_an_application(Backend::MySql, "mysql_shared_with_an_application").await;
-}
+on_every_backend!(shared_with_an_application: sqlite_shared_with_an_application, postgres_shared_with_an_application, mysql_shared_with_an_application);
 
 /// The refusals: a recorded migration whose checksum differs, and a
 /// migration this binary does not know (a newer fencecron migrated the
@@ -752,32 +735,7 @@ async fn refuses_changed_and_newer_migrations(backend: Backend, test: &str) {
     .await;
 }
 
-#[tokio::test]
-async fn sqlite_refuses_changed_and_newer_migrations() {
-    refuses_changed_and_newer_migrations(
-        Backend::Sqlite,
-        "sqlite_refuses_changed_and_newer_migrations",
-    )
-    .await;
-}
-
-#[tokio::test]
-async fn postgres_refuses_changed_and_newer_migrations() {
-    refuses_changed_and_newer_migrations(
-        Backend::Postgres,
-        "postgres_refuses_changed_and_newer_migrations",
-    )
-    .await;
-}
-
-#[tokio::test]
-async fn mysql_refuses_changed_and_newer_migrations() {
-    refuses_changed_and_newer_migrations(
-        Backend::MySql,
-        "mysql_refuses_changed_and_newer_migrations",
-    )
-    .await;
-}
+on_every_backend!(refuses_changed_and_newer_migrations: sqlite_refuses_changed_and_newer_migrations, postgres_refuses_changed_and_newer_migrations, mysql_refuses_changed_and_newer_migrations);
 
 /// An older fencecron (sqlx's migrator on fencecron's files, as it ran
 /// them) started on a database this version upgraded stops before it
@@ -836,32 +794,7 @@ async fn older_binary_stops_on_an_upgraded_database(backend: Backend, test: &str
     .await;
 }
 
-#[tokio::test]
-async fn sqlite_older_binary_stops_on_an_upgraded_database() {
-    older_binary_stops_on_an_upgraded_database(
-        Backend::Sqlite,
-        "sqlite_older_binary_stops_on_an_upgraded_database",
-    )
-    .await;
-}
-
-#[tokio::test]
-async fn postgres_older_binary_stops_on_an_upgraded_database() {
-    older_binary_stops_on_an_upgraded_database(
-        Backend::Postgres,
-        "postgres_older_binary_stops_on_an_upgraded_database",
-    )
-    .await;
-}
-
-#[tokio::test]
-async fn mysql_older_binary_stops_on_an_upgraded_database() {
-    older_binary_stops_on_an_upgraded_database(
-        Backend::MySql,
-        "mysql_older_binary_stops_on_an_upgraded_database",
-    )
-    .await;
-}
+on_every_backend!(older_binary_stops_on_an_upgraded_database: sqlite_older_binary_stops_on_an_upgraded_database, postgres_older_binary_stops_on_an_upgraded_database, mysql_older_binary_stops_on_an_upgraded_database);
 
 /// An older fencecron started on a database this version created (no
 /// `_sqlx_migrations`, so no guard yet) runs its migrations again: on
@@ -902,29 +835,4 @@ async fn older_binary_on_a_database_this_version_created(backend: Backend, test:
     .await;
 }
 
-#[tokio::test]
-async fn sqlite_older_binary_on_a_database_this_version_created() {
-    older_binary_on_a_database_this_version_created(
-        Backend::Sqlite,
-        "sqlite_older_binary_on_a_database_this_version_created",
-    )
-    .await;
-}
-
-#[tokio::test]
-async fn postgres_older_binary_on_a_database_this_version_created() {
-    older_binary_on_a_database_this_version_created(
-        Backend::Postgres,
-        "postgres_older_binary_on_a_database_this_version_created",
-    )
-    .await;
-}
-
-#[tokio::test]
-async fn mysql_older_binary_on_a_database_this_version_created() {
-    older_binary_on_a_database_this_version_created(
-        Backend::MySql,
-        "mysql_older_binary_on_a_database_this_version_created",
-    )
-    .await;
-}
+on_every_backend!(older_binary_on_a_database_this_version_created: sqlite_older_binary_on_a_database_this_version_created, postgres_older_binary_on_a_database_this_version_created, mysql_older_binary_on_a_database_this_version_created);
