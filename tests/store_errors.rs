@@ -319,3 +319,68 @@ async fn mysql_undecodable_row_is_not_unreachable() {
     )
     .await;
 }
+
+/// Drops a PostgreSQL role when dropped, whether the test passed or not.
+struct DropRole {
+    admin_url: String,
+    role: String,
+}
+
+impl Drop for DropRole {
+    fn drop(&mut self) {
+        let (url, role) = (self.admin_url.clone(), self.role.clone());
+        let dropped = std::thread::spawn(move || {
+            let rt = tokio::runtime::Runtime::new().expect("runtime");
+            rt.block_on(async {
+                let admin = sqlx::PgPool::connect(&url).await?;
+                admin
+                    .execute(format!("DROP ROLE IF EXISTS {role}").as_str())
+                    .await?;
+                admin.close().await;
+                Ok::<_, sqlx::Error>(())
+            })
+        })
+        .join();
+        if !matches!(dropped, Ok(Ok(()))) {
+            eprintln!("could not drop the test role {}: {dropped:?}", self.role);
+        }
+    }
+}
+
+/// A PostgreSQL role over its connection limit (53300, which sqlx's pool
+/// retries until its acquire timeout, as a server may free a slot) is
+/// named as the connection limit once the pool gives up, not as a pool
+/// timeout that might be anything.
+#[test]
+fn postgres_connection_limit_is_named_after_the_pool_gives_up() {
+    let Some(ts) = TestStore::new(
+        Backend::Postgres,
+        "postgres_connection_limit_is_named_after_the_pool_gives_up",
+    ) else {
+        return;
+    };
+    let role = unique("fc_limited").replace('-', "_");
+    let _guard = DropRole {
+        admin_url: ts.url.clone(),
+        role: role.clone(),
+    };
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        let admin = sqlx::PgPool::connect(&ts.url).await.expect("connect");
+        admin
+            .execute(format!("CREATE ROLE {role} LOGIN CONNECTION LIMIT 0").as_str())
+            .await
+            .expect("create role");
+        admin.close().await;
+    });
+    let url = with_url(&ts.url, |u| u.set_username(&role).expect("user"));
+    let (out, took) = lease_list(&url);
+    assert_eq!(out.status.code(), Some(1), "{}", describe(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("reached its connection limit") && err.contains("max_connections"),
+        "{err}"
+    );
+    assert!(!err.contains("came free in time"), "{err}");
+    assert!(took < Duration::from_secs(20), "took {took:?}");
+}

@@ -261,7 +261,8 @@ const PROBE_AFTER: Duration = Duration::from_millis(300);
 /// [`PROBE_AFTER`], one direct attempt runs beside it: a refused
 /// connection, or any error sqlx would not retry, is returned at once; a
 /// success, or an error sqlx retries by design (the server starting, at
-/// its connection limit), leaves the pool to go on waiting.
+/// its connection limit), leaves the pool to go on waiting, and if the pool
+/// then times out, that error is the answer.
 pub(crate) async fn first_connection<DB: Database>(
     pool: &Pool<DB>,
 ) -> Result<PoolConnection<DB>, sqlx::Error> {
@@ -281,7 +282,15 @@ pub(crate) async fn first_connection<DB: Database>(
                 let _ = conn.close().await;
                 acquire.await
             }
-            Err(sqlx::Error::Database(e)) if e.is_transient_in_connect_phase() => acquire.await,
+            // The pool retries these until its timeout; if it gives up,
+            // the server's own words (PostgreSQL's 53300, "too many
+            // connections") say more than "timed out".
+            Err(sqlx::Error::Database(e)) if e.is_transient_in_connect_phase() => {
+                match acquire.await {
+                    Err(sqlx::Error::PoolTimedOut) => Err(sqlx::Error::Database(e)),
+                    r => r,
+                }
+            }
             Err(e) => Err(e),
         },
     }
