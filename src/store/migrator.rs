@@ -5,9 +5,8 @@
 //! 0.8.6 has no option for the name of its table.
 //!
 //! The caller holds the backend's cross-process migration lock (PostgreSQL:
-//! [`lock_postgres`], the advisory lock sqlx's own migrator takes, so an
-//! older fencecron migrating at the same moment waits; MySQL: the named
-//! `GET_LOCK`; SQLite: the lock file) and hands one connection to [`run`].
+//! [`lock_postgres`]; MySQL: the named `GET_LOCK` older fencecron versions
+//! take too; SQLite: the lock file) and hands one connection to [`run`].
 //!
 //! Databases that an older fencecron migrated record its migrations in
 //! `_sqlx_migrations`, possibly next to an application's rows. [`run`]
@@ -235,6 +234,13 @@ where
     let known: &[Migration] = &migrator.migrations;
     let plan = plan(known, &applied, &legacy)?;
 
+    // The guard first: from the moment fencecron's rows leave
+    // `_sqlx_migrations`, an older binary migrating at the same time (it
+    // does not take this lock) can no longer record them again.
+    if has_legacy > 0 {
+        guard_legacy::<DB>(conn, backend, known).await;
+    }
+
     if !plan.adopt.is_empty() || !plan.forget.is_empty() {
         let copy = placeholders(
             backend,
@@ -263,10 +269,6 @@ where
                 .await?;
         }
         tx.commit().await?;
-    }
-
-    if has_legacy > 0 {
-        guard_legacy::<DB>(conn, backend, known).await;
     }
 
     let insert = placeholders(
@@ -434,20 +436,22 @@ where
         .collect())
 }
 
-/// Takes the PostgreSQL advisory lock sqlx's migrator takes for this
-/// database (`0x3d32ad9e × CRC-32(database name)`), so that fencecron
-/// binaries of before and after the move to `fencecron_migrations` never
-/// migrate one database at the same time. Waits for it.
+/// The PostgreSQL advisory lock of fencecron's migrator ("fencecro" in
+/// ASCII). Advisory locks are per database. Not the lock sqlx's migrator
+/// takes: sqlx keeps that one on its connection when a migration fails, so
+/// an older fencecron stopped by the guard would hold it, and every start
+/// of this version would wait for it, for as long as that older daemon
+/// runs. Against older binaries migrating at the same moment, the guard
+/// trigger (put on before any row moves) is what keeps them out.
+const PG_LOCK: i64 = 0x6665_6e63_6563_726f;
+
+/// Takes [`PG_LOCK`], waiting for it.
 pub(crate) async fn lock_postgres(conn: &mut sqlx::PgConnection) -> Result<i64, MigrateError> {
-    let db: String = sqlx::query_scalar("SELECT current_database()")
-        .fetch_one(&mut *conn)
-        .await?;
-    let key = 0x3d32_ad9e_i64 * i64::from(crc32(db.as_bytes()));
     sqlx::query("SELECT pg_advisory_lock($1)")
-        .bind(key)
+        .bind(PG_LOCK)
         .execute(&mut *conn)
         .await?;
-    Ok(key)
+    Ok(PG_LOCK)
 }
 
 /// Releases the lock [`lock_postgres`] took.
@@ -460,22 +464,6 @@ pub(crate) async fn unlock_postgres(
         .execute(&mut *conn)
         .await
         .map(|_| ())
-}
-
-/// CRC-32 (IEEE, as zlib), the checksum sqlx derives its lock key from.
-fn crc32(bytes: &[u8]) -> u32 {
-    let mut crc = 0xffff_ffff_u32;
-    for &b in bytes {
-        crc ^= u32::from(b);
-        for _ in 0..8 {
-            crc = if crc & 1 == 1 {
-                (crc >> 1) ^ 0xedb8_8320
-            } else {
-                crc >> 1
-            };
-        }
-    }
-    !crc
 }
 
 #[cfg(test)]
@@ -511,12 +499,6 @@ mod tests {
             migration(2, "more", "CREATE TABLE b (x INT);"),
             migration(3, "most", "CREATE TABLE c (x INT);"),
         ]
-    }
-
-    #[test]
-    fn crc32_matches_zlib() {
-        assert_eq!(crc32(b"123456789"), 0xcbf4_3926);
-        assert_eq!(crc32(b""), 0);
     }
 
     #[test]

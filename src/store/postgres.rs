@@ -585,8 +585,8 @@ impl Store for PostgresStore {
     }
 
     async fn migrate(&self) -> Result<(), StoreError> {
-        // Under sqlx's PostgreSQL advisory lock, so many instances starting
-        // at once (also older ones) apply each migration exactly once.
+        // Under fencecron's advisory lock, so many instances starting at
+        // once apply each migration exactly once.
         timed(&self.url, self.call_timeout * 3, async {
             let fail = |source| migrate_error(Backend::Postgres, &self.url, source);
             let mut conn = diagnose::first_connection(&self.pool)
