@@ -140,6 +140,13 @@ fn host_port(url: &str, backend: Backend) -> String {
     let Ok(u) = url::Url::parse(url) else {
         return url.to_string();
     };
+    // A Unix socket (PostgreSQL `?host=/run/postgresql`, MySQL `?socket=`).
+    if let Some((_, path)) = u
+        .query_pairs()
+        .find(|(k, v)| (k == "host" && v.starts_with('/')) || k == "socket")
+    {
+        return path.into_owned();
+    }
     let default = if backend == Backend::MySql {
         3306
     } else {
@@ -310,6 +317,14 @@ mod tests {
             ("postgres://u:hunter2@127.0.0.1:1/db", "127.0.0.1:1"),
             ("mysql://root@db.example", "db.example:3306"),
             ("postgres://u@h/db", "h:5432"),
+            (
+                "postgres://u@localhost/db?host=/run/postgresql",
+                "/run/postgresql",
+            ),
+            (
+                "mysql://u@localhost/db?socket=/run/mysqld.sock",
+                "/run/mysqld.sock",
+            ),
         ] {
             let redacted = super::super::redact(url);
             let e = io(std::io::ErrorKind::ConnectionRefused);
