@@ -156,13 +156,9 @@ async fn mysql_upgrade_from_0001_keeps_fences() {
         );
         let lease: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
         assert_eq!(lease["token"], 42, "{lease}");
-        let check = sqlx::MySqlPool::connect(&url).await.expect("connect");
-        let versions: Vec<i64> =
-            sqlx::query_scalar("SELECT version FROM _sqlx_migrations ORDER BY version")
-                .fetch_all(&check)
-                .await
-                .expect("migrations table");
-        assert_eq!(versions, vec![1, 2, 3, 4]);
+        let check = Db::open(Backend::MySql, &url).await;
+        assert_eq!(check.versions(OWN).await, vec![1, 2, 3, 4]);
+        assert_eq!(check.versions(LEGACY).await, Vec::<i64>::new());
         check.close().await;
     };
     let result = tokio::spawn(result).await;
@@ -256,6 +252,10 @@ async fn upgrade_keeps_fences(backend: Backend, test: &str, old: &[&str], versio
     with_fresh_database(&ts, move |url| async move {
         let old: Vec<&str> = old.iter().map(String::as_str).collect();
         previous_version_database(backend, &url, &old).await;
+        let db = Db::open(backend, &url).await;
+        let before = db.timings(LEGACY).await;
+        assert_eq!(before.len(), old.len(), "{before:?}");
+        db.close().await;
 
         let lease = json_of(&url, &["lease", "acquire", "upgraded", "--json"]);
         let epoch = json_of(&url, &["epoch", "--json"]);
@@ -288,33 +288,20 @@ async fn upgrade_keeps_fences(backend: Backend, test: &str, old: &[&str], versio
             .clone();
         assert_eq!(held_row["token"], 7, "{held_row}");
 
-        let applied: Vec<i64> = match backend {
-            Backend::Sqlite => {
-                let opts = url
-                    .parse::<sqlx::sqlite::SqliteConnectOptions>()
-                    .expect("sqlite URL");
-                let pool = sqlx::SqlitePool::connect_with(opts).await.expect("connect");
-                sqlx::query_scalar("SELECT version FROM _sqlx_migrations ORDER BY version")
-                    .fetch_all(&pool)
-                    .await
-                    .expect("migrations table")
-            }
-            Backend::Postgres => {
-                let pool = sqlx::PgPool::connect(&url).await.expect("connect");
-                sqlx::query_scalar("SELECT version FROM _sqlx_migrations ORDER BY version")
-                    .fetch_all(&pool)
-                    .await
-                    .expect("migrations table")
-            }
-            Backend::MySql => {
-                let pool = sqlx::MySqlPool::connect(&url).await.expect("connect");
-                sqlx::query_scalar("SELECT version FROM _sqlx_migrations ORDER BY version")
-                    .fetch_all(&pool)
-                    .await
-                    .expect("migrations table")
-            }
-        };
-        assert_eq!(applied, versions);
+        // The old rows moved to fencecron_migrations as they were (the
+        // time sqlx measured for each is still there: adopted, not run
+        // again); _sqlx_migrations keeps no row of fencecron's.
+        let db = Db::open(backend, &url).await;
+        assert_eq!(db.versions(OWN).await, versions);
+        assert_eq!(db.versions(LEGACY).await, Vec::<i64>::new());
+        let kept = db.timings(OWN).await;
+        for (version, nanos) in &before {
+            assert!(
+                kept.contains(&(*version, *nanos)),
+                "migration {version} was applied again: {before:?} -> {kept:?}"
+            );
+        }
+        db.close().await;
 
         let advanced = json_of(&url, &["epoch", "advance", "--json"]);
         let lowest = advanced["lowest_token"].as_i64().expect("lowest_token");
@@ -357,3 +344,494 @@ async fn mysql_upgrade_from_0002_keeps_fences() {
     )
     .await;
 }
+
+#[tokio::test]
+async fn sqlite_upgrade_from_the_last_sqlx_recorded_version() {
+    upgrade_keeps_fences(
+        Backend::Sqlite,
+        "sqlite_upgrade_from_the_last_sqlx_recorded_version",
+        &["0001_init.sql", "0002_epoch_and_takeover.sql"],
+        &[1, 2],
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn postgres_upgrade_from_the_last_sqlx_recorded_version() {
+    upgrade_keeps_fences(
+        Backend::Postgres,
+        "postgres_upgrade_from_the_last_sqlx_recorded_version",
+        &["0001_init.sql", "0002_epoch_and_takeover.sql"],
+        &[1, 2],
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn mysql_upgrade_from_the_last_sqlx_recorded_version() {
+    upgrade_keeps_fences(
+        Backend::MySql,
+        "mysql_upgrade_from_the_last_sqlx_recorded_version",
+        &[
+            "0001_init.sql",
+            "0002_acquire_procedure.sql",
+            "0003_epoch_and_takeover.sql",
+            "0004_occurrence_identity.sql",
+        ],
+        &[1, 2, 3, 4],
+    )
+    .await;
+}
+
+/// One test per backend of an async check taking the backend and the
+/// test's name.
+macro_rules! on_every_backend {
+    ($check:ident: $sqlite:ident, $postgres:ident, $mysql:ident) => {
+        #[tokio::test]
+        async fn $sqlite() {
+            $check(Backend::Sqlite, stringify!($sqlite)).await;
+        }
+
+        #[tokio::test]
+        async fn $postgres() {
+            $check(Backend::Postgres, stringify!($postgres)).await;
+        }
+
+        #[tokio::test]
+        async fn $mysql() {
+            $check(Backend::MySql, stringify!($mysql)).await;
+        }
+    };
+}
+
+/// fencecron's migrations table.
+const OWN: &str = "fencecron_migrations";
+/// sqlx's, where fencecron recorded its migrations before.
+const LEGACY: &str = "_sqlx_migrations";
+
+/// A pool on a test database of any backend, for the tests' own SQL.
+enum Db {
+    Sqlite(sqlx::SqlitePool),
+    Postgres(sqlx::PgPool),
+    MySql(sqlx::MySqlPool),
+}
+
+impl Db {
+    async fn open(backend: Backend, url: &str) -> Db {
+        match backend {
+            Backend::Sqlite => {
+                let opts = url
+                    .parse::<sqlx::sqlite::SqliteConnectOptions>()
+                    .expect("sqlite URL")
+                    .create_if_missing(true);
+                Db::Sqlite(sqlx::SqlitePool::connect_with(opts).await.expect("connect"))
+            }
+            Backend::Postgres => Db::Postgres(sqlx::PgPool::connect(url).await.expect("connect")),
+            Backend::MySql => Db::MySql(sqlx::MySqlPool::connect(url).await.expect("connect")),
+        }
+    }
+
+    async fn exec(&self, sql: &str) {
+        match self {
+            Db::Sqlite(p) => p.execute(sql).await.map(|_| ()),
+            Db::Postgres(p) => p.execute(sql).await.map(|_| ()),
+            Db::MySql(p) => p.execute(sql).await.map(|_| ()),
+        }
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+
+    async fn count(&self, sql: &str) -> i64 {
+        match self {
+            Db::Sqlite(p) => sqlx::query_scalar(sql).fetch_one(p).await,
+            Db::Postgres(p) => sqlx::query_scalar(sql).fetch_one(p).await,
+            Db::MySql(p) => sqlx::query_scalar(sql).fetch_one(p).await,
+        }
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+    }
+
+    /// Whether a table exists (in the schema or database of the URL).
+    async fn has_table(&self, table: &str) -> bool {
+        let sql = match self {
+            Db::Sqlite(_) => {
+                format!("SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = '{table}'")
+            }
+            Db::Postgres(_) => format!(
+                "SELECT count(*) FROM (SELECT to_regclass('{table}') AS t) r WHERE t IS NOT NULL"
+            ),
+            Db::MySql(_) => format!(
+                "SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name = '{table}'"
+            ),
+        };
+        self.count(&sql).await > 0
+    }
+
+    /// The versions recorded in a migrations table (none when it is missing).
+    async fn versions(&self, table: &str) -> Vec<i64> {
+        self.timings(table)
+            .await
+            .into_iter()
+            .map(|(v, _)| v)
+            .collect()
+    }
+
+    /// (version, execution_time) of every row of a migrations table.
+    async fn timings(&self, table: &str) -> Vec<(i64, i64)> {
+        if !self.has_table(table).await {
+            return Vec::new();
+        }
+        let sql = format!("SELECT version, execution_time FROM {table} ORDER BY version");
+        match self {
+            Db::Sqlite(p) => sqlx::query_as(&sql).fetch_all(p).await,
+            Db::Postgres(p) => sqlx::query_as(&sql).fetch_all(p).await,
+            Db::MySql(p) => sqlx::query_as(&sql).fetch_all(p).await,
+        }
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+    }
+
+    /// Runs sqlx's own migrator (as an application, or an older fencecron,
+    /// does) on the migrations in `dir`.
+    async fn sqlx_migrate(&self, dir: &std::path::Path) -> Result<(), sqlx::migrate::MigrateError> {
+        let m = sqlx::migrate::Migrator::new(dir)
+            .await
+            .expect("read migrations");
+        match self {
+            Db::Sqlite(p) => m.run(p).await,
+            Db::Postgres(p) => m.run(p).await,
+            Db::MySql(p) => m.run(p).await,
+        }
+    }
+
+    /// A blob literal.
+    fn bytes(&self, hex: &str) -> String {
+        match self {
+            Db::Postgres(_) => format!("decode('{hex}', 'hex')"),
+            _ => format!("x'{hex}'"),
+        }
+    }
+
+    async fn close(self) {
+        match self {
+            Db::Sqlite(p) => p.close().await,
+            Db::Postgres(p) => p.close().await,
+            Db::MySql(p) => p.close().await,
+        }
+    }
+}
+
+fn sub(backend: Backend) -> &'static str {
+    match backend {
+        Backend::Sqlite => "sqlite",
+        Backend::Postgres => "postgres",
+        Backend::MySql => "mysql",
+    }
+}
+
+/// fencecron's migration files of `backend`, as the older fencecron that
+/// recorded them in `_sqlx_migrations` ran them.
+fn fencecron_files(backend: Backend) -> Vec<String> {
+    let dir = format!("{}/migrations/{}", env!("CARGO_MANIFEST_DIR"), sub(backend));
+    let mut files: Vec<String> = std::fs::read_dir(&dir)
+        .expect("migrations dir")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    files.sort();
+    files
+}
+
+/// A directory of migrations: fencecron's (`fencecron`) and the
+/// application's first `app` ones (app_users, then app_orders).
+fn migrations_dir(backend: Backend, fencecron: bool, app: usize) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("temp dir");
+    if fencecron {
+        for f in fencecron_files(backend) {
+            std::fs::copy(
+                format!(
+                    "{}/migrations/{}/{f}",
+                    env!("CARGO_MANIFEST_DIR"),
+                    sub(backend)
+                ),
+                dir.path().join(&f),
+            )
+            .expect("copy migration");
+        }
+    }
+    let app_migrations = [
+        (
+            "20240101000000_app_users.sql",
+            "CREATE TABLE app_users (id INT PRIMARY KEY);",
+        ),
+        (
+            "20240202000000_app_orders.sql",
+            "CREATE TABLE app_orders (id INT PRIMARY KEY);",
+        ),
+    ];
+    for (name, sql) in app_migrations.iter().take(app) {
+        std::fs::write(dir.path().join(name), sql).expect("write app migration");
+    }
+    dir
+}
+
+/// Runs the binary against `url` with `args`.
+fn run_cli(url: &str, args: &[&str]) -> std::process::Output {
+    let dir = tempfile::tempdir().expect("temp dir");
+    fencecron(dir.path())
+        .args(["--store", url])
+        .args(args)
+        .output()
+        .expect("run fencecron")
+}
+
+fn all_versions(backend: Backend) -> Vec<i64> {
+    fencecron_files(backend)
+        .iter()
+        .map(|f| f[..4].parse().expect("numbered migration"))
+        .collect()
+}
+
+/// A fresh database gets `fencecron_migrations` and no `_sqlx_migrations`.
+async fn fresh_database_has_only_fencecron_migrations(backend: Backend, test: &str) {
+    let Some(ts) = TestStore::new(backend, test) else {
+        return;
+    };
+    with_fresh_database(&ts, move |url| async move {
+        json_of(&url, &["lease", "list", "--json"]);
+        let db = Db::open(backend, &url).await;
+        assert_eq!(db.versions(OWN).await, all_versions(backend));
+        assert!(!db.has_table(LEGACY).await, "a fresh database got {LEGACY}");
+        db.close().await;
+    })
+    .await;
+}
+
+on_every_backend!(fresh_database_has_only_fencecron_migrations: sqlite_fresh_database_has_only_fencecron_migrations, postgres_fresh_database_has_only_fencecron_migrations, mysql_fresh_database_has_only_fencecron_migrations);
+
+/// fencecron and an application that uses sqlx migrations share one
+/// database, whichever came first: an application first, and a database
+/// where an older fencecron recorded its migrations in `_sqlx_migrations`
+/// next to the application's. Afterwards each migrator runs (also with a
+/// new migration of the application's) without failing on the other's
+/// rows, and `_sqlx_migrations` holds only the application's.
+async fn shared_with_an_application(backend: Backend, test: &str) {
+    let Some(ts) = TestStore::new(backend, test) else {
+        return;
+    };
+    // The application first, then fencecron, then the application again.
+    // Its first migration is its own `0001_init.sql`: fencecron's version
+    // and description, other SQL.
+    with_fresh_database(&ts, move |url| async move {
+        let db = Db::open(backend, &url).await;
+        let app = migrations_dir(backend, false, 0);
+        std::fs::write(
+            app.path().join("0001_init.sql"),
+            "CREATE TABLE app_init (id INT PRIMARY KEY);",
+        )
+        .expect("write app migration");
+        db.sqlx_migrate(app.path())
+            .await
+            .expect("the application's first migration");
+        json_of(&url, &["lease", "acquire", "shared", "--json"]);
+        std::fs::write(
+            app.path().join("20240101000000_app_users.sql"),
+            "CREATE TABLE app_users (id INT PRIMARY KEY);",
+        )
+        .expect("write app migration");
+        db.sqlx_migrate(app.path())
+            .await
+            .expect("the application migrates after fencecron");
+        json_of(&url, &["lease", "list", "--json"]);
+        assert_eq!(db.versions(OWN).await, all_versions(backend));
+        assert_eq!(db.versions(LEGACY).await, vec![1, 20240101000000]);
+        assert_eq!(db.count("SELECT count(*) FROM app_users").await, 0);
+        db.close().await;
+    })
+    .await;
+    let Some(ts) = TestStore::new(backend, test) else {
+        return;
+    };
+    // An older fencecron's rows next to the application's (the application
+    // migrated with both sets of files, as it had to for the older
+    // fencecron not to fail).
+    with_fresh_database(&ts, move |url| async move {
+        let db = Db::open(backend, &url).await;
+        db.sqlx_migrate(migrations_dir(backend, true, 1).path())
+            .await
+            .expect("older fencecron and the application");
+        db.exec(
+            "INSERT INTO fencecron_leases
+               (resource, fence, owner_id, node, acquired_at_ms, expires_at_ms)
+             VALUES ('shared', 41, 'old-owner', 'old-node', 0, 0)",
+        )
+        .await;
+        let before = db.timings(LEGACY).await;
+        let lease = json_of(&url, &["lease", "acquire", "shared", "--json"]);
+        assert_eq!(lease["token"], 42, "{lease}");
+        let kept = db.timings(OWN).await;
+        for row in before.iter().filter(|(v, _)| *v < 1000) {
+            assert!(kept.contains(row), "applied again: {before:?} -> {kept:?}");
+        }
+        assert_eq!(db.versions(LEGACY).await, vec![20240101000000]);
+        db.sqlx_migrate(migrations_dir(backend, false, 2).path())
+            .await
+            .expect("the application migrates after the upgrade");
+        json_of(&url, &["lease", "list", "--json"]);
+        assert_eq!(db.versions(OWN).await, all_versions(backend));
+        assert_eq!(
+            db.versions(LEGACY).await,
+            vec![20240101000000, 20240202000000]
+        );
+        assert_eq!(db.count("SELECT count(*) FROM app_orders").await, 0);
+        db.close().await;
+    })
+    .await;
+}
+
+on_every_backend!(shared_with_an_application: sqlite_shared_with_an_application, postgres_shared_with_an_application, mysql_shared_with_an_application);
+
+/// The refusals: a recorded migration whose checksum differs, and a
+/// migration this binary does not know (a newer fencecron migrated the
+/// database). Each fails the command with its own message and changes
+/// nothing.
+async fn refuses_changed_and_newer_migrations(backend: Backend, test: &str) {
+    let Some(ts) = TestStore::new(backend, test) else {
+        return;
+    };
+    with_fresh_database(&ts, move |url| async move {
+        json_of(&url, &["lease", "list", "--json"]);
+        let db = Db::open(backend, &url).await;
+        let zeros = db.bytes(&"00".repeat(48));
+        db.exec(&format!(
+            "UPDATE {OWN} SET checksum = {zeros} WHERE version = 1"
+        ))
+        .await;
+        let out = run_cli(&url, &["lease", "list"]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        assert!(
+            err.contains("migration 1 with another checksum") && !err.contains("create tables"),
+            "{err}"
+        );
+        db.exec(&format!("DELETE FROM {OWN} WHERE version = 1"))
+            .await;
+        // Recorded again by the next command: migration 1 is idempotent.
+        json_of(&url, &["lease", "list", "--json"]);
+
+        db.exec(&format!(
+            "INSERT INTO {OWN} (version, description, success, checksum, execution_time)
+             VALUES (9999, 'from the future', TRUE, {zeros}, 0)"
+        ))
+        .await;
+        let out = run_cli(&url, &["lease", "list"]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        assert!(
+            err.contains("migrated by a newer fencecron") && err.contains("migration 9999"),
+            "{err}"
+        );
+        let mut expected = all_versions(backend);
+        expected.push(9999);
+        assert_eq!(db.versions(OWN).await, expected);
+        db.close().await;
+    })
+    .await;
+}
+
+on_every_backend!(refuses_changed_and_newer_migrations: sqlite_refuses_changed_and_newer_migrations, postgres_refuses_changed_and_newer_migrations, mysql_refuses_changed_and_newer_migrations);
+
+/// An older fencecron (sqlx's migrator on fencecron's files, as it ran
+/// them) started on a database this version upgraded stops before it
+/// changes anything: the guard trigger on `_sqlx_migrations` refuses its
+/// first record with a message to upgrade it, on MySQL before any statement
+/// of its migrations ran. Nothing is applied again, and this version goes
+/// on working.
+async fn older_binary_stops_on_an_upgraded_database(backend: Backend, test: &str) {
+    let Some(ts) = TestStore::new(backend, test) else {
+        return;
+    };
+    with_fresh_database(&ts, move |url| async move {
+        let db = Db::open(backend, &url).await;
+        let old = migrations_dir(backend, true, 0);
+        db.sqlx_migrate(old.path()).await.expect("older fencecron");
+        let lease = json_of(&url, &["lease", "acquire", "guarded", "--json"]);
+        assert_eq!(db.versions(LEGACY).await, Vec::<i64>::new());
+        let own = db.timings(OWN).await;
+        let procedure = if backend == Backend::MySql {
+            db.count(
+                "SELECT CAST(CRC32(ROUTINE_DEFINITION) AS SIGNED) FROM information_schema.routines
+                  WHERE routine_schema = DATABASE() AND routine_name = 'fencecron_acquire'",
+            )
+            .await
+        } else {
+            0
+        };
+
+        let err = db
+            .sqlx_migrate(old.path())
+            .await
+            .expect_err("an older fencecron must stop");
+        assert!(
+            err.to_string().contains("upgrade this fencecron"),
+            "{err}"
+        );
+        // sqlx's migrator keeps its PostgreSQL advisory lock when it fails,
+        // on a connection its pool keeps (an older daemon that goes on
+        // running): this version does not wait for that lock.
+        assert_eq!(db.versions(LEGACY).await, Vec::<i64>::new());
+        assert_eq!(db.timings(OWN).await, own);
+        if backend == Backend::MySql {
+            let now = db
+                .count(
+                    "SELECT CAST(CRC32(ROUTINE_DEFINITION) AS SIGNED) FROM information_schema.routines
+                      WHERE routine_schema = DATABASE() AND routine_name = 'fencecron_acquire'",
+                )
+                .await;
+            assert_eq!(now, procedure, "migration 0002 ran again");
+        }
+        let listed = json_of(&url, &["lease", "list", "--json"]);
+        assert_eq!(listed[0]["token"], lease["token"], "{listed}");
+        db.close().await;
+    })
+    .await;
+}
+
+on_every_backend!(older_binary_stops_on_an_upgraded_database: sqlite_older_binary_stops_on_an_upgraded_database, postgres_older_binary_stops_on_an_upgraded_database, mysql_older_binary_stops_on_an_upgraded_database);
+
+/// An older fencecron started on a database this version created (no
+/// `_sqlx_migrations`, so no guard yet) runs its migrations again: on
+/// PostgreSQL they are all idempotent and it succeeds; on SQLite and MySQL
+/// it fails on a column that exists, changing nothing this version uses.
+/// The next start of this version removes the rows it recorded (also
+/// MySQL's unfinished one), keeps the data, and puts the guard on the table
+/// it created, so the older binary stops at once from then on.
+async fn older_binary_on_a_database_this_version_created(backend: Backend, test: &str) {
+    let Some(ts) = TestStore::new(backend, test) else {
+        return;
+    };
+    with_fresh_database(&ts, move |url| async move {
+        let lease = json_of(&url, &["lease", "acquire", "fresh-first", "--json"]);
+        let db = Db::open(backend, &url).await;
+        let own = db.timings(OWN).await;
+        let old = migrations_dir(backend, true, 0);
+        let first = db.sqlx_migrate(old.path()).await;
+        assert_eq!(
+            first.is_ok(),
+            backend == Backend::Postgres,
+            "the older binary's first run: {first:?}"
+        );
+        db.close().await;
+
+        let listed = json_of(&url, &["lease", "list", "--json"]);
+        assert_eq!(listed[0]["token"], lease["token"], "{listed}");
+        let db = Db::open(backend, &url).await;
+        assert_eq!(db.versions(LEGACY).await, Vec::<i64>::new());
+        assert_eq!(db.timings(OWN).await, own);
+        let err = db
+            .sqlx_migrate(old.path())
+            .await
+            .expect_err("guarded from now on");
+        assert!(err.to_string().contains("upgrade this fencecron"), "{err}");
+        db.close().await;
+    })
+    .await;
+}
+
+on_every_backend!(older_binary_on_a_database_this_version_created: sqlite_older_binary_on_a_database_this_version_created, postgres_older_binary_on_a_database_this_version_created, mysql_older_binary_on_a_database_this_version_created);

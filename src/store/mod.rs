@@ -24,6 +24,8 @@
 //!   expired without being released ([`Takeover`]); a losing acquire
 //!   writes nothing.
 
+mod diagnose;
+mod migrator;
 mod mysql;
 mod postgres;
 mod sqlite;
@@ -357,7 +359,7 @@ pub enum StoreError {
     #[error("the store at {url} did not answer within {limit:?}; check the database's load and the network")]
     Timeout { url: String, limit: Duration },
     /// Migrations could not be applied.
-    #[error("could not apply the {backend} migrations to {url} ({source}); check that the user may create tables")]
+    #[error("{}", diagnose::migrate_message(*backend, url, source))]
     Migrate {
         backend: Backend,
         url: String,
@@ -402,6 +404,9 @@ pub enum StoreError {
 /// cause: a database at its connection limit needs a different fix from one
 /// that is down.
 fn unavailable_message(url: &str, source: &sqlx::Error) -> String {
+    if let Some(m) = diagnose::explain(url, source) {
+        return m;
+    }
     if is_connection_limit(source) {
         return format!(
             "the store at {url} refused a new connection because it has reached its connection limit ({source}); lower store.max_connections in jobs.toml on each host or raise the database's limit"
@@ -937,7 +942,11 @@ pub(crate) fn migrate_error(
             | sqlx::Error::Tls(_)
             | sqlx::Error::Protocol(_)),
         ) => unavailable(url, e),
-        sqlx::migrate::MigrateError::Execute(e) if is_connection_limit(&e) => unavailable(url, e),
+        sqlx::migrate::MigrateError::Execute(e)
+            if is_connection_limit(&e) || diagnose::cause(&url.to_string(), &e).is_some() =>
+        {
+            unavailable(url, e)
+        }
         source => StoreError::Migrate {
             backend,
             url: url.to_string(),

@@ -474,7 +474,9 @@ impl Store for MySqlStore {
         // with a finite wait on one connection and migrate on that same
         // connection.
         timed(&self.url, self.call_timeout * 3, async {
-            let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
+            let mut conn = diagnose::first_connection(&self.pool)
+                .await
+                .map_err(|e| self.err(e))?;
             let wait = i64::try_from((self.call_timeout * 2).as_secs()).unwrap_or(60);
             let locked: Option<i64> =
                 sqlx::query_scalar("SELECT GET_LOCK(CONCAT('fencecron-migrate:', DATABASE()), ?)")
@@ -488,10 +490,13 @@ impl Store for MySqlStore {
                     limit: self.call_timeout * 2,
                 });
             }
-            let result = sqlx::migrate!("migrations/mysql")
-                .run_direct(&mut *conn)
-                .await
-                .map_err(|source| migrate_error(Backend::MySql, &self.url, source));
+            let result = migrator::run::<sqlx::MySql>(
+                &mut conn,
+                Backend::MySql,
+                &sqlx::migrate!("migrations/mysql"),
+            )
+            .await
+            .map_err(|source| migrate_error(Backend::MySql, &self.url, source));
             sqlx::query("SELECT RELEASE_LOCK(CONCAT('fencecron-migrate:', DATABASE()))")
                 .execute(&mut *conn)
                 .await

@@ -585,13 +585,25 @@ impl Store for PostgresStore {
     }
 
     async fn migrate(&self) -> Result<(), StoreError> {
-        // sqlx takes a PostgreSQL advisory lock around the migration, so many
-        // instances starting at once apply it exactly once.
+        // Under fencecron's advisory lock, so many instances starting at
+        // once apply each migration exactly once.
         timed(&self.url, self.call_timeout * 3, async {
-            sqlx::migrate!("migrations/postgres")
-                .run(&self.pool)
+            let fail = |source| migrate_error(Backend::Postgres, &self.url, source);
+            let mut conn = diagnose::first_connection(&self.pool)
                 .await
-                .map_err(|source| migrate_error(Backend::Postgres, &self.url, source))
+                .map_err(|e| self.err(e))?;
+            let key = migrator::lock_postgres(&mut conn).await.map_err(fail)?;
+            let result = migrator::run::<sqlx::Postgres>(
+                &mut conn,
+                Backend::Postgres,
+                &sqlx::migrate!("migrations/postgres"),
+            )
+            .await;
+            if migrator::unlock_postgres(&mut conn, key).await.is_err() {
+                // Never pool a connection that may still hold the lock.
+                drop(conn.detach());
+            }
+            result.map_err(fail)
         })
         .await
     }

@@ -579,10 +579,15 @@ impl Store for SqliteStore {
             detail: format!("migration lock task failed: {e}"),
         })??;
         let result = timed(&self.url, self.call_timeout * 3, async {
-            sqlx::migrate!("migrations/sqlite")
-                .run(&self.pool)
-                .await
-                .map_err(|source| migrate_error(Backend::Sqlite, &self.url, source))
+            let fail = |source| migrate_error(Backend::Sqlite, &self.url, source);
+            let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
+            migrator::run::<Sqlite>(
+                &mut conn,
+                Backend::Sqlite,
+                &sqlx::migrate!("migrations/sqlite"),
+            )
+            .await
+            .map_err(fail)
         })
         .await;
         drop(lock);
