@@ -388,6 +388,16 @@ pub fn stale_write_rejected(rec: &StaleRecord) {
     );
 }
 
+/// The trigger that keeps older fencecron binaries from applying their
+/// migrations again (on a kept `_sqlx_migrations`) could not be created.
+pub fn migration_guard_failed(guard: &str, error: &str) {
+    warn!(
+        event = "migration_guard_failed",
+        error,
+        "could not put the guard trigger {guard} on _sqlx_migrations, which stops older fencecron binaries from applying their migrations again; allow this user to create a trigger on that table"
+    );
+}
+
 /// A store call failed; the caller will retry.
 pub fn store_unavailable(
     operation: &str,

@@ -401,11 +401,7 @@ where
         Err(e) => Err(e),
     };
     if let Err(e) = result {
-        tracing::warn!(
-            event = "migration_guard_failed",
-            error = %e,
-            "could not put the guard trigger {GUARD} on _sqlx_migrations, which stops older fencecron binaries from applying their migrations again; allow this user to create a trigger on that table"
-        );
+        crate::events::migration_guard_failed(GUARD, &e.to_string());
     }
 }
 
