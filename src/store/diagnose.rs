@@ -76,8 +76,13 @@ pub(crate) fn cause(url: &str, e: &sqlx::Error) -> Option<Cause> {
                 match number {
                     1049 => Some(Cause::MissingDatabase),
                     // 1698: MariaDB's "access denied" without a password.
+                    // Whether a password was sent is read from the URL: the
+                    // server's "(using password: YES)" is not reliable, since
+                    // MariaDB may switch an unknown user to another
+                    // authentication plugin, to which the client answers
+                    // with a non-empty response even without a password.
                     1045 | 1698 => Some(Cause::AccessDenied {
-                        password: db.message().contains("using password: YES"),
+                        password: url_has_password(url),
                     }),
                     1044 => Some(Cause::NoDatabaseAccess),
                     1130 => Some(Cause::HostNotAllowed),
@@ -169,6 +174,16 @@ fn database(url: &str) -> String {
 }
 
 /// The user a server URL names.
+/// Whether the URL carries a password (in its user part or a password
+/// parameter; a redacted URL keeps `***` in its place).
+fn url_has_password(url: &str) -> bool {
+    url::Url::parse(url).is_ok_and(|u| {
+        u.password().is_some_and(|p| !p.is_empty())
+            || u.query_pairs()
+                .any(|(k, v)| super::is_secret_param(&k) && !v.is_empty())
+    })
+}
+
 fn user(url: &str) -> String {
     url::Url::parse(url)
         .ok()
@@ -306,6 +321,15 @@ pub(crate) async fn first_connection<DB: Database>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn whether_a_password_was_sent_is_read_from_the_url() {
+        assert!(!url_has_password("mysql://root@127.0.0.1:3306/test"));
+        assert!(!url_has_password("mysql://root:@127.0.0.1:3306/test"));
+        assert!(url_has_password("mysql://root:secret@127.0.0.1:3306/test"));
+        assert!(url_has_password("mysql://root:***@127.0.0.1:3306/test"));
+        assert!(url_has_password("postgres://u@db/x?password=s"));
+    }
 
     fn io(kind: std::io::ErrorKind) -> sqlx::Error {
         sqlx::Error::Io(std::io::Error::new(kind, "test"))
