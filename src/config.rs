@@ -52,6 +52,9 @@ pub struct Config {
     pub store_max_connections: Option<u32>,
     /// The node id, when the file sets one.
     pub node_id: Option<String>,
+    /// `[http] listen`: where the daemon serves `/metrics`, `/livez` and
+    /// `/readyz`; `None` (the default) serves nothing.
+    pub http_listen: Option<std::net::SocketAddr>,
     /// The jobs, in file order.
     pub jobs: Vec<Job>,
 }
@@ -144,6 +147,7 @@ impl std::error::Error for ConfigError {}
 struct RawConfig {
     store: Option<Spanned<RawStore>>,
     node: Option<RawNode>,
+    http: Option<RawHttp>,
     defaults: Option<RawDefaults>,
     #[serde(default)]
     job: Vec<Spanned<RawJob>>,
@@ -155,6 +159,12 @@ struct RawStore {
     url: Option<Spanned<String>>,
     url_env: Option<Spanned<String>>,
     max_connections: Option<Spanned<i64>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawHttp {
+    listen: Spanned<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -332,6 +342,22 @@ impl Parser<'_> {
             }
             None => None,
         };
+        let http_listen =
+            match &raw.http {
+                Some(h) => Some(h.listen.get_ref().parse::<std::net::SocketAddr>().map_err(
+                    |_| {
+                        self.at(
+                            h.listen.span(),
+                            "http.listen",
+                            format!(
+                                "`{}` is not an address and port like 127.0.0.1:9464 or [::1]:9464",
+                                h.listen.get_ref()
+                            ),
+                        )
+                    },
+                )?),
+                None => None,
+            };
         let defaults = raw.defaults.unwrap_or_default();
 
         let mut jobs: Vec<Job> = Vec::with_capacity(raw.job.len());
@@ -377,6 +403,7 @@ impl Parser<'_> {
             store_url_env,
             store_max_connections,
             node_id,
+            http_listen,
             jobs,
         })
     }

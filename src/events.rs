@@ -170,6 +170,7 @@ pub fn lease_released(job: Option<&str>, lease: &Lease) {
 /// stable code (`renew_refused`, `deadline_passed`, `release_refused`);
 /// `detail` says what happened in words.
 pub fn lease_lost(job: Option<&str>, lease: &Lease, node: &str, reason: &str, detail: &str) {
+    crate::metrics::lease_lost(job.unwrap_or(""), reason);
     warn!(
         event = "lease_lost",
         job,
@@ -185,6 +186,13 @@ pub fn lease_lost(job: Option<&str>, lease: &Lease, node: &str, reason: &str, de
 
 /// The child process was spawned.
 pub fn job_started(job: &str, resource: &str, token: Token, pid: Option<u32>, scheduled_at: &str) {
+    crate::metrics::run_started(
+        job,
+        scheduled_at
+            .parse::<chrono::DateTime<chrono::Utc>>()
+            .ok()
+            .and_then(|at| (chrono::Utc::now() - at).to_std().ok()),
+    );
     info!(
         event = "job_started",
         job, resource, token, pid, scheduled_at, "job started"
@@ -266,6 +274,7 @@ pub fn job_finished(end: &JobEnd<'_>) {
         ..
     } = *end;
     let outcome = outcome.as_str();
+    crate::metrics::run_finished(job, outcome, duration);
     let duration_ms = ms(duration);
     info!(
         event = "job_finished",
@@ -315,6 +324,7 @@ pub fn job_spawn_failed(job: &str, token: Token, error: &str) {
 
 /// An occurrence was not run here.
 pub fn occurrence_skipped(job: &str, scheduled_at: &str, reason: &str, detail: &str) {
+    crate::metrics::occurrence_skipped(job, reason);
     info!(
         event = "occurrence_skipped",
         job, scheduled_at, reason, detail, "occurrence skipped"
@@ -332,6 +342,7 @@ pub fn occurrence_skipped_clock(
     offset_ms: i64,
     detail: &str,
 ) {
+    crate::metrics::occurrence_skipped(job, reason);
     warn!(
         event = "occurrence_skipped",
         job, scheduled_at, reason, offset_ms, detail, "occurrence skipped"
@@ -372,6 +383,7 @@ pub fn occurrence_early(job: &str, scheduled_at: &str, ahead_ms: i64) {
 
 /// A fenced write was refused. A stale-owner event.
 pub fn stale_write_rejected(rec: &StaleRecord) {
+    crate::metrics::stale_write_rejected(rec.job.as_deref());
     warn!(
         event = "stale_write_rejected",
         resource = %rec.resource,

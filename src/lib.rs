@@ -19,6 +19,7 @@ pub mod error;
 pub mod events;
 pub mod fence;
 pub mod job_env;
+pub mod metrics;
 pub mod names;
 pub mod output;
 pub mod runs;

@@ -344,6 +344,182 @@ fn a_stale_put_inside_a_job_is_a_daemon_event_sqlite() {
     );
 }
 
+/// One HTTP/1.1 GET on 127.0.0.1:`port`: (status, body).
+fn http_get(port: u16, path: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    s.set_read_timeout(Some(secs(10))).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: fencecron\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).expect("read the answer");
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("no status line: {text}"));
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// The value of the sample `name{labels}` (labels exactly as rendered).
+fn sample(body: &str, series: &str) -> Option<f64> {
+    body.lines().find_map(|l| {
+        l.strip_prefix(series)?
+            .strip_prefix(' ')?
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()
+    })
+}
+
+/// `[http] listen`: `/metrics` counts runs by outcome as the events say,
+/// with durations, last success, skips and store calls; `/livez` stays 200;
+/// `/readyz` turns 503 while the store is black-holed and 200 once it is
+/// back. Scraping makes no store call.
+#[test]
+fn metrics_and_health_endpoints_postgres() {
+    let Some(store) = TestStore::new(Backend::Postgres, "metrics_postgres") else {
+        return;
+    };
+    let (proxy, proxied) = Proxy::for_url(&store.url, 5432);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let good = unique("mgood");
+    let bad = unique("mbad");
+    let sh = |script: &str| -> Vec<String> { vec!["sh".into(), "-c".into(), script.into()] };
+    let config = write_config(
+        dir.path(),
+        "lease = \"5s\"",
+        &[
+            job_toml(&good, "* * * * * *", &sh("true"), ""),
+            job_toml(&bad, "* * * * * *", &sh("exit 3"), ""),
+        ],
+    );
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(
+        &config,
+        format!("[http]\nlisten = \"127.0.0.1:{port}\"\n{text}"),
+    )
+    .unwrap();
+    let mut d = Daemon::spawn(DaemonOpts::new("metrics", &config, &proxied));
+    let finished = |job: &str| {
+        let job = job.to_string();
+        move |e: &Value| is(e, "job_finished") && str_field(e, "job") == Some(job.as_str())
+    };
+    d.expect("a good run", finished(&good), secs(30));
+    d.expect("a bad run", finished(&bad), secs(30));
+
+    let count = |job: &str| {
+        d.events("job_finished")
+            .iter()
+            .filter(|e| finished(job)(e))
+            .count() as f64
+    };
+    let before = (count(&good), count(&bad));
+    let (status, body) = http_get(port, "/metrics");
+    let after = (count(&good), count(&bad));
+    assert_eq!(status, 200, "{body}");
+    let ok_runs = sample(
+        &body,
+        &format!("fencecron_job_runs_total{{job=\"{good}\",outcome=\"succeeded\"}}"),
+    )
+    .unwrap_or_else(|| panic!("no succeeded runs of {good}:\n{body}"));
+    let bad_runs = sample(
+        &body,
+        &format!("fencecron_job_runs_total{{job=\"{bad}\",outcome=\"failed\"}}"),
+    )
+    .unwrap_or_else(|| panic!("no failed runs of {bad}:\n{body}"));
+    assert!(
+        (before.0..=after.0).contains(&ok_runs),
+        "{ok_runs} vs {before:?}..{after:?}"
+    );
+    assert!(
+        (before.1..=after.1).contains(&bad_runs),
+        "{bad_runs} vs {before:?}..{after:?}"
+    );
+    let durations = sample(
+        &body,
+        &format!("fencecron_job_duration_seconds_count{{job=\"{good}\"}}"),
+    );
+    assert!(durations.is_some_and(|n| n >= ok_runs), "{body}");
+    let last = sample(
+        &body,
+        &format!("fencecron_job_last_success_timestamp_seconds{{job=\"{good}\"}}"),
+    )
+    .unwrap_or_else(|| panic!("no last success:\n{body}"));
+    assert!(
+        (last - Utc::now().timestamp() as f64).abs() < 120.0,
+        "{last}"
+    );
+    assert!(sample(
+        &body,
+        &format!("fencecron_job_last_success_timestamp_seconds{{job=\"{bad}\"}}")
+    )
+    .is_none());
+    assert!(body.contains("fencecron_build_info{version="), "{body}");
+    assert!(
+        sample(
+            &body,
+            "fencecron_store_latency_seconds_count{operation=\"acquire\"}"
+        )
+        .is_some_and(|n| n >= 2.0),
+        "{body}"
+    );
+    assert!(
+        body.contains("fencecron_fire_lateness_seconds_count"),
+        "{body}"
+    );
+    assert_eq!(http_get(port, "/livez").0, 200);
+    assert_eq!(http_get(port, "/readyz").0, 200);
+
+    proxy.blackhole();
+    let deadline = std::time::Instant::now() + secs(30);
+    while http_get(port, "/readyz").0 != 503 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "/readyz still 200 with the store black-holed"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(
+        http_get(port, "/livez").0,
+        200,
+        "/livez follows the loop, not the store"
+    );
+    let (_, body) = http_get(port, "/metrics");
+    assert!(
+        body.contains("fencecron_store_errors_total{operation="),
+        "{body}"
+    );
+    assert!(
+        body.contains("fencecron_occurrences_skipped_total{job="),
+        "{body}"
+    );
+    proxy.restore();
+    let deadline = std::time::Instant::now() + secs(60);
+    while http_get(port, "/readyz").0 != 200 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "/readyz still 503 after the store came back"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(http_get(port, "/nope").0, 404);
+    d.stop(secs(30));
+}
+
 /// FNV-1a 64, as the README specifies for `jitter`.
 fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {

@@ -12,6 +12,7 @@ use crate::config::Job;
 use crate::daemon::{self, Control, Settings};
 use crate::error::{Error, Exit, Result};
 use crate::events;
+use crate::metrics;
 use crate::names::Name;
 use crate::runs::RunRecords;
 use crate::signals::{Received, Signals};
@@ -35,15 +36,23 @@ pub async fn run(cli: &Cli, node_flag: Option<String>) -> Result<Exit> {
         store: config.store.clone(),
         store_max_connections: config.store_max_connections,
         node_id: config.node_id.clone(),
+        http_listen: config.http_listen,
     };
     let node = node_flag.unwrap_or_else(|| ctx.node.clone());
     Name::parse("node", &node).map_err(|m| Error::Usage(format!("--node-id: {m}")))?;
 
     let signals = Signals::stop_and_hangup()?;
-    let store = store::open(
+    let mut store = store::open(
         &ctx.store_url,
         &daemon::store_options(config.store_max_connections),
     )?;
+    // `[http]`: metrics and health, served until the daemon has stopped.
+    let http_stop = tokio_util::sync::CancellationToken::new();
+    if let Some(addr) = config.http_listen {
+        let listener = metrics::bind(addr).await.map_err(Error::Runtime)?;
+        store = metrics::Observed::wrap(store);
+        tokio::spawn(metrics::serve(listener, http_stop.clone()));
+    }
     let records = match RunRecords::open(&node, &ctx.store_url) {
         Ok(records) => Some(Arc::new(records)),
         Err(e) => {
@@ -68,6 +77,7 @@ pub async fn run(cli: &Cli, node_flag: Option<String>) -> Result<Exit> {
     let control = tokio::spawn(control(signals, ctx, started_with, tx));
     daemon::run(settings, rx).await;
     control.abort();
+    http_stop.cancel();
     Ok(Exit::Success)
 }
 
@@ -89,6 +99,7 @@ struct StartedWith {
     store: Option<StoreUrl>,
     store_max_connections: Option<u32>,
     node_id: Option<String>,
+    http_listen: Option<std::net::SocketAddr>,
 }
 
 /// Turns signals into the daemon's control messages until it stops.
@@ -125,6 +136,12 @@ fn reload(ctx: &Context, original: &StartedWith) -> Result<Vec<Job>, String> {
         events::config_ignored(
             "store.max_connections",
             "the connection pool cannot be resized while running; restart the daemon",
+        );
+    }
+    if new.http_listen != original.http_listen {
+        events::config_ignored(
+            "http.listen",
+            "the metrics and health endpoint cannot move while running; restart the daemon",
         );
     }
     if new.node_id != original.node_id {

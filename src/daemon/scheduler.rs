@@ -63,6 +63,7 @@ impl Scheduler {
         self.apply(jobs, false);
         let mut next_ping = tokio::time::Instant::now();
         loop {
+            crate::metrics::loop_turned();
             let now = self.shared.clock.now();
             let mut sleep_for = self
                 .heap
