@@ -1185,3 +1185,47 @@ fn journald_gets_native_entries_with_fields_and_priorities_sqlite() {
     assert!(failed.lines().any(|l| l == "PRIORITY=4"), "{failed}");
     assert!(failed.lines().any(|l| l == "F_EXIT_CODE=1"), "{failed}");
 }
+
+/// The Prometheus alerting rules shipped in `deploy/prometheus` are valid
+/// and fire as their unit tests say (`promtool check rules`, `promtool test
+/// rules`), and every metric they use is one the daemon exports. Says
+/// SKIPPED without promtool (CI installs it).
+#[test]
+fn prometheus_rules_check_and_their_unit_tests_pass() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/prometheus");
+    let Ok(check) = Command::new("promtool")
+        .args(["check", "rules", "fencecron.rules.yml"])
+        .current_dir(&dir)
+        .output()
+    else {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "promtool is not installed (.ci/run installs the prometheus package)"
+        );
+        eprintln!("\n*** SKIPPED prometheus rules test: promtool is not installed ***\n");
+        return;
+    };
+    assert!(check.status.success(), "{}", describe(&check));
+    let test = Command::new("promtool")
+        .args(["test", "rules", "fencecron.rules.test.yml"])
+        .current_dir(&dir)
+        .output()
+        .unwrap();
+    assert!(test.status.success(), "{}", describe(&test));
+
+    let rules = std::fs::read_to_string(dir.join("fencecron.rules.yml")).unwrap();
+    let readme =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
+    for metric in rules
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .filter(|w| w.starts_with("fencecron_"))
+    {
+        let base = ["_total", "_count", "_sum", "_bucket"]
+            .iter()
+            .fold(metric, |m, s| m.strip_suffix(s).unwrap_or(m));
+        assert!(
+            readme.contains(&format!("`{base}")),
+            "the rules use {metric}, which README's metrics table does not list"
+        );
+    }
+}
