@@ -398,6 +398,7 @@ fn metrics_and_health_endpoints_postgres() {
         .port();
     let good = unique("mgood");
     let bad = unique("mbad");
+    let forger = unique("mforger");
     let sh = |script: &str| -> Vec<String> { vec!["sh".into(), "-c".into(), script.into()] };
     let config = write_config(
         dir.path(),
@@ -405,6 +406,12 @@ fn metrics_and_health_endpoints_postgres() {
         &[
             job_toml(&good, "* * * * * *", &sh("true"), ""),
             job_toml(&bad, "* * * * * *", &sh("exit 3"), ""),
+            job_toml(
+                &forger,
+                "* * * * * *",
+                &sh(r#""$FENCECRON_BIN" put k --value v --token $((FENCECRON_TOKEN + 1)) || true"#),
+                "",
+            ),
         ],
     );
     let text = std::fs::read_to_string(&config).unwrap();
@@ -420,6 +427,11 @@ fn metrics_and_health_endpoints_postgres() {
     };
     d.expect("a good run", finished(&good), secs(30));
     d.expect("a bad run", finished(&bad), secs(30));
+    d.expect(
+        "a forged put",
+        |e: &Value| is(e, "stale_write_rejected") && str_field(e, "job") == Some(forger.as_str()),
+        secs(30),
+    );
 
     let count = |job: &str| {
         d.events("job_finished")
@@ -469,6 +481,11 @@ fn metrics_and_health_endpoints_postgres() {
     )
     .is_none());
     assert!(body.contains("fencecron_build_info{version="), "{body}");
+    let stale = sample(
+        &body,
+        &format!("fencecron_stale_writes_rejected_total{{job=\"{forger}\"}}"),
+    );
+    assert!(stale.is_some_and(|n| n >= 1.0), "{body}");
     assert!(
         sample(
             &body,
