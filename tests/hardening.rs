@@ -1229,3 +1229,97 @@ fn prometheus_rules_check_and_their_unit_tests_pass() {
         );
     }
 }
+
+/// `packaging/build-deb.sh` builds a .deb (here from the binaries under
+/// test) that holds the binaries, the unit pointing at /usr/bin, the example
+/// config as a conffile, completions, man pages and docs, and a postinst that
+/// creates the `fencecron` user; the packaged binary checks the packaged
+/// config. Says SKIPPED without dpkg-deb.
+#[test]
+fn deb_package_holds_what_a_host_needs() {
+    if Command::new("dpkg-deb").arg("--version").output().is_err() {
+        eprintln!("\n*** SKIPPED deb test: dpkg-deb is not installed ***\n");
+        return;
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out = tempfile::tempdir().unwrap();
+    let built = Command::new(root.join("packaging/build-deb.sh"))
+        .arg(common::bin().parent().unwrap())
+        .arg(out.path())
+        // Unoptimised binaries are large; gzip -1 packs them in seconds.
+        .env("DEB_COMPRESS", "gzip:1")
+        .output()
+        .unwrap();
+    assert!(built.status.success(), "{}", describe(&built));
+    let deb = String::from_utf8_lossy(&built.stdout).trim().to_string();
+
+    let contents = Command::new("dpkg-deb")
+        .arg("--contents")
+        .arg(&deb)
+        .output()
+        .unwrap();
+    let listing = String::from_utf8_lossy(&contents.stdout).to_string();
+    for path in [
+        "./usr/bin/fencecron",
+        "./usr/bin/fencecron-shim",
+        "./lib/systemd/system/fencecron.service",
+        "./etc/fencecron/jobs.toml",
+        "./usr/share/bash-completion/completions/fencecron",
+        "./usr/share/zsh/vendor-completions/_fencecron",
+        "./usr/share/man/man1/fencecron.1.gz",
+        "./usr/share/man/man1/fencecron-run.1.gz",
+        "./usr/share/doc/fencecron/README.md",
+    ] {
+        assert!(
+            listing.contains(path),
+            "{path} not in the package:\n{listing}"
+        );
+    }
+    let info = |field: &str| {
+        let o = Command::new("dpkg-deb")
+            .args(["--field", &deb, field])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&o.stdout).trim().to_string()
+    };
+    assert_eq!(info("Package"), "fencecron");
+    assert_eq!(info("Version"), env!("CARGO_PKG_VERSION"));
+
+    let tree = tempfile::tempdir().unwrap();
+    let x = Command::new("dpkg-deb")
+        .arg("-x")
+        .arg(&deb)
+        .arg(tree.path())
+        .output()
+        .unwrap();
+    assert!(x.status.success(), "{}", describe(&x));
+    let control = tempfile::tempdir().unwrap();
+    let e = Command::new("dpkg-deb")
+        .arg("-e")
+        .arg(&deb)
+        .arg(control.path())
+        .output()
+        .unwrap();
+    assert!(e.status.success(), "{}", describe(&e));
+    let conffiles = std::fs::read_to_string(control.path().join("conffiles")).unwrap();
+    assert_eq!(conffiles.trim(), "/etc/fencecron/jobs.toml");
+    let postinst = std::fs::read_to_string(control.path().join("postinst")).unwrap();
+    assert!(postinst.contains("adduser --system --group"), "{postinst}");
+    let unit =
+        std::fs::read_to_string(tree.path().join("lib/systemd/system/fencecron.service")).unwrap();
+    assert!(
+        unit.contains("ExecStart=/usr/bin/fencecron run --config /etc/fencecron/jobs.toml"),
+        "{unit}"
+    );
+    assert!(!unit.contains("/usr/local/bin"), "{unit}");
+    let check = clean(
+        Command::new(tree.path().join("usr/bin/fencecron")),
+        tree.path(),
+    )
+    .arg("check")
+    .arg("--config")
+    .arg(tree.path().join("etc/fencecron/jobs.toml"))
+    .output()
+    .unwrap();
+    assert!(check.status.success(), "{}", describe(&check));
+}
