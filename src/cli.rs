@@ -30,9 +30,18 @@ pub enum LogFormat {
     Json,
 }
 
+/// `fencecron --version`: the package version and the commit it was built
+/// from (`unknown` outside a git checkout).
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (",
+    env!("FENCECRON_COMMIT"),
+    ")"
+);
+
 /// fencecron: a job runner whose jobs carry a fencing token.
 #[derive(Debug, Parser)]
-#[command(name = "fencecron", version, about, long_about = None)]
+#[command(name = "fencecron", version = VERSION, about, long_about = None)]
 pub struct Cli {
     /// The jobs file [default: $FENCECRON_CONFIG, else /etc/fencecron/jobs.toml].
     #[arg(long, global = true, value_name = "FILE", env = "FENCECRON_CONFIG")]

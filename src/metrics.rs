@@ -63,6 +63,7 @@ struct Operation {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct Version {
     version: String,
+    commit: String,
 }
 
 fn seconds_histogram() -> Histogram {
@@ -164,6 +165,7 @@ impl Metrics {
         build
             .get_or_create(&Version {
                 version: env!("CARGO_PKG_VERSION").to_string(),
+                commit: env!("FENCECRON_COMMIT").to_string(),
             })
             .set(1);
         registry.register("build_info", "The running fencecron version", build);

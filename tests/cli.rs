@@ -1688,3 +1688,25 @@ fn completions_and_man_pages_are_generated_from_the_command_line() {
         assert!(text.contains(page), "{page}.1 does not name {page}");
     }
 }
+
+/// `--version` names the version and the commit the binary was built from.
+#[test]
+fn version_names_the_commit() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = fencecron(dir.path());
+    cmd.arg("--version");
+    let out = run(cmd, None);
+    assert_eq!(code(&out), 0, "{}", describe(&out));
+    let commit = Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_else(|| "unknown".to_string());
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        format!("fencecron {} ({commit})", env!("CARGO_PKG_VERSION"))
+    );
+}

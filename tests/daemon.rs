@@ -480,7 +480,10 @@ fn metrics_and_health_endpoints_postgres() {
         &format!("fencecron_job_last_success_timestamp_seconds{{job=\"{bad}\"}}")
     )
     .is_none());
-    assert!(body.contains("fencecron_build_info{version="), "{body}");
+    assert!(
+        body.contains("fencecron_build_info{version=") && body.contains(",commit=\""),
+        "{body}"
+    );
     let stale = sample(
         &body,
         &format!("fencecron_stale_writes_rejected_total{{job=\"{forger}\"}}"),
