@@ -441,7 +441,6 @@ fn metrics_and_health_endpoints_postgres() {
     };
     let before = (count(&good), count(&bad));
     let (status, body) = http_get(port, "/metrics");
-    let after = (count(&good), count(&bad));
     assert_eq!(status, 200, "{body}");
     let ok_runs = sample(
         &body,
@@ -453,6 +452,11 @@ fn metrics_and_health_endpoints_postgres() {
         &format!("fencecron_job_runs_total{{job=\"{bad}\",outcome=\"failed\"}}"),
     )
     .unwrap_or_else(|| panic!("no failed runs of {bad}:\n{body}"));
+    let after = eventually(
+        || (count(&good), count(&bad)),
+        |c| c.0 >= ok_runs && c.1 >= bad_runs,
+        secs(10),
+    );
     assert!(
         (before.0..=after.0).contains(&ok_runs),
         "{ok_runs} vs {before:?}..{after:?}"
@@ -538,6 +542,167 @@ fn metrics_and_health_endpoints_postgres() {
     }
     assert_eq!(http_get(port, "/nope").0, 404);
     d.stop(secs(30));
+}
+
+/// `probe()` once `done` holds for it, or its last value after `timeout`.
+fn eventually<T>(probe: impl Fn() -> T, done: impl Fn(&T) -> bool, timeout: Duration) -> T {
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        let v = probe();
+        if done(&v) || std::time::Instant::now() >= deadline {
+            return v;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A free loopback port.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Three daemons on one PostgreSQL, each serving `/metrics`: runs that
+/// succeed and fail, occurrences skipped because another host holds the
+/// lease, and a lease lost on the daemon whose store connection goes dark
+/// move each daemon's counters exactly as that daemon's events say.
+#[test]
+fn metrics_across_three_daemons_follow_their_events_postgres() {
+    let Some(store) = TestStore::new(Backend::Postgres, "metrics_fleet_postgres") else {
+        return;
+    };
+    let (proxy, proxied) = Proxy::for_url(&store.url, 5432);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let good = unique("fgood");
+    let bad = unique("fbad");
+    let long = unique("flong");
+    let sh = |script: &str| -> Vec<String> { vec!["sh".into(), "-c".into(), script.into()] };
+    let jobs = [
+        job_toml(&good, "* * * * * *", &sh("true"), ""),
+        job_toml(&bad, "* * * * * *", &sh("exit 3"), ""),
+        job_toml(&long, "*/2 * * * * *", &sh("exec sleep 60"), ""),
+    ];
+    let ports = [free_port(), free_port(), free_port()];
+    let spawn = |i: usize, url: &str| {
+        let sub = dir.path().join(format!("n{i}"));
+        std::fs::create_dir(&sub).unwrap();
+        let config = write_config(&sub, "lease = \"5s\"", &jobs);
+        let text = std::fs::read_to_string(&config).unwrap();
+        std::fs::write(
+            &config,
+            format!("[http]\nlisten = \"127.0.0.1:{}\"\n{text}", ports[i]),
+        )
+        .unwrap();
+        Daemon::spawn(DaemonOpts::new(&format!("fleet{i}"), &config, url))
+    };
+    let of = |event: &'static str, job: &str| {
+        let job = job.to_string();
+        move |e: &Value| is(e, event) && str_field(e, "job") == Some(job.as_str())
+    };
+    // A (through the proxy) takes the long job first.
+    let mut a = spawn(0, &proxied);
+    a.expect("A runs the long job", of("job_started", &long), secs(30));
+    let mut b = spawn(1, &store.url);
+    let mut c = spawn(2, &store.url);
+    for d in [&b, &c] {
+        d.expect("daemon_started", ev("daemon_started"), secs(30));
+    }
+    // B and C see it held; then A's store goes dark and A loses it.
+    first_on_any(
+        &[&b, &c],
+        "a held skip of the long job",
+        |e| of("occurrence_skipped", &long)(e) && str_field(e, "reason") == Some("held"),
+        secs(30),
+    );
+    proxy.blackhole();
+    a.expect(
+        "A loses the long job's lease",
+        of("lease_lost", &long),
+        secs(30),
+    );
+    first_on_any(
+        &[&b, &c],
+        "a good run on B or C",
+        of("job_finished", &good),
+        secs(30),
+    );
+    first_on_any(
+        &[&b, &c],
+        "a bad run on B or C",
+        of("job_finished", &bad),
+        secs(30),
+    );
+
+    let daemons = [&a, &b, &c];
+    for (i, d) in daemons.iter().enumerate() {
+        let count =
+            |pred: &dyn Fn(&Value) -> bool| d.all().iter().filter(|e| pred(e)).count() as f64;
+        let finished_with = |job: &str, outcome: &'static str| {
+            let of = of("job_finished", job);
+            move |e: &Value| of(e) && str_field(e, "outcome") == Some(outcome)
+        };
+        let good_ok = finished_with(&good, "succeeded");
+        let bad_failed = finished_with(&bad, "failed");
+        let lost = of("lease_lost", &long);
+        let held = |e: &Value| {
+            of("occurrence_skipped", &long)(e) && str_field(e, "reason") == Some("held")
+        };
+        let counts = || {
+            [
+                count(&good_ok),
+                count(&bad_failed),
+                count(&lost),
+                count(&held),
+            ]
+        };
+        let before = counts();
+        let (status, body) = http_get(ports[i], "/metrics");
+        assert_eq!(status, 200, "[{}] {body}", d.node);
+        let got = [
+            format!("fencecron_job_runs_total{{job=\"{good}\",outcome=\"succeeded\"}}"),
+            format!("fencecron_job_runs_total{{job=\"{bad}\",outcome=\"failed\"}}"),
+            format!("fencecron_lease_lost_total{{job=\"{long}\",reason=\"deadline_passed\"}}"),
+            format!("fencecron_occurrences_skipped_total{{job=\"{long}\",reason=\"held\"}}"),
+        ]
+        .map(|series| sample(&body, &series).unwrap_or(0.0));
+        // A metric moves just before its event's line is logged: every
+        // event logged before the scrape is counted, and every count is an
+        // event that shows up in the log.
+        let after = eventually(counts, |c| (0..4).all(|k| c[k] >= got[k]), secs(10));
+        for k in 0..4 {
+            assert!(
+                (before[k]..=after[k]).contains(&got[k]),
+                "[{}] metric {k}: {} not within the events' {}..={}\n{body}",
+                d.node,
+                got[k],
+                before[k],
+                after[k]
+            );
+        }
+        let durations = sample(
+            &body,
+            &format!("fencecron_job_duration_seconds_count{{job=\"{good}\"}}"),
+        );
+        assert!(durations.unwrap_or(0.0) >= got[0], "[{}] {body}", d.node);
+    }
+    // The loss happened on A, the held skips on B or C.
+    assert!(a.all().iter().any(of("lease_lost", &long)));
+    let (_, a_body) = http_get(ports[0], "/metrics");
+    assert!(
+        sample(
+            &a_body,
+            &format!("fencecron_lease_lost_total{{job=\"{long}\",reason=\"deadline_passed\"}}")
+        )
+        .is_some_and(|n| n >= 1.0),
+        "{a_body}"
+    );
+    proxy.restore();
+    for d in [&mut a, &mut b, &mut c] {
+        d.stop(secs(60));
+    }
 }
 
 /// FNV-1a 64, as the README specifies for `jitter`.
