@@ -472,6 +472,16 @@ fn print_report(out: &mut Out, report: &[(&'static str, Vec<Samples>)]) -> Resul
             ratio(f.median, p.median),
         )?;
     }
+    let metrics = crate::metrics::cost_per_occurrence(100_000);
+    writeln!(
+        out,
+        "metrics: {:.2} us per occurrence that runs (its metric updates, timed here), {:.1}% of a bare round trip",
+        us(metrics),
+        report
+            .iter()
+            .find_map(|(_, c)| stats(c, Path::Ping))
+            .map_or(0.0, |p| 100.0 * metrics.as_secs_f64() / p.median.as_secs_f64().max(1e-9))
+    )?;
     writeln!(
         out,
         "vs_raw: fencecron median / the same SQL sent raw through the same pool (target <= 1.30x)"
