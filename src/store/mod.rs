@@ -24,6 +24,7 @@
 //!   expired without being released ([`Takeover`]); a losing acquire
 //!   writes nothing.
 
+mod bench;
 mod classify;
 mod error;
 mod mysql;
@@ -40,6 +41,7 @@ use async_trait::async_trait;
 
 use crate::names::Name;
 
+pub use bench::{open_bench, BenchStore, RawOp};
 pub(crate) use classify::{classify_loss, classify_refusal, classify_rejection, LossRow};
 pub use error::StoreError;
 pub(crate) use error::{migrate_error, timed, unavailable};
@@ -48,22 +50,6 @@ pub use postgres::PostgresStore;
 pub use sqlite::SqliteStore;
 pub use types::*;
 pub use url::{is_secret_param, redact, Backend, StoreUrl};
-
-/// Raw statements for `fencecron bench`: the same SQL the store sends, so
-/// the benchmark can compare the store's cost with the bare floor.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RawOp {
-    /// `SELECT 1`.
-    Ping,
-    /// The winning acquire statement for a free (expired) lease.
-    AcquireFree,
-    /// The acquire statement against a held lease (loses).
-    AcquireHeld,
-    Renew,
-    Release,
-    Put,
-    Get,
-}
 
 /// The lease store. One implementation per backend; every method is one
 /// atomic operation on the store (one statement, or one short transaction
@@ -158,21 +144,6 @@ pub trait Store: Send + Sync + 'static {
     /// greater than every token this store, or a primary it replicated from,
     /// could have issued before. For failover hooks.
     async fn advance_epoch(&self) -> Result<EpochInfo, StoreError>;
-
-    /// Sends one raw statement for the benchmark. `resource` must be a
-    /// bench resource; `owner_id`/`token` come from a previous
-    /// `AcquireFree`. Returns the token for acquire statements.
-    async fn raw(
-        &self,
-        op: RawOp,
-        resource: &Name,
-        owner_id: &str,
-        token: Token,
-    ) -> Result<Option<Token>, StoreError>;
-
-    /// Deletes every lease, value and stale record whose resource starts with
-    /// `prefix` (the benchmark's own resources only).
-    async fn purge_prefix(&self, prefix: &str) -> Result<u64, StoreError>;
 }
 
 /// Options for opening a store.

@@ -23,7 +23,8 @@ use async_trait::async_trait;
 use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions};
 use sqlx::{MySql, Row, Transaction};
 
-use super::postgres::{like_escape, stored};
+use super::bench::like_escape;
+use super::postgres::stored;
 use super::*;
 
 /// `SYSDATE(3)` as milliseconds since the epoch.
@@ -659,7 +660,10 @@ impl Store for MySqlStore {
         })
         .await
     }
+}
 
+#[async_trait]
+impl BenchStore for MySqlStore {
     async fn raw(
         &self,
         op: RawOp,

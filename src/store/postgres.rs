@@ -33,6 +33,7 @@ use async_trait::async_trait;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::Row;
 
+use super::bench::like_escape;
 use super::*;
 
 /// `clock_timestamp()` as milliseconds since the epoch.
@@ -741,7 +742,10 @@ impl Store for PostgresStore {
         })
         .await
     }
+}
 
+#[async_trait]
+impl BenchStore for PostgresStore {
     async fn raw(
         &self,
         op: RawOp,
@@ -828,16 +832,4 @@ impl Store for PostgresStore {
         }
         Ok(n)
     }
-}
-
-/// Escapes `%`, `_` and `\` for a `LIKE … ESCAPE '\'` pattern.
-pub(super) fn like_escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        if matches!(c, '%' | '_' | '\\') {
-            out.push('\\');
-        }
-        out.push(c);
-    }
-    out
 }

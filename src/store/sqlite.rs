@@ -738,7 +738,10 @@ impl Store for SqliteStore {
         })
         .await
     }
+}
 
+#[async_trait]
+impl BenchStore for SqliteStore {
     async fn raw(
         &self,
         op: RawOp,

@@ -35,8 +35,8 @@ use crate::names::Name;
 use crate::store::{
     classify_loss, classify_refusal, classify_rejection, first_token_of, AcquireOutcome,
     AcquireRequest, Backend, EpochInfo, Lease, LeaseInfo, LossRow, NewStaleRecord, PutOutcome,
-    PutRequest, RawOp, ReleaseOutcome, RenewOutcome, StaleKind, StaleRecord, Store, StoreError,
-    StoreTime, StoreUrl, StoredValue, Takeover, Token, EPOCH_SHIFT,
+    PutRequest, ReleaseOutcome, RenewOutcome, StaleKind, StaleRecord, Store, StoreError, StoreTime,
+    StoreUrl, StoredValue, Takeover, Token, EPOCH_SHIFT,
 };
 
 /// The operations faults can be aimed at.
@@ -736,27 +736,5 @@ impl Store for MemoryStore {
         let highest = s.leases.values().map(|r| r.fence).max();
         s.epoch = s.epoch.max(highest.unwrap_or(0) >> EPOCH_SHIFT) + 1;
         Ok(EpochInfo::new(s.epoch, None, highest))
-    }
-
-    async fn raw(
-        &self,
-        _op: RawOp,
-        _resource: &Name,
-        _owner_id: &str,
-        _token: Token,
-    ) -> Result<Option<Token>, StoreError> {
-        Err(StoreError::Corrupt {
-            url: self.url.to_string(),
-            detail: "the in-memory test store sends no raw statements".to_string(),
-        })
-    }
-
-    async fn purge_prefix(&self, prefix: &str) -> Result<u64, StoreError> {
-        let mut s = self.lock();
-        let before = s.leases.len() + s.values.len() + s.stale.len();
-        s.leases.retain(|r, _| !r.starts_with(prefix));
-        s.values.retain(|(r, _), _| !r.starts_with(prefix));
-        s.stale.retain(|r| !r.resource.starts_with(prefix));
-        Ok((before - s.leases.len() - s.values.len() - s.stale.len()) as u64)
     }
 }
