@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
+use super::sql::{Db, Dialect, Failure, Sql, SqlDb, SqlStore};
 use super::{
     Backend, MySqlStore, OpenOptions, PostgresStore, SqliteStore, Store, StoreError, StoreUrl,
     Token,
@@ -47,6 +48,59 @@ pub trait BenchStore: Store {
     /// Deletes every lease, value and stale record whose resource starts with
     /// `prefix` (the benchmark's own resources only).
     async fn purge_prefix(&self, prefix: &str) -> Result<u64, StoreError>;
+}
+
+/// What a backend adds for the benchmark: its writes sent raw, and the
+/// purge (a read is the same everywhere).
+#[async_trait]
+pub(super) trait RawDialect: Dialect {
+    /// The statement `op` names (an acquire, renew, release or put) sent
+    /// raw, as the store sends it; the token for an acquire that won.
+    async fn raw_write(
+        &self,
+        db: &Db<Self::DB>,
+        op: RawOp,
+        resource: &str,
+        owner_id: &str,
+        token: Token,
+    ) -> Sql<Option<Token>>;
+
+    /// [`BenchStore::purge_prefix`].
+    async fn purge(&self, db: &Db<Self::DB>, prefix: &str) -> Sql<u64>;
+}
+
+/// Without a time limit, as the benchmark measures.
+#[async_trait]
+impl<D: RawDialect> BenchStore for SqlStore<D> {
+    async fn raw(
+        &self,
+        op: RawOp,
+        resource: &Name,
+        owner_id: &str,
+        token: Token,
+    ) -> Result<Option<Token>, StoreError> {
+        let pool = &self.db.pool;
+        let r = resource.as_str();
+        let sent = match op {
+            RawOp::Ping => D::DB::ping(pool).await.map_err(Failure::from),
+            RawOp::Get => D::DB::probe(pool, D::GET, &[r, "bench"])
+                .await
+                .map_err(Failure::from),
+            _ => {
+                self.dialect
+                    .raw_write(&self.db, op, r, owner_id, token)
+                    .await
+            }
+        };
+        sent.map_err(|f| self.failed(f))
+    }
+
+    async fn purge_prefix(&self, prefix: &str) -> Result<u64, StoreError> {
+        self.dialect
+            .purge(&self.db, prefix)
+            .await
+            .map_err(|f| self.failed(f))
+    }
 }
 
 /// Opens a store for the benchmark, like [`super::open`].

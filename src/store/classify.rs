@@ -2,7 +2,10 @@
 //! the row the refusing backend read, so all backends (and the in-memory
 //! test store) report the same ones.
 
-use super::{AcquireOutcome, AcquireRequest, Refusal, RejectReason, StoreTime, Token};
+use super::{
+    AcquireOutcome, AcquireRequest, NewStaleRecord, PutRequest, Refusal, RejectReason, StaleKind,
+    StoreTime, Token,
+};
 
 /// Classifies a losing acquisition from the row as the caller's snapshot saw
 /// it. Shared by every backend so they report the same reasons.
@@ -85,6 +88,29 @@ pub(crate) struct Rejection {
     /// resource's current token (its fence, which no accepted token of a
     /// key exceeds), for `Forged` the key's accepted token (if any).
     pub accepted_token: Option<Token>,
+}
+
+impl Rejection {
+    /// The record of `req`'s rejection, stored in the refusing transaction.
+    pub(crate) fn record<'a>(
+        &self,
+        req: &PutRequest<'a>,
+        operation_id: &'a str,
+    ) -> NewStaleRecord<'a> {
+        NewStaleRecord {
+            kind: StaleKind::WriteRejected,
+            reason: self.reason.as_str(),
+            resource: req.resource.as_str(),
+            key: Some(req.key.as_str()),
+            owner_id: Some(req.owner_id),
+            token: req.token,
+            accepted_token: self.accepted_token,
+            node: req.node,
+            job: req.job,
+            stage: req.stage,
+            operation_id,
+        }
+    }
 }
 
 /// Classifies a refused write from the state the refusing transaction sees:

@@ -30,6 +30,7 @@ mod error;
 mod mysql;
 mod postgres;
 pub(crate) mod rows;
+mod sql;
 mod sqlite;
 mod types;
 mod url;
@@ -42,12 +43,14 @@ use async_trait::async_trait;
 use crate::names::Name;
 
 pub use bench::{open_bench, BenchStore, RawOp};
-pub(crate) use classify::{classify_loss, classify_refusal, classify_rejection, LossRow};
+pub(crate) use classify::{
+    classify_loss, classify_refusal, classify_rejection, LossRow, Rejection,
+};
 pub use error::StoreError;
 pub(crate) use error::{migrate_error, timed, unavailable};
-pub use mysql::MySqlStore;
-pub use postgres::PostgresStore;
-pub use sqlite::SqliteStore;
+use mysql::MySqlStore;
+use postgres::PostgresStore;
+use sqlite::SqliteStore;
 pub use types::*;
 pub use url::{is_secret_param, redact, Backend, StoreUrl};
 

@@ -3,7 +3,10 @@
 
 use sqlx::{ColumnIndex, Database, Decode, Row, Type};
 
-use super::{LeaseInfo, StaleKind, StaleRecord, StoreTime, StoredValue};
+use super::{
+    classify_rejection, LeaseInfo, PutRequest, Rejection, StaleKind, StaleRecord, StoreTime,
+    StoredValue, Takeover,
+};
 
 fn get<'r, R, T>(r: &'r R, col: &'static str) -> Result<T, sqlx::Error>
 where
@@ -89,3 +92,70 @@ where
         written_at: StoreTime(get(r, "written_at_ms")?),
     })
 }
+
+/// What a refused write's transaction reads back: the key's accepted token
+/// (`accepted`) and the lease row's fence and owner (`issued`,
+/// `issued_to`), as [`super::classify_rejection`] takes them.
+pub(crate) struct PutState {
+    pub accepted: Option<i64>,
+    pub lease: Option<(i64, String)>,
+}
+
+impl PutState {
+    /// Why `req` was refused; `None` if it was already applied
+    /// ([`super::classify_rejection`]).
+    pub(crate) fn rejection(&self, req: &PutRequest<'_>) -> Option<Rejection> {
+        let lease = self
+            .lease
+            .as_ref()
+            .map(|(fence, owner)| (*fence, owner.as_str()));
+        classify_rejection(req.token, req.owner_id, req.once, self.accepted, lease)
+    }
+}
+
+/// A [`PutState`] row.
+pub(crate) fn put_state<'r, R, DB>(r: &'r R) -> Result<PutState, sqlx::Error>
+where
+    DB: Database,
+    R: Row<Database = DB>,
+    &'static str: ColumnIndex<R>,
+    Option<i64>: Decode<'r, DB> + Type<DB>,
+    Option<String>: Decode<'r, DB> + Type<DB>,
+{
+    let issued: Option<i64> = get(r, "issued")?;
+    let issued_to: Option<String> = get(r, "issued_to")?;
+    Ok(PutState {
+        accepted: get(r, "accepted")?,
+        lease: issued.zip(issued_to),
+    })
+}
+
+/// The `prev_*` columns of a winning acquire (owner id, node, fence,
+/// expiry), by name or by position: the vanished owner of a takeover.
+pub(crate) fn takeover<'r, R, DB, I>(
+    r: &'r R,
+    cols: [I; 4],
+) -> Result<Option<Takeover>, sqlx::Error>
+where
+    DB: Database,
+    R: Row<Database = DB>,
+    I: ColumnIndex<R>,
+    Option<i64>: Decode<'r, DB> + Type<DB>,
+    Option<String>: Decode<'r, DB> + Type<DB>,
+{
+    let [owner_id, node, fence, expired_at] = cols;
+    Ok(Takeover::from_columns(
+        r.try_get(owner_id)?,
+        r.try_get(node)?,
+        r.try_get(fence)?,
+        r.try_get(expired_at)?,
+    ))
+}
+
+/// The prev_* columns by name, for [`takeover`].
+pub(crate) const PREV: [&str; 4] = [
+    "prev_owner_id",
+    "prev_node",
+    "prev_fence",
+    "prev_expires_at_ms",
+];

@@ -409,6 +409,26 @@ pub struct NewStaleRecord<'a> {
     pub operation_id: &'a str,
 }
 
+impl NewStaleRecord<'_> {
+    /// The record as stored, stamped with the store's time `at`.
+    pub(crate) fn stored(&self, at: i64) -> StaleRecord {
+        StaleRecord {
+            at: StoreTime(at),
+            kind: self.kind,
+            reason: self.reason.to_string(),
+            resource: self.resource.to_string(),
+            key: self.key.map(str::to_string),
+            owner_id: self.owner_id.map(str::to_string),
+            token: self.token,
+            accepted_token: self.accepted_token,
+            node: self.node.to_string(),
+            job: self.job.map(str::to_string),
+            stage: self.stage.to_string(),
+            operation_id: self.operation_id.to_string(),
+        }
+    }
+}
+
 /// A new owner id for one acquisition (or one occurrence on one node).
 pub fn fresh_owner() -> Uuid {
     Uuid::new_v4()

@@ -431,23 +431,6 @@ fn refusal_row(s: &State, resource: &str) -> Option<(String, Token, i64)> {
         .map(|r| (r.owner_id.clone(), r.fence, r.expires_at))
 }
 
-fn stored(rec: &NewStaleRecord<'_>, now: i64) -> StaleRecord {
-    StaleRecord {
-        at: StoreTime(now),
-        kind: rec.kind,
-        reason: rec.reason.to_string(),
-        resource: rec.resource.to_string(),
-        key: rec.key.map(str::to_string),
-        owner_id: rec.owner_id.map(str::to_string),
-        token: rec.token,
-        accepted_token: rec.accepted_token,
-        node: rec.node.to_string(),
-        job: rec.job.map(str::to_string),
-        stage: rec.stage.to_string(),
-        operation_id: rec.operation_id.to_string(),
-    }
-}
-
 #[async_trait]
 impl Store for MemoryStore {
     fn backend(&self) -> Backend {
@@ -668,22 +651,20 @@ impl Store for MemoryStore {
             else {
                 return PutOutcome::AlreadyApplied;
             };
-            let rec = stored(
-                &NewStaleRecord {
-                    kind: StaleKind::WriteRejected,
-                    reason: rejection.reason.as_str(),
-                    resource: &resource,
-                    key: Some(&key),
-                    owner_id: Some(&owner_id),
-                    token,
-                    accepted_token: rejection.accepted_token,
-                    node: &node,
-                    job: job.as_deref(),
-                    stage: &stage,
-                    operation_id: &op,
-                },
-                now,
-            );
+            let rec = NewStaleRecord {
+                kind: StaleKind::WriteRejected,
+                reason: rejection.reason.as_str(),
+                resource: &resource,
+                key: Some(&key),
+                owner_id: Some(&owner_id),
+                token,
+                accepted_token: rejection.accepted_token,
+                node: &node,
+                job: job.as_deref(),
+                stage: &stage,
+                operation_id: &op,
+            }
+            .stored(now);
             s.stale.push(rec.clone());
             PutOutcome::Rejected(Box::new(rec))
         })
@@ -696,7 +677,7 @@ impl Store for MemoryStore {
     }
 
     async fn record_stale(&self, rec: &NewStaleRecord<'_>) -> Result<StaleRecord, StoreError> {
-        let rec = stored(rec, 0);
+        let rec = rec.stored(0);
         self.call(Op::RecordStale, move |s, now| {
             let rec = StaleRecord {
                 at: StoreTime(now),
