@@ -157,18 +157,6 @@ impl MySqlStore {
 }
 
 impl My {
-    async fn epoch_of<'e, E>(ex: E) -> Sql<EpochInfo>
-    where
-        E: sqlx::MySqlExecutor<'e>,
-    {
-        let row = sqlx::query(EPOCH).fetch_one(ex).await?;
-        Ok(EpochInfo::new(
-            row.try_get("stored")?,
-            None,
-            row.try_get("highest")?,
-        ))
-    }
-
     async fn insert_stale(
         tx: &mut Transaction<'static, MySql>,
         rec: &NewStaleRecord<'_>,
@@ -469,13 +457,13 @@ impl Dialect for My {
     }
 
     async fn epoch(&self, db: &Db<MySql>) -> Sql<EpochInfo> {
-        My::epoch_of(&db.pool).await
+        Ok(MySql::epoch(&db.pool, EPOCH).await?)
     }
 
     async fn advance_epoch(&self, db: &Db<MySql>) -> Sql<EpochInfo> {
         let mut tx = db.pool.begin().await?;
         sqlx::query(ADVANCE_EPOCH).execute(&mut *tx).await?;
-        let info = My::epoch_of(&mut *tx).await?;
+        let info = MySql::epoch(&mut *tx, EPOCH).await?;
         tx.commit().await?;
         Ok(info)
     }

@@ -507,12 +507,7 @@ impl Dialect for Pg {
         }
         // Refused. The conflicting row (if any) is now locked by this
         // transaction, so what we read is what beat us.
-        let state = sqlx::query(PUT_STATE)
-            .bind(req.resource.as_str())
-            .bind(req.key.as_str())
-            .fetch_one(&mut *tx)
-            .await?;
-        let state = rows::put_state(&state)?;
+        let state = Postgres::put_state(&mut *tx, PUT_STATE, req).await?;
         let Some(rejection) = state.rejection(req) else {
             tx.rollback().await?;
             return Ok(PutOutcome::AlreadyApplied);

@@ -117,6 +117,22 @@ pub(super) trait SqlDb: Database {
     where
         E: Executor<'e, Database = Self>;
 
+    /// `fencecron epoch` where the epoch is only the stored one (no
+    /// timeline): `stored` and `highest` of `sql`.
+    async fn epoch<'e, E>(ex: E, sql: &'static str) -> Result<EpochInfo, sqlx::Error>
+    where
+        E: Executor<'e, Database = Self>;
+
+    /// After a refused write, in its transaction: what beat it, from
+    /// `sql`, which binds the resource and the key ([`rows::PutState`]).
+    async fn put_state<'e, E>(
+        ex: E,
+        sql: &'static str,
+        req: &PutRequest<'_>,
+    ) -> Result<rows::PutState, sqlx::Error>
+    where
+        E: Executor<'e, Database = Self>;
+
     /// Binds the columns of a stale-owner record after whatever `query`
     /// bound already: kind, reason, resource, key, owner_id, token,
     /// accepted_token, node, job, stage, operation_id.
@@ -212,6 +228,34 @@ where
             ))
         })
         .transpose()
+    }
+
+    async fn epoch<'e, E>(ex: E, sql: &'static str) -> Result<EpochInfo, sqlx::Error>
+    where
+        E: Executor<'e, Database = Self>,
+    {
+        let row = sqlx::query(sql).fetch_one(ex).await?;
+        Ok(EpochInfo::new(
+            row.try_get("stored")?,
+            None,
+            row.try_get("highest")?,
+        ))
+    }
+
+    async fn put_state<'e, E>(
+        ex: E,
+        sql: &'static str,
+        req: &PutRequest<'_>,
+    ) -> Result<rows::PutState, sqlx::Error>
+    where
+        E: Executor<'e, Database = Self>,
+    {
+        let row = sqlx::query(sql)
+            .bind(req.resource.as_str())
+            .bind(req.key.as_str())
+            .fetch_one(ex)
+            .await?;
+        rows::put_state(&row)
     }
 
     fn bind_stale<'q>(

@@ -240,14 +240,6 @@ impl Lite {
     async fn write_tx(&self, db: &Db<Sqlite>) -> Result<Transaction<'static, Sqlite>, sqlx::Error> {
         db.pool.begin_with("BEGIN IMMEDIATE").await
     }
-
-    fn epoch_info(row: &sqlx::sqlite::SqliteRow) -> Sql<EpochInfo> {
-        Ok(EpochInfo::new(
-            row.try_get("stored")?,
-            None,
-            row.try_get("highest")?,
-        ))
-    }
 }
 
 async fn insert_stale(
@@ -511,12 +503,7 @@ impl Dialect for Lite {
                 written_at: StoreTime(now),
             });
         }
-        let state = sqlx::query(PUT_STATE)
-            .bind(req.resource.as_str())
-            .bind(req.key.as_str())
-            .fetch_one(&mut *tx)
-            .await?;
-        let state = rows::put_state(&state)?;
+        let state = Sqlite::put_state(&mut *tx, PUT_STATE, req).await?;
         let Some(rejection) = state.rejection(req) else {
             tx.rollback().await?;
             return Ok(PutOutcome::AlreadyApplied);
@@ -540,15 +527,13 @@ impl Dialect for Lite {
     }
 
     async fn epoch(&self, db: &Db<Sqlite>) -> Sql<EpochInfo> {
-        let row = sqlx::query(EPOCH).fetch_one(&db.pool).await?;
-        Lite::epoch_info(&row)
+        Ok(Sqlite::epoch(&db.pool, EPOCH).await?)
     }
 
     async fn advance_epoch(&self, db: &Db<Sqlite>) -> Sql<EpochInfo> {
         let mut tx = self.write_tx(db).await?;
         sqlx::query(ADVANCE_EPOCH).execute(&mut *tx).await?;
-        let row = sqlx::query(EPOCH).fetch_one(&mut *tx).await?;
-        let info = Lite::epoch_info(&row)?;
+        let info = Sqlite::epoch(&mut *tx, EPOCH).await?;
         tx.commit().await?;
         Ok(info)
     }
