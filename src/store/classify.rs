@@ -60,22 +60,23 @@ pub(crate) struct LossRow {
     pub now: i64,
 }
 
+/// The lease row as a refused renew or release finds it.
+pub(crate) struct LeaseRow {
+    pub owner_id: String,
+    pub fence: Token,
+    pub expires_at: i64,
+}
+
 /// Classifies a refused renew or release from the row as it is now.
-pub(crate) fn classify_refusal(
-    row: Option<(String, Token, i64)>,
-    owner_id: &str,
-    token: Token,
-) -> Refusal {
+pub(crate) fn classify_refusal(row: Option<LeaseRow>, owner_id: &str, token: Token) -> Refusal {
     match row {
         None => Refusal::Missing,
-        Some((owner, fence, expires_at)) if owner == owner_id && fence == token => {
-            Refusal::Expired {
-                expired_at: StoreTime(expires_at),
-            }
-        }
-        Some((owner, fence, _)) => Refusal::NotOwner {
-            current_owner: owner,
-            current_token: fence,
+        Some(row) if row.owner_id == owner_id && row.fence == token => Refusal::Expired {
+            expired_at: StoreTime(row.expires_at),
+        },
+        Some(row) => Refusal::NotOwner {
+            current_owner: row.owner_id,
+            current_token: row.fence,
         },
     }
 }

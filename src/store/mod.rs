@@ -44,7 +44,7 @@ use crate::names::Name;
 
 pub use bench::{open_bench, BenchStore, RawOp};
 pub(crate) use classify::{
-    classify_loss, classify_refusal, classify_rejection, LossRow, Rejection,
+    classify_loss, classify_refusal, classify_rejection, LeaseRow, LossRow, Rejection,
 };
 pub use error::StoreError;
 pub(crate) use error::{migrate_error, timed, unavailable};

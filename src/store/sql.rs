@@ -16,8 +16,8 @@ use sqlx::{
 
 use super::{
     rows, timed, unavailable, AcquireOutcome, AcquireRequest, Backend, EpochInfo, LeaseInfo,
-    NewStaleRecord, OpenOptions, PutOutcome, PutRequest, ReleaseOutcome, RenewOutcome, StaleRecord,
-    Store, StoreError, StoreTime, StoreUrl, StoredValue, Token,
+    LeaseRow, NewStaleRecord, OpenOptions, PutOutcome, PutRequest, ReleaseOutcome, RenewOutcome,
+    StaleRecord, Store, StoreError, StoreTime, StoreUrl, StoredValue, Token,
 };
 use crate::names::Name;
 
@@ -107,13 +107,13 @@ pub(super) trait SqlDb: Database {
     /// `now_ms`.
     async fn list(pool: &Pool<Self>, sql: &'static str) -> Result<Vec<LeaseInfo>, sqlx::Error>;
 
-    /// The lease row as a refused renew or release finds it: `(owner_id,
-    /// fence, expires_at_ms)` of `sql`, which binds the resource.
+    /// The lease row as a refused renew or release finds it: `owner_id,
+    /// fence, expires_at_ms` of `sql`, which binds the resource.
     async fn lease_row<'e, E>(
         ex: E,
         sql: &'static str,
         resource: &Name,
-    ) -> Result<Option<(String, Token, i64)>, sqlx::Error>
+    ) -> Result<Option<LeaseRow>, sqlx::Error>
     where
         E: Executor<'e, Database = Self>;
 
@@ -212,7 +212,7 @@ where
         ex: E,
         sql: &'static str,
         resource: &Name,
-    ) -> Result<Option<(String, Token, i64)>, sqlx::Error>
+    ) -> Result<Option<LeaseRow>, sqlx::Error>
     where
         E: Executor<'e, Database = Self>,
     {
@@ -221,11 +221,11 @@ where
             .fetch_optional(ex)
             .await?;
         row.map(|r| {
-            Ok((
-                r.try_get("owner_id")?,
-                r.try_get("fence")?,
-                r.try_get("expires_at_ms")?,
-            ))
+            Ok(LeaseRow {
+                owner_id: r.try_get("owner_id")?,
+                fence: r.try_get("fence")?,
+                expires_at: r.try_get("expires_at_ms")?,
+            })
         })
         .transpose()
     }

@@ -34,9 +34,9 @@ use crate::clock::Clock;
 use crate::names::Name;
 use crate::store::{
     classify_loss, classify_refusal, classify_rejection, first_token_of, AcquireOutcome,
-    AcquireRequest, Backend, EpochInfo, Lease, LeaseInfo, LossRow, NewStaleRecord, PutOutcome,
-    PutRequest, ReleaseOutcome, RenewOutcome, StaleKind, StaleRecord, Store, StoreError, StoreTime,
-    StoreUrl, StoredValue, Takeover, Token, EPOCH_SHIFT,
+    AcquireRequest, Backend, EpochInfo, Lease, LeaseInfo, LeaseRow, LossRow, NewStaleRecord,
+    PutOutcome, PutRequest, ReleaseOutcome, RenewOutcome, StaleKind, StaleRecord, Store,
+    StoreError, StoreTime, StoreUrl, StoredValue, Takeover, Token, EPOCH_SHIFT,
 };
 
 /// The operations faults can be aimed at.
@@ -425,10 +425,12 @@ fn describe_acquire(out: &AcquireOutcome, adopted: bool) -> String {
     }
 }
 
-fn refusal_row(s: &State, resource: &str) -> Option<(String, Token, i64)> {
-    s.leases
-        .get(resource)
-        .map(|r| (r.owner_id.clone(), r.fence, r.expires_at))
+fn refusal_row(s: &State, resource: &str) -> Option<LeaseRow> {
+    s.leases.get(resource).map(|r| LeaseRow {
+        owner_id: r.owner_id.clone(),
+        fence: r.fence,
+        expires_at: r.expires_at,
+    })
 }
 
 #[async_trait]
