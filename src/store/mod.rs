@@ -1,4 +1,5 @@
-//! The lease store: one trait, one implementation per backend.
+//! The lease store: one trait, implemented once for SQL (`sql::SqlStore`)
+//! over one dialect per backend.
 //!
 //! Everything that speaks SQL lives below this module. The rest of the crate
 //! sees typed outcomes ([`AcquireOutcome`], [`RenewOutcome`], [`PutOutcome`])
@@ -54,7 +55,8 @@ use sqlite::SqliteStore;
 pub use types::*;
 pub use url::{is_secret_param, redact, Backend, StoreUrl};
 
-/// The lease store. One implementation per backend; every method is one
+/// The lease store. One SQL implementation (one dialect per backend), and
+/// the in-memory one of the crate's own tests; every method is one
 /// atomic operation on the store (one statement, or one short transaction
 /// where the backend needs it).
 #[async_trait]
