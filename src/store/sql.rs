@@ -530,3 +530,58 @@ impl<D: Dialect> Store for SqlStore<D> {
         self.call(self.dialect.advance_epoch(&self.db)).await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::SqliteStore;
+    use super::*;
+
+    /// The shared call names a driver error the backend's way (SQLite: a
+    /// full disk), passes an error already named through, and ends a call
+    /// that hangs at the time limit.
+    #[tokio::test(start_paused = true)]
+    async fn a_call_names_its_error_once_and_has_a_time_limit() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("fencecron.db");
+        let url = StoreUrl::parse(&format!("sqlite://{}", db.display())).unwrap();
+        let limit = Duration::from_secs(3);
+        let opts = OpenOptions {
+            max_connections: 1,
+            call_timeout: limit,
+        };
+        let store = SqliteStore::open(url, &opts).unwrap();
+
+        let enospc = sqlx::Error::Io(std::io::Error::from_raw_os_error(libc::ENOSPC));
+        let e = store
+            .call(async { Err::<(), _>(Failure::Sql(enospc)) })
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&e, StoreError::DiskFull { path, .. } if path == &db.display().to_string()),
+            "{e}"
+        );
+
+        let named = StoreError::Unprotected {
+            detail: "named".to_string(),
+        };
+        let e = store
+            .call(async { Err::<(), _>(Failure::Store(named)) })
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&e, StoreError::Unprotected { detail } if detail == "named"),
+            "{e}"
+        );
+
+        let started = tokio::time::Instant::now();
+        let hung = tokio::time::timeout(limit * 2, store.call(std::future::pending::<Sql<()>>()))
+            .await
+            .expect("the call ends by its own limit");
+        let e = hung.unwrap_err();
+        assert!(
+            matches!(e, StoreError::Timeout { limit: l, .. } if l == limit),
+            "{e}"
+        );
+        assert_eq!(started.elapsed(), limit);
+    }
+}
