@@ -178,6 +178,8 @@ impl Dialect for My {
     const GET: &'static str = GET;
     const STALE: &'static str = STALE;
     const LIST: &'static str = LIST;
+    const EPOCH: &'static str = EPOCH;
+    const ADVANCE_EPOCH: &'static str = ADVANCE_EPOCH;
 
     async fn migrate(&self, db: &Db<MySql>) -> Result<(), StoreError> {
         // sqlx's own MySQL lock is `GET_LOCK(name, -1)`, which MariaDB
@@ -454,18 +456,6 @@ impl Dialect for My {
             .fetch_one(&db.pool)
             .await?;
         Ok(StoreTime(now))
-    }
-
-    async fn epoch(&self, db: &Db<MySql>) -> Sql<EpochInfo> {
-        Ok(MySql::epoch(&db.pool, EPOCH).await?)
-    }
-
-    async fn advance_epoch(&self, db: &Db<MySql>) -> Sql<EpochInfo> {
-        let mut tx = db.pool.begin().await?;
-        sqlx::query(ADVANCE_EPOCH).execute(&mut *tx).await?;
-        let info = MySql::epoch(&mut *tx, EPOCH).await?;
-        tx.commit().await?;
-        Ok(info)
     }
 }
 

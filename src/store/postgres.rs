@@ -335,6 +335,8 @@ impl Dialect for Pg {
     const GET: &'static str = GET;
     const STALE: &'static str = STALE;
     const LIST: &'static str = LIST;
+    const EPOCH: &'static str = EPOCH;
+    const ADVANCE_EPOCH: &'static str = ADVANCE_EPOCH;
 
     async fn migrate(&self, db: &Db<Postgres>) -> Result<(), StoreError> {
         // sqlx takes a PostgreSQL advisory lock around the migration, so many
@@ -530,6 +532,7 @@ impl Dialect for Pg {
         Ok(StoreTime(now))
     }
 
+    /// With the timeline, checked against `fencecron_token_floor()`.
     async fn epoch(&self, db: &Db<Postgres>) -> Sql<EpochInfo> {
         Pg::epoch_of(db, &db.pool).await
     }

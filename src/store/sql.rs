@@ -11,7 +11,8 @@ use async_trait::async_trait;
 use sqlx::pool::PoolOptions;
 use sqlx::query::Query;
 use sqlx::{
-    ColumnIndex, Connection, Database, Decode, Encode, Executor, IntoArguments, Pool, Row, Type,
+    ColumnIndex, Connection, Database, Decode, Encode, Executor, IntoArguments, Pool, Row,
+    Transaction, Type,
 };
 
 use super::{
@@ -119,9 +120,16 @@ pub(super) trait SqlDb: Database {
 
     /// `fencecron epoch` where the epoch is only the stored one (no
     /// timeline): `stored` and `highest` of `sql`.
-    async fn epoch<'e, E>(ex: E, sql: &'static str) -> Result<EpochInfo, sqlx::Error>
-    where
-        E: Executor<'e, Database = Self>;
+    async fn epoch(pool: &Pool<Self>, sql: &'static str) -> Result<EpochInfo, sqlx::Error>;
+
+    /// `fencecron epoch advance` where the epoch is only the stored one:
+    /// `advance`, then [`SqlDb::epoch`] of `epoch`, on one connection (in
+    /// the caller's transaction).
+    async fn advance_epoch(
+        conn: &mut Self::Connection,
+        advance: &'static str,
+        epoch: &'static str,
+    ) -> Result<EpochInfo, sqlx::Error>;
 
     /// After a refused write, in its transaction: what beat it, from
     /// `sql`, which binds the resource and the key ([`rows::PutState`]).
@@ -230,16 +238,17 @@ where
         .transpose()
     }
 
-    async fn epoch<'e, E>(ex: E, sql: &'static str) -> Result<EpochInfo, sqlx::Error>
-    where
-        E: Executor<'e, Database = Self>,
-    {
-        let row = sqlx::query(sql).fetch_one(ex).await?;
-        Ok(EpochInfo::new(
-            row.try_get("stored")?,
-            None,
-            row.try_get("highest")?,
-        ))
+    async fn epoch(pool: &Pool<Self>, sql: &'static str) -> Result<EpochInfo, sqlx::Error> {
+        stored_epoch(pool, sql).await
+    }
+
+    async fn advance_epoch(
+        conn: &mut Self::Connection,
+        advance: &'static str,
+        epoch: &'static str,
+    ) -> Result<EpochInfo, sqlx::Error> {
+        sqlx::query(advance).execute(&mut *conn).await?;
+        stored_epoch(&mut *conn, epoch).await
     }
 
     async fn put_state<'e, E>(
@@ -306,6 +315,23 @@ where
     }
 }
 
+/// [`SqlDb::epoch`] on any executor.
+async fn stored_epoch<'e, DB, E>(ex: E, sql: &'static str) -> Result<EpochInfo, sqlx::Error>
+where
+    DB: Database,
+    E: Executor<'e, Database = DB>,
+    for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
+    i64: Type<DB> + for<'r> Decode<'r, DB>,
+    for<'a> &'a str: ColumnIndex<DB::Row>,
+{
+    let row = sqlx::query(sql).fetch_one(ex).await?;
+    Ok(EpochInfo::new(
+        row.try_get("stored")?,
+        None,
+        row.try_get("highest")?,
+    ))
+}
+
 /// How many rows a statement changed: each driver's result type has the
 /// method, but sqlx names it in no trait.
 pub(super) trait Affected {
@@ -343,6 +369,18 @@ pub(super) trait Dialect: Send + Sync + 'static {
     const STALE: &'static str;
     /// `lease list` ([`SqlDb::list`]).
     const LIST: &'static str;
+    /// `fencecron epoch` ([`SqlDb::epoch`]).
+    const EPOCH: &'static str;
+    /// `fencecron epoch advance` ([`SqlDb::advance_epoch`]).
+    const ADVANCE_EPOCH: &'static str;
+
+    /// A transaction for a write.
+    async fn begin(
+        &self,
+        db: &Db<Self::DB>,
+    ) -> Result<Transaction<'static, Self::DB>, sqlx::Error> {
+        db.pool.begin().await
+    }
 
     /// A driver error as the caller sees it: unreachable or failing, unless
     /// the backend can name the cause better.
@@ -391,9 +429,17 @@ pub(super) trait Dialect: Send + Sync + 'static {
 
     async fn now(&self, db: &Db<Self::DB>) -> Sql<StoreTime>;
 
-    async fn epoch(&self, db: &Db<Self::DB>) -> Sql<EpochInfo>;
+    async fn epoch(&self, db: &Db<Self::DB>) -> Sql<EpochInfo> {
+        Ok(Self::DB::epoch(&db.pool, Self::EPOCH).await?)
+    }
 
-    async fn advance_epoch(&self, db: &Db<Self::DB>) -> Sql<EpochInfo>;
+    /// In one write transaction with the read of the result.
+    async fn advance_epoch(&self, db: &Db<Self::DB>) -> Sql<EpochInfo> {
+        let mut tx = self.begin(db).await?;
+        let info = Self::DB::advance_epoch(&mut tx, Self::ADVANCE_EPOCH, Self::EPOCH).await?;
+        tx.commit().await?;
+        Ok(info)
+    }
 }
 
 /// A SQL store: a pool and a dialect. Its [`Store`] implementation is the

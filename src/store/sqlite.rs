@@ -235,13 +235,6 @@ impl SqliteStore {
     }
 }
 
-impl Lite {
-    /// A write transaction holding the database's write lock.
-    async fn write_tx(&self, db: &Db<Sqlite>) -> Result<Transaction<'static, Sqlite>, sqlx::Error> {
-        db.pool.begin_with("BEGIN IMMEDIATE").await
-    }
-}
-
 async fn insert_stale(
     tx: &mut Transaction<'static, Sqlite>,
     rec: &NewStaleRecord<'_>,
@@ -266,6 +259,13 @@ impl Dialect for Lite {
     const GET: &'static str = GET;
     const STALE: &'static str = STALE;
     const LIST: &'static str = LIST;
+    const EPOCH: &'static str = EPOCH;
+    const ADVANCE_EPOCH: &'static str = ADVANCE_EPOCH;
+
+    /// Takes the database's write lock up front (`BEGIN IMMEDIATE`).
+    async fn begin(&self, db: &Db<Sqlite>) -> Result<Transaction<'static, Sqlite>, sqlx::Error> {
+        db.pool.begin_with("BEGIN IMMEDIATE").await
+    }
 
     fn error(&self, url: &StoreUrl, e: sqlx::Error) -> StoreError {
         if is_disk_full(&e) {
@@ -332,7 +332,7 @@ impl Dialect for Lite {
         let lease = millis(req.lease);
         let occ = req.occurrence.map(|o| o.0);
         let next = req.next_occurrence.map(|o| o.0);
-        let mut tx = self.write_tx(db).await?;
+        let mut tx = self.begin(db).await?;
         let now = kernel_now_ms();
         let won = sqlx::query(ACQUIRE)
             .bind(req.resource.as_str())
@@ -410,7 +410,7 @@ impl Dialect for Lite {
         token: Token,
         lease: Duration,
     ) -> Sql<RenewOutcome> {
-        let mut tx = self.write_tx(db).await?;
+        let mut tx = self.begin(db).await?;
         let now = kernel_now_ms();
         let renewed: Option<i64> = sqlx::query_scalar(RENEW)
             .bind(resource.as_str())
@@ -442,7 +442,7 @@ impl Dialect for Lite {
         token: Option<Token>,
         occurrence: Option<StoreTime>,
     ) -> Sql<ReleaseOutcome> {
-        let mut tx = self.write_tx(db).await?;
+        let mut tx = self.begin(db).await?;
         let now = kernel_now_ms();
         let query = sqlx::query(if occurrence.is_some() {
             GIVE_BACK
@@ -482,7 +482,7 @@ impl Dialect for Lite {
     }
 
     async fn put(&self, db: &Db<Sqlite>, req: &PutRequest<'_>) -> Sql<PutOutcome> {
-        let mut tx = self.write_tx(db).await?;
+        let mut tx = self.begin(db).await?;
         let now = kernel_now_ms();
         let op = req.operation_id.to_string();
         let written = sqlx::query(PUT)
@@ -515,7 +515,7 @@ impl Dialect for Lite {
     }
 
     async fn record_stale(&self, db: &Db<Sqlite>, rec: &NewStaleRecord<'_>) -> Sql<StaleRecord> {
-        let mut tx = self.write_tx(db).await?;
+        let mut tx = self.begin(db).await?;
         let now = kernel_now_ms();
         insert_stale(&mut tx, rec, now).await?;
         tx.commit().await?;
@@ -524,18 +524,6 @@ impl Dialect for Lite {
 
     async fn now(&self, _db: &Db<Sqlite>) -> Sql<StoreTime> {
         Ok(StoreTime(kernel_now_ms()))
-    }
-
-    async fn epoch(&self, db: &Db<Sqlite>) -> Sql<EpochInfo> {
-        Ok(Sqlite::epoch(&db.pool, EPOCH).await?)
-    }
-
-    async fn advance_epoch(&self, db: &Db<Sqlite>) -> Sql<EpochInfo> {
-        let mut tx = self.write_tx(db).await?;
-        sqlx::query(ADVANCE_EPOCH).execute(&mut *tx).await?;
-        let info = Sqlite::epoch(&mut *tx, EPOCH).await?;
-        tx.commit().await?;
-        Ok(info)
     }
 }
 
@@ -552,7 +540,7 @@ impl RawDialect for Lite {
         let lease = millis(MIN_LEASE);
         // Every write is the statement the store sends, inside the same
         // BEGIN IMMEDIATE transaction.
-        let mut tx = self.write_tx(db).await?;
+        let mut tx = self.begin(db).await?;
         let now = kernel_now_ms();
         let query = match op {
             RawOp::AcquireFree | RawOp::AcquireHeld => sqlx::query(ACQUIRE)
@@ -595,7 +583,7 @@ impl RawDialect for Lite {
     async fn purge(&self, db: &Db<Sqlite>, prefix: &str) -> Sql<u64> {
         // Not LIKE: SQLite's LIKE ignores ASCII case, so `Bench-` would also
         // purge `bench-…`. `substr` counts characters, as `length` does.
-        let mut tx = self.write_tx(db).await?;
+        let mut tx = self.begin(db).await?;
         let mut n = 0;
         for sql in [
             "DELETE FROM fencecron_values WHERE substr(resource, 1, length(?1)) = ?1",
