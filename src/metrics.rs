@@ -29,8 +29,8 @@ use tokio_util::sync::CancellationToken;
 use crate::names::Name;
 use crate::store::{
     AcquireOutcome, AcquireRequest, Backend, EpochInfo, LeaseInfo, NewStaleRecord, PutOutcome,
-    PutRequest, RawOp, ReleaseOutcome, RenewOutcome, StaleRecord, Store, StoreError, StoreTime,
-    StoreUrl, StoredValue, Token,
+    PutRequest, ReleaseOutcome, RenewOutcome, StaleRecord, Store, StoreError, StoreTime, StoreUrl,
+    StoredValue, Token,
 };
 
 /// How long the scheduler loop may go without turning before `/livez` says
@@ -506,19 +506,5 @@ impl Store for Observed {
 
     async fn advance_epoch(&self) -> Result<EpochInfo, StoreError> {
         observe("advance_epoch", self.inner.advance_epoch()).await
-    }
-
-    async fn raw(
-        &self,
-        op: RawOp,
-        resource: &Name,
-        owner_id: &str,
-        token: Token,
-    ) -> Result<Option<Token>, StoreError> {
-        self.inner.raw(op, resource, owner_id, token).await
-    }
-
-    async fn purge_prefix(&self, prefix: &str) -> Result<u64, StoreError> {
-        self.inner.purge_prefix(prefix).await
     }
 }

@@ -45,8 +45,8 @@ use crate::names::Name;
 use crate::output::{self, Out};
 use crate::signals::Signals;
 use crate::store::{
-    AcquireOutcome, AcquireRequest, OpenOptions, PutOutcome, PutRequest, RawOp, ReleaseOutcome,
-    RenewOutcome, Store, StoreError, Token, MAX_LEASE, MIN_LEASE,
+    open_bench, AcquireOutcome, AcquireRequest, BenchStore, OpenOptions, PutOutcome, PutRequest,
+    RawOp, ReleaseOutcome, RenewOutcome, StoreError, Token, MAX_LEASE, MIN_LEASE,
 };
 
 use super::Context;
@@ -92,12 +92,14 @@ pub async fn run(cli: &Cli, args: &BenchArgs) -> Result<Exit> {
         )));
     }
     let ctx = Context::load(cli, false)?;
-    let store = ctx
-        .store(&OpenOptions {
+    let store = open_bench(
+        &ctx.store_url,
+        &OpenOptions {
             max_connections: u32::try_from(args.clients).unwrap_or(u32::MAX),
             call_timeout: Duration::from_secs(30),
-        })
-        .await?;
+        },
+    )?;
+    store.migrate().await?;
     let prefix = format!(
         "fencecron-bench-{}-",
         &Uuid::new_v4().simple().to_string()[..8]
@@ -136,7 +138,7 @@ pub async fn run(cli: &Cli, args: &BenchArgs) -> Result<Exit> {
 
 /// Runs every operation for `duration`, all clients at once.
 async fn measure(
-    store: &Arc<dyn Store>,
+    store: &Arc<dyn BenchStore>,
     prefix: &str,
     args: &BenchArgs,
 ) -> Result<Vec<(&'static str, Vec<Samples>)>> {
@@ -167,7 +169,7 @@ async fn measure(
 /// timing only the measured call (set-up calls such as the release after a
 /// measured acquire are not timed).
 async fn client_loop(
-    store: &dyn Store,
+    store: &dyn BenchStore,
     op: RawOp,
     resource: &Name,
     duration: Duration,
@@ -315,7 +317,7 @@ fn request(resource: &Name, lease: Duration) -> AcquireRequest<'_> {
 
 /// Takes the (expired or free) lease, waiting out a holder if needed.
 async fn take(
-    store: &dyn Store,
+    store: &dyn BenchStore,
     resource: &Name,
     lease: Duration,
 ) -> Result<(String, Token), StoreError> {
@@ -328,7 +330,7 @@ async fn take(
 }
 
 async fn put(
-    store: &dyn Store,
+    store: &dyn BenchStore,
     resource: &Name,
     key: &Name,
     token: Token,

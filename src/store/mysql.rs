@@ -20,10 +20,11 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions};
+use sqlx::mysql::MySqlConnectOptions;
 use sqlx::{MySql, Row, Transaction};
 
-use super::postgres::{like_escape, stored};
+use super::bench::{like_escape, RawDialect};
+use super::sql::{Db, Dialect, Sql, SqlDb, SqlStore};
 use super::*;
 
 /// `SYSDATE(3)` as milliseconds since the epoch.
@@ -136,12 +137,11 @@ const STALE: &str = "SELECT at_ms, kind, reason,
 /// MySQL's error number for a packet larger than `max_allowed_packet`.
 const ER_NET_PACKET_TOO_LARGE: u16 = 1153;
 
+/// The MySQL/MariaDB dialect.
+pub(super) struct My;
+
 /// The MySQL/MariaDB store.
-pub struct MySqlStore {
-    url: StoreUrl,
-    pool: MySqlPool,
-    call_timeout: Duration,
-}
+pub(super) type MySqlStore = SqlStore<My>;
 
 impl MySqlStore {
     /// Prepares a lazily connecting pool.
@@ -149,79 +149,83 @@ impl MySqlStore {
         let connect: MySqlConnectOptions =
             url.expose().parse().map_err(|e| unavailable(&url, e))?;
         let connect = connect.timezone(Some("+00:00".to_string()));
-        let pool = MySqlPoolOptions::new()
-            .max_connections(opts.max_connections)
-            .min_connections(0)
-            .acquire_timeout(opts.call_timeout)
-            .idle_timeout(Some(Duration::from_secs(60)))
-            // sqlx would otherwise ping before every checkout: a hidden
-            // extra round trip per operation. A dead connection instead
-            // fails its call, which every caller already retries.
-            .test_before_acquire(false)
-            .connect_lazy_with(connect);
-        Ok(MySqlStore {
-            url,
-            pool,
-            call_timeout: opts.call_timeout,
+        Ok(SqlStore {
+            db: Db::connect_lazy(url, opts, connect, |pool| pool),
+            dialect: My,
         })
     }
+}
 
-    fn err(&self, e: sqlx::Error) -> StoreError {
-        unavailable(&self.url, e)
+impl My {
+    async fn insert_stale(
+        tx: &mut Transaction<'static, MySql>,
+        rec: &NewStaleRecord<'_>,
+    ) -> Result<i64, sqlx::Error> {
+        let done = MySql::bind_stale(sqlx::query(INSERT_STALE), rec)
+            .execute(&mut **tx)
+            .await?;
+        sqlx::query_scalar("SELECT at_ms FROM fencecron_stale WHERE id = ?")
+            .bind(done.last_insert_id())
+            .fetch_one(&mut **tx)
+            .await
     }
+}
 
-    /// A failed `put`, named for what it is when the value was too large for
-    /// the server: error 1153 (ER_NET_PACKET_TOO_LARGE), or, for a value far
-    /// over the limit, the server closing the connection while it is still
-    /// being sent (seen as a reset or broken pipe; MariaDB does this for a
-    /// 100 MB value against its 16 MiB default). In the second case the
-    /// server's `max_allowed_packet` is read on another connection to make
-    /// sure before blaming the value; otherwise the error stays
-    /// "unreachable".
-    async fn classify_put_error(&self, source: sqlx::Error, size: usize) -> StoreError {
-        let too_large = match &source {
-            sqlx::Error::Database(db) => db
-                .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
-                .is_some_and(|e| e.number() == ER_NET_PACKET_TOO_LARGE),
-            _ => false,
-        };
-        let cut_off = matches!(&source, sqlx::Error::Io(e) if matches!(
-            e.kind(),
-            std::io::ErrorKind::ConnectionReset
-                | std::io::ErrorKind::BrokenPipe
-                | std::io::ErrorKind::ConnectionAborted
-                | std::io::ErrorKind::UnexpectedEof
-        ));
-        if !too_large && !cut_off {
-            return self.err(source);
-        }
-        let max = tokio::time::timeout(Duration::from_secs(2), async {
-            sqlx::query_scalar::<_, i64>("SELECT CAST(@@max_allowed_packet AS SIGNED)")
-                .fetch_one(&self.pool)
+#[async_trait]
+impl Dialect for My {
+    type DB = MySql;
+    const BACKEND: Backend = Backend::MySql;
+    const GET: &'static str = GET;
+    const STALE: &'static str = STALE;
+    const LIST: &'static str = LIST;
+    const EPOCH: &'static str = EPOCH;
+    const ADVANCE_EPOCH: &'static str = ADVANCE_EPOCH;
+
+    async fn migrate(&self, db: &Db<MySql>) -> Result<(), StoreError> {
+        // sqlx's own MySQL lock is `GET_LOCK(name, -1)`, which MariaDB
+        // answers with NULL instead of waiting, so concurrent starts would
+        // race into "migration partially applied". Take our own named lock
+        // with a finite wait on one connection and migrate on that same
+        // connection.
+        let err = |e| unavailable(&db.url, e);
+        timed(&db.url, db.call_timeout * 3, async {
+            let mut conn = super::diagnose::first_connection(&db.pool)
                 .await
-                .ok()
+                .map_err(err)?;
+            let wait = i64::try_from((db.call_timeout * 2).as_secs()).unwrap_or(60);
+            let locked: Option<i64> =
+                sqlx::query_scalar("SELECT GET_LOCK(CONCAT('fencecron-migrate:', DATABASE()), ?)")
+                    .bind(wait)
+                    .fetch_one(&mut *conn)
+                    .await
+                    .map_err(err)?;
+            if locked != Some(1) {
+                return Err(StoreError::Timeout {
+                    url: db.url.to_string(),
+                    limit: db.call_timeout * 2,
+                });
+            }
+            let result = super::migrator::run::<MySql>(
+                &mut conn,
+                Backend::MySql,
+                &sqlx::migrate!("migrations/mysql"),
+            )
+            .await
+            .map_err(|source| migrate_error(Backend::MySql, &db.url, source));
+            sqlx::query("SELECT RELEASE_LOCK(CONCAT('fencecron-migrate:', DATABASE()))")
+                .execute(&mut *conn)
+                .await
+                .map_err(err)?;
+            result
         })
         .await
-        .ok()
-        .flatten()
-        .and_then(|m| u64::try_from(m).ok());
-        if too_large || max.is_some_and(|m| size as u64 >= m) {
-            StoreError::PacketTooLarge {
-                url: self.url.to_string(),
-                size,
-                max,
-                detail: source.to_string(),
-            }
-        } else {
-            self.err(source)
-        }
     }
 
     /// One `CALL fencecron_acquire_v2(…)` (migration 0004): the conditional
     /// `UPDATE` (or the first `INSERT` of the row) and the read of the
     /// row after it run on the server, so a winner learns its expiry and a
     /// loser learns who holds the lease in one round trip.
-    async fn acquire_inner(&self, req: &AcquireRequest<'_>) -> Result<AcquireOutcome, StoreError> {
+    async fn acquire(&self, db: &Db<MySql>, req: &AcquireRequest<'_>) -> Sql<AcquireOutcome> {
         let owner = req.owner_id;
         let row = sqlx::query(CALL_ACQUIRE)
             .bind(req.resource.as_str())
@@ -230,25 +234,18 @@ impl MySqlStore {
             .bind(millis(req.lease))
             .bind(req.occurrence.map(|o| o.0))
             .bind(req.next_occurrence.map(|o| o.0))
-            .fetch_one(&self.pool)
-            .await
-            .map_err(|e| self.err(e))?;
+            .fetch_one(&db.pool)
+            .await?;
         // Read by position: sqlx describes a CALL without its result's
         // column names.
-        let col = |e: sqlx::Error| self.err(e);
-        let won: i64 = row.try_get(0).map_err(col)?;
-        let fence: Option<i64> = row.try_get(1).map_err(col)?;
-        let owner_id: Option<String> = row.try_get(2).map_err(col)?;
-        let node: Option<String> = row.try_get(3).map_err(col)?;
-        let expires_at: Option<i64> = row.try_get(4).map_err(col)?;
-        let last_occurrence: Option<i64> = row.try_get(5).map_err(col)?;
-        let now: i64 = row.try_get(6).map_err(col)?;
-        let taken_over = Takeover::from_columns(
-            row.try_get(7).map_err(col)?,
-            row.try_get(8).map_err(col)?,
-            row.try_get(9).map_err(col)?,
-            row.try_get(10).map_err(col)?,
-        );
+        let won: i64 = row.try_get(0)?;
+        let fence: Option<i64> = row.try_get(1)?;
+        let owner_id: Option<String> = row.try_get(2)?;
+        let node: Option<String> = row.try_get(3)?;
+        let expires_at: Option<i64> = row.try_get(4)?;
+        let last_occurrence: Option<i64> = row.try_get(5)?;
+        let now: i64 = row.try_get(6)?;
+        let taken_over = rows::takeover(&row, [7, 8, 9, 10])?;
         let (Some(fence), Some(owner_id), Some(node), Some(expires_at)) =
             (fence, owner_id, node, expires_at)
         else {
@@ -262,12 +259,13 @@ impl MySqlStore {
                     store_now: StoreTime(now),
                 }),
                 _ => Err(StoreError::Corrupt {
-                    url: self.url.to_string(),
+                    url: db.url.to_string(),
                     detail: format!(
                         "the lease row for {} neither exists nor can be created",
                         req.resource
                     ),
-                }),
+                }
+                .into()),
             };
         };
         if won == 1 && owner_id == owner.to_string() {
@@ -292,14 +290,41 @@ impl MySqlStore {
         ))
     }
 
-    /// `release`, or with an occurrence `give_back`.
-    async fn release_inner(
+    async fn renew(
         &self,
+        db: &Db<MySql>,
+        resource: &Name,
+        owner_id: &str,
+        token: Token,
+        lease: Duration,
+    ) -> Sql<RenewOutcome> {
+        let done = sqlx::query(RENEW)
+            .bind(millis(lease))
+            .bind(resource.as_str())
+            .bind(owner_id)
+            .bind(token)
+            .execute(&db.pool)
+            .await?;
+        if done.rows_affected() == 1 {
+            return Ok(RenewOutcome::Renewed {
+                expires_at: StoreTime(done.last_insert_id() as i64),
+            });
+        }
+        Ok(RenewOutcome::Refused(classify_refusal(
+            MySql::lease_row(&db.pool, LEASE_ROW, resource).await?,
+            owner_id,
+            token,
+        )))
+    }
+
+    async fn release(
+        &self,
+        db: &Db<MySql>,
         resource: &Name,
         owner_id: &str,
         token: Option<Token>,
         occurrence: Option<StoreTime>,
-    ) -> Result<ReleaseOutcome, StoreError> {
+    ) -> Sql<ReleaseOutcome> {
         let query = match occurrence {
             None => sqlx::query(RELEASE)
                 .bind(resource.as_str())
@@ -314,53 +339,20 @@ impl MySqlStore {
                 .bind(token)
                 .bind(occ.0),
         };
-        let done = query.execute(&self.pool).await.map_err(|e| self.err(e))?;
+        let done = query.execute(&db.pool).await?;
         if done.rows_affected() == 1 {
             return Ok(ReleaseOutcome::Released);
         }
         Ok(ReleaseOutcome::Refused(classify_refusal(
-            self.lease_row(resource).await?,
+            MySql::lease_row(&db.pool, LEASE_ROW, resource).await?,
             owner_id,
             token.unwrap_or(0),
         )))
     }
 
-    async fn epoch_inner<'e, E>(&self, ex: E) -> Result<EpochInfo, StoreError>
-    where
-        E: sqlx::MySqlExecutor<'e>,
-    {
-        let row = sqlx::query(EPOCH)
-            .fetch_one(ex)
-            .await
-            .map_err(|e| self.err(e))?;
-        let col = |e: sqlx::Error| self.err(e);
-        Ok(EpochInfo::new(
-            row.try_get("stored").map_err(col)?,
-            None,
-            row.try_get("highest").map_err(col)?,
-        ))
-    }
-
-    async fn lease_row(&self, resource: &Name) -> Result<Option<(String, Token, i64)>, StoreError> {
-        let row = sqlx::query(LEASE_ROW)
-            .bind(resource.as_str())
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(|e| self.err(e))?;
-        row.map(|r| {
-            Ok((
-                r.try_get("owner_id").map_err(|e| self.err(e))?,
-                r.try_get("fence").map_err(|e| self.err(e))?,
-                r.try_get("expires_at_ms").map_err(|e| self.err(e))?,
-            ))
-        })
-        .transpose()
-    }
-
-    async fn put_inner(&self, req: &PutRequest<'_>) -> Result<PutOutcome, StoreError> {
+    async fn put(&self, db: &Db<MySql>, req: &PutRequest<'_>) -> Sql<PutOutcome> {
         let op = req.operation_id.to_string();
-        let mut tx: Transaction<'static, MySql> =
-            self.pool.begin().await.map_err(|e| self.err(e))?;
+        let mut tx: Transaction<'static, MySql> = db.pool.begin().await?;
         sqlx::query(PUT)
             .bind(req.resource.as_str())
             .bind(req.key.as_str())
@@ -377,11 +369,10 @@ impl MySqlStore {
             .bind(req.once)
             .bind(req.once)
             .execute(&mut *tx)
-            .await
-            .map_err(|e| self.err(e))?;
+            .await?;
         let r = req.resource.as_str();
         let k = req.key.as_str();
-        let state = sqlx::query(PUT_STATE)
+        let row = sqlx::query(PUT_STATE)
             .bind(r)
             .bind(k)
             .bind(r)
@@ -391,325 +382,135 @@ impl MySqlStore {
             .bind(r)
             .bind(r)
             .fetch_one(&mut *tx)
-            .await
-            .map_err(|e| self.err(e))?;
-        let written_op: Option<String> = state.try_get("op").map_err(|e| self.err(e))?;
+            .await?;
+        let written_op: Option<String> = row.try_get("op")?;
         if written_op.as_deref() == Some(op.as_str()) {
-            let at: Option<i64> = state.try_get("written_at").map_err(|e| self.err(e))?;
-            tx.commit().await.map_err(|e| self.err(e))?;
+            let at: Option<i64> = row.try_get("written_at")?;
+            tx.commit().await?;
             return Ok(PutOutcome::Accepted {
                 written_at: StoreTime(at.unwrap_or_default()),
             });
         }
-        let accepted: Option<i64> = state.try_get("accepted").map_err(|e| self.err(e))?;
-        let issued: Option<i64> = state.try_get("issued").map_err(|e| self.err(e))?;
-        let issued_to: Option<String> = state.try_get("issued_to").map_err(|e| self.err(e))?;
-        let lease = issued.zip(issued_to.as_deref());
-        let Some(rejection) =
-            classify_rejection(req.token, req.owner_id, req.once, accepted, lease)
-        else {
-            tx.rollback().await.map_err(|e| self.err(e))?;
+        let state = rows::put_state(&row)?;
+        let Some(rejection) = state.rejection(req) else {
+            tx.rollback().await?;
             return Ok(PutOutcome::AlreadyApplied);
         };
-        let rec = NewStaleRecord {
-            kind: StaleKind::WriteRejected,
-            reason: rejection.reason.as_str(),
-            resource: r,
-            key: Some(k),
-            owner_id: Some(req.owner_id),
-            token: req.token,
-            accepted_token: rejection.accepted_token,
-            node: req.node,
-            job: req.job,
-            stage: req.stage,
-            operation_id: &op,
-        };
-        let at = self.insert_stale(&mut tx, &rec).await?;
-        tx.commit().await.map_err(|e| self.err(e))?;
-        Ok(PutOutcome::Rejected(Box::new(stored(&rec, at))))
+        let rec = rejection.record(req, &op);
+        let at = My::insert_stale(&mut tx, &rec).await?;
+        tx.commit().await?;
+        Ok(PutOutcome::Rejected(Box::new(rec.stored(at))))
     }
 
-    async fn insert_stale(
-        &self,
-        tx: &mut Transaction<'static, MySql>,
-        rec: &NewStaleRecord<'_>,
-    ) -> Result<i64, StoreError> {
-        let done = sqlx::query(INSERT_STALE)
-            .bind(rec.kind.as_str())
-            .bind(rec.reason)
-            .bind(rec.resource)
-            .bind(rec.key)
-            .bind(rec.owner_id)
-            .bind(rec.token)
-            .bind(rec.accepted_token)
-            .bind(rec.node)
-            .bind(rec.job)
-            .bind(rec.stage)
-            .bind(rec.operation_id)
-            .execute(&mut **tx)
-            .await
-            .map_err(|e| self.err(e))?;
-        sqlx::query_scalar("SELECT at_ms FROM fencecron_stale WHERE id = ?")
-            .bind(done.last_insert_id())
-            .fetch_one(&mut **tx)
-            .await
-            .map_err(|e| self.err(e))
+    /// A failed `put`, named for what it is when the value was too large for
+    /// the server: error 1153 (ER_NET_PACKET_TOO_LARGE), or, for a value far
+    /// over the limit, the server closing the connection while it is still
+    /// being sent (seen as a reset or broken pipe; MariaDB does this for a
+    /// 100 MB value against its 16 MiB default). In the second case the
+    /// server's `max_allowed_packet` is read on another connection to make
+    /// sure before blaming the value; otherwise the error stays
+    /// "unreachable".
+    async fn put_failed(&self, db: &Db<MySql>, source: sqlx::Error, size: usize) -> StoreError {
+        let too_large = match &source {
+            sqlx::Error::Database(e) => e
+                .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+                .is_some_and(|e| e.number() == ER_NET_PACKET_TOO_LARGE),
+            _ => false,
+        };
+        let cut_off = matches!(&source, sqlx::Error::Io(e) if matches!(
+            e.kind(),
+            std::io::ErrorKind::ConnectionReset
+                | std::io::ErrorKind::BrokenPipe
+                | std::io::ErrorKind::ConnectionAborted
+                | std::io::ErrorKind::UnexpectedEof
+        ));
+        if !too_large && !cut_off {
+            return unavailable(&db.url, source);
+        }
+        let max = tokio::time::timeout(Duration::from_secs(2), async {
+            sqlx::query_scalar::<_, i64>("SELECT CAST(@@max_allowed_packet AS SIGNED)")
+                .fetch_one(&db.pool)
+                .await
+                .ok()
+        })
+        .await
+        .ok()
+        .flatten()
+        .and_then(|m| u64::try_from(m).ok());
+        if too_large || max.is_some_and(|m| size as u64 >= m) {
+            StoreError::PacketTooLarge {
+                url: db.url.to_string(),
+                size,
+                max,
+                detail: source.to_string(),
+            }
+        } else {
+            unavailable(&db.url, source)
+        }
+    }
+
+    async fn record_stale(&self, db: &Db<MySql>, rec: &NewStaleRecord<'_>) -> Sql<StaleRecord> {
+        let mut tx = db.pool.begin().await?;
+        let at = My::insert_stale(&mut tx, rec).await?;
+        tx.commit().await?;
+        Ok(rec.stored(at))
+    }
+
+    async fn now(&self, db: &Db<MySql>) -> Sql<StoreTime> {
+        let now: i64 = sqlx::query_scalar(concat!("SELECT ", now_ms!()))
+            .fetch_one(&db.pool)
+            .await?;
+        Ok(StoreTime(now))
     }
 }
 
 #[async_trait]
-impl Store for MySqlStore {
-    fn backend(&self) -> Backend {
-        Backend::MySql
-    }
-
-    fn url(&self) -> &StoreUrl {
-        &self.url
-    }
-
-    async fn migrate(&self) -> Result<(), StoreError> {
-        // sqlx's own MySQL lock is `GET_LOCK(name, -1)`, which MariaDB
-        // answers with NULL instead of waiting, so concurrent starts would
-        // race into "migration partially applied". Take our own named lock
-        // with a finite wait on one connection and migrate on that same
-        // connection.
-        timed(&self.url, self.call_timeout * 3, async {
-            let mut conn = diagnose::first_connection(&self.pool)
-                .await
-                .map_err(|e| self.err(e))?;
-            let wait = i64::try_from((self.call_timeout * 2).as_secs()).unwrap_or(60);
-            let locked: Option<i64> =
-                sqlx::query_scalar("SELECT GET_LOCK(CONCAT('fencecron-migrate:', DATABASE()), ?)")
-                    .bind(wait)
-                    .fetch_one(&mut *conn)
-                    .await
-                    .map_err(|e| self.err(e))?;
-            if locked != Some(1) {
-                return Err(StoreError::Timeout {
-                    url: self.url.to_string(),
-                    limit: self.call_timeout * 2,
-                });
-            }
-            let result = migrator::run::<sqlx::MySql>(
-                &mut conn,
-                Backend::MySql,
-                &sqlx::migrate!("migrations/mysql"),
-            )
-            .await
-            .map_err(|source| migrate_error(Backend::MySql, &self.url, source));
-            sqlx::query("SELECT RELEASE_LOCK(CONCAT('fencecron-migrate:', DATABASE()))")
-                .execute(&mut *conn)
-                .await
-                .map_err(|e| self.err(e))?;
-            result
-        })
-        .await
-    }
-
-    async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<AcquireOutcome, StoreError> {
-        timed(&self.url, self.call_timeout, self.acquire_inner(req)).await
-    }
-
-    async fn renew(
+impl RawDialect for My {
+    async fn raw_write(
         &self,
-        resource: &Name,
-        owner_id: &str,
-        token: Token,
-        lease: Duration,
-    ) -> Result<RenewOutcome, StoreError> {
-        timed(&self.url, self.call_timeout, async {
-            let done = sqlx::query(RENEW)
-                .bind(millis(lease))
-                .bind(resource.as_str())
-                .bind(owner_id)
-                .bind(token)
-                .execute(&self.pool)
-                .await
-                .map_err(|e| self.err(e))?;
-            if done.rows_affected() == 1 {
-                return Ok(RenewOutcome::Renewed {
-                    expires_at: StoreTime(done.last_insert_id() as i64),
-                });
-            }
-            Ok(RenewOutcome::Refused(classify_refusal(
-                self.lease_row(resource).await?,
-                owner_id,
-                token,
-            )))
-        })
-        .await
-    }
-
-    async fn release(
-        &self,
-        resource: &Name,
-        owner_id: &str,
-        token: Token,
-    ) -> Result<ReleaseOutcome, StoreError> {
-        timed(
-            &self.url,
-            self.call_timeout,
-            self.release_inner(resource, owner_id, Some(token), None),
-        )
-        .await
-    }
-
-    async fn give_back(
-        &self,
-        resource: &Name,
-        owner_id: &str,
-        token: Option<Token>,
-        occurrence: StoreTime,
-    ) -> Result<ReleaseOutcome, StoreError> {
-        timed(
-            &self.url,
-            self.call_timeout,
-            self.release_inner(resource, owner_id, token, Some(occurrence)),
-        )
-        .await
-    }
-
-    async fn list(&self) -> Result<Vec<LeaseInfo>, StoreError> {
-        timed(&self.url, self.call_timeout, async {
-            let rows = sqlx::query(LIST)
-                .fetch_all(&self.pool)
-                .await
-                .map_err(|e| self.err(e))?;
-            rows.iter()
-                .map(|r| {
-                    let now: i64 = r.try_get("now_ms")?;
-                    rows::lease_info(r, now)
-                })
-                .collect::<Result<Vec<_>, sqlx::Error>>()
-                .map_err(|e| self.err(e))
-        })
-        .await
-    }
-
-    async fn put(&self, req: &PutRequest<'_>) -> Result<PutOutcome, StoreError> {
-        let result = timed(&self.url, self.call_timeout, self.put_inner(req)).await;
-        match result {
-            Err(StoreError::Unavailable { source, .. }) => {
-                Err(self.classify_put_error(source, req.value.len()).await)
-            }
-            other => other,
-        }
-    }
-
-    async fn get(&self, resource: &Name, key: &Name) -> Result<Option<StoredValue>, StoreError> {
-        timed(&self.url, self.call_timeout, async {
-            let row = sqlx::query(GET)
-                .bind(resource.as_str())
-                .bind(key.as_str())
-                .fetch_optional(&self.pool)
-                .await
-                .map_err(|e| self.err(e))?;
-            row.map(|r| rows::stored_value(&r, resource.as_str(), key.as_str()))
-                .transpose()
-                .map_err(|e: sqlx::Error| self.err(e))
-        })
-        .await
-    }
-
-    async fn record_stale(&self, rec: &NewStaleRecord<'_>) -> Result<StaleRecord, StoreError> {
-        timed(&self.url, self.call_timeout, async {
-            let mut tx = self.pool.begin().await.map_err(|e| self.err(e))?;
-            let at = self.insert_stale(&mut tx, rec).await?;
-            tx.commit().await.map_err(|e| self.err(e))?;
-            Ok(stored(rec, at))
-        })
-        .await
-    }
-
-    async fn stale(&self, since: Option<StoreTime>) -> Result<Vec<StaleRecord>, StoreError> {
-        timed(&self.url, self.call_timeout, async {
-            let rows = sqlx::query(STALE)
-                .bind(since.map_or(i64::MIN, |s| s.0))
-                .fetch_all(&self.pool)
-                .await
-                .map_err(|e| self.err(e))?;
-            rows.iter()
-                .map(rows::stale_record)
-                .collect::<Result<Vec<_>, sqlx::Error>>()
-                .map_err(|e| self.err(e))
-        })
-        .await
-    }
-
-    async fn now(&self) -> Result<StoreTime, StoreError> {
-        timed(&self.url, self.call_timeout, async {
-            let now: i64 = sqlx::query_scalar(concat!("SELECT ", now_ms!()))
-                .fetch_one(&self.pool)
-                .await
-                .map_err(|e| self.err(e))?;
-            Ok(StoreTime(now))
-        })
-        .await
-    }
-
-    async fn epoch(&self) -> Result<EpochInfo, StoreError> {
-        timed(&self.url, self.call_timeout, self.epoch_inner(&self.pool)).await
-    }
-
-    async fn advance_epoch(&self) -> Result<EpochInfo, StoreError> {
-        timed(&self.url, self.call_timeout, async {
-            let mut tx = self.pool.begin().await.map_err(|e| self.err(e))?;
-            sqlx::query(ADVANCE_EPOCH)
-                .execute(&mut *tx)
-                .await
-                .map_err(|e| self.err(e))?;
-            let info = self.epoch_inner(&mut *tx).await?;
-            tx.commit().await.map_err(|e| self.err(e))?;
-            Ok(info)
-        })
-        .await
-    }
-
-    async fn raw(
-        &self,
+        db: &Db<MySql>,
         op: RawOp,
-        resource: &Name,
+        r: &str,
         owner_id: &str,
         token: Token,
-    ) -> Result<Option<Token>, StoreError> {
-        let r = resource.as_str();
+    ) -> Sql<Option<Token>> {
         let lease = millis(MIN_LEASE);
-        let res = match op {
-            RawOp::Ping => sqlx::query("SELECT 1")
-                .execute(&self.pool)
-                .await
-                .map(|_| None),
-            RawOp::AcquireFree | RawOp::AcquireHeld => sqlx::query(CALL_ACQUIRE)
-                .bind(r)
-                .bind(owner_id)
-                .bind("bench")
-                .bind(lease)
-                .bind(None::<i64>)
-                .bind(None::<i64>)
-                .fetch_one(&self.pool)
-                .await
-                .and_then(|row| {
-                    let won: i64 = row.try_get(0)?;
-                    let fence: Option<i64> = row.try_get(1)?;
-                    Ok(fence.filter(|_| won == 1))
-                }),
-            RawOp::Renew => sqlx::query(RENEW)
-                .bind(lease)
-                .bind(r)
-                .bind(owner_id)
-                .bind(token)
-                .execute(&self.pool)
-                .await
-                .map(|_| None),
-            RawOp::Release => sqlx::query(RELEASE)
-                .bind(r)
-                .bind(owner_id)
-                .bind(token)
-                .execute(&self.pool)
-                .await
-                .map(|_| None),
-            RawOp::Put => {
-                let mut tx = self.pool.begin().await.map_err(|e| self.err(e))?;
+        Ok(match op {
+            RawOp::AcquireFree | RawOp::AcquireHeld => {
+                let row = sqlx::query(CALL_ACQUIRE)
+                    .bind(r)
+                    .bind(owner_id)
+                    .bind("bench")
+                    .bind(lease)
+                    .bind(None::<i64>)
+                    .bind(None::<i64>)
+                    .fetch_one(&db.pool)
+                    .await?;
+                let won: i64 = row.try_get(0)?;
+                let fence: Option<i64> = row.try_get(1)?;
+                fence.filter(|_| won == 1)
+            }
+            RawOp::Renew => {
+                sqlx::query(RENEW)
+                    .bind(lease)
+                    .bind(r)
+                    .bind(owner_id)
+                    .bind(token)
+                    .execute(&db.pool)
+                    .await?;
+                None
+            }
+            RawOp::Release => {
+                sqlx::query(RELEASE)
+                    .bind(r)
+                    .bind(owner_id)
+                    .bind(token)
+                    .execute(&db.pool)
+                    .await?;
+                None
+            }
+            RawOp::Put | RawOp::Ping | RawOp::Get => {
+                let mut tx = db.pool.begin().await?;
                 sqlx::query(PUT)
                     .bind(r)
                     .bind("bench")
@@ -726,35 +527,24 @@ impl Store for MySqlStore {
                     .bind(false)
                     .bind(false)
                     .execute(&mut *tx)
-                    .await
-                    .map_err(|e| self.err(e))?;
-                tx.commit().await.map(|_| None)
+                    .await?;
+                tx.commit().await?;
+                None
             }
-            RawOp::Get => sqlx::query(GET)
-                .bind(r)
-                .bind("bench")
-                .fetch_optional(&self.pool)
-                .await
-                .map(|_| None),
-        };
-        res.map_err(|e| self.err(e))
+        })
     }
 
-    async fn purge_prefix(&self, prefix: &str) -> Result<u64, StoreError> {
+    async fn purge(&self, db: &Db<MySql>, prefix: &str) -> Sql<u64> {
         let pattern = format!("{}%", like_escape(prefix));
-        let mut n = 0;
-        for sql in [
-            "DELETE FROM fencecron_values WHERE resource LIKE ? ESCAPE '\\\\'",
-            "DELETE FROM fencecron_stale WHERE resource LIKE ? ESCAPE '\\\\'",
-            "DELETE FROM fencecron_leases WHERE resource LIKE ? ESCAPE '\\\\'",
-        ] {
-            n += sqlx::query(sql)
-                .bind(&pattern)
-                .execute(&self.pool)
-                .await
-                .map_err(|e| self.err(e))?
-                .rows_affected();
-        }
-        Ok(n)
+        Ok(MySql::execute_each(
+            &db.pool,
+            &[
+                "DELETE FROM fencecron_values WHERE resource LIKE ? ESCAPE '\\\\'",
+                "DELETE FROM fencecron_stale WHERE resource LIKE ? ESCAPE '\\\\'",
+                "DELETE FROM fencecron_leases WHERE resource LIKE ? ESCAPE '\\\\'",
+            ],
+            &pattern,
+        )
+        .await?)
     }
 }

@@ -30,9 +30,11 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
-use sqlx::Row;
+use sqlx::postgres::PgConnectOptions;
+use sqlx::{Postgres, Row};
 
+use super::bench::{like_escape, RawDialect};
+use super::sql::{Db, Dialect, Sql, SqlDb, SqlStore};
 use super::*;
 
 /// `clock_timestamp()` as milliseconds since the epoch.
@@ -271,40 +273,101 @@ const STALE: &str = "SELECT at_ms, kind, reason, resource, key, owner_id, token,
                             node, job, stage, operation_id
                        FROM fencecron_stale WHERE at_ms >= $1 ORDER BY at_ms, id";
 
+/// The PostgreSQL dialect.
+pub(super) struct Pg;
+
 /// The PostgreSQL store.
-pub struct PostgresStore {
-    url: StoreUrl,
-    pool: PgPool,
-    call_timeout: Duration,
-}
+pub(super) type PostgresStore = SqlStore<Pg>;
 
 impl PostgresStore {
     /// Prepares a lazily connecting pool.
     pub fn open(url: StoreUrl, opts: &OpenOptions) -> Result<Self, StoreError> {
         let connect: PgConnectOptions = url.expose().parse().map_err(|e| unavailable(&url, e))?;
         let connect = connect.application_name("fencecron");
-        let pool = PgPoolOptions::new()
-            .max_connections(opts.max_connections)
-            .min_connections(0)
-            .acquire_timeout(opts.call_timeout)
-            .idle_timeout(Some(Duration::from_secs(60)))
-            // sqlx would otherwise ping before every checkout: a hidden
-            // extra round trip per operation. A dead connection instead
-            // fails its call, which every caller already retries.
-            .test_before_acquire(false)
-            .connect_lazy_with(connect);
-        Ok(PostgresStore {
-            url,
-            pool,
-            call_timeout: opts.call_timeout,
+        Ok(SqlStore {
+            db: Db::connect_lazy(url, opts, connect, |pool| pool),
+            dialect: Pg,
         })
     }
+}
 
-    fn err(&self, e: sqlx::Error) -> StoreError {
-        unavailable(&self.url, e)
+impl Pg {
+    async fn epoch_of<'e, E>(db: &Db<Postgres>, ex: E) -> Sql<EpochInfo>
+    where
+        E: sqlx::PgExecutor<'e>,
+    {
+        let row = sqlx::query(EPOCH).fetch_one(ex).await?;
+        let info = EpochInfo::new(
+            row.try_get("stored")?,
+            Some(row.try_get("timeline")?),
+            row.try_get("highest")?,
+        );
+        let effective: i64 = row.try_get("effective")?;
+        if effective != info.effective {
+            return Err(StoreError::Corrupt {
+                url: db.url.to_string(),
+                detail: format!(
+                    "fencecron_token_floor() says epoch {effective}, fencecron computes {}; was the function changed?",
+                    info.effective
+                ),
+            }
+            .into());
+        }
+        Ok(info)
+    }
+}
+
+/// Inserts a stale record and returns its store time.
+async fn insert_stale<'e, E>(ex: E, rec: &NewStaleRecord<'_>) -> Result<i64, sqlx::Error>
+where
+    E: sqlx::PgExecutor<'e>,
+{
+    Postgres::bind_stale(sqlx::query(INSERT_STALE), rec)
+        .fetch_one(ex)
+        .await?
+        .try_get("at_ms")
+}
+
+#[async_trait]
+impl Dialect for Pg {
+    type DB = Postgres;
+    const BACKEND: Backend = Backend::Postgres;
+    const GET: &'static str = GET;
+    const STALE: &'static str = STALE;
+    const LIST: &'static str = LIST;
+    const EPOCH: &'static str = EPOCH;
+    const ADVANCE_EPOCH: &'static str = ADVANCE_EPOCH;
+
+    async fn migrate(&self, db: &Db<Postgres>) -> Result<(), StoreError> {
+        // Under fencecron's advisory lock, so many instances starting at
+        // once apply each migration exactly once.
+        timed(&db.url, db.call_timeout * 3, async {
+            let fail = |source| migrate_error(Backend::Postgres, &db.url, source);
+            let mut conn = super::diagnose::first_connection(&db.pool)
+                .await
+                .map_err(|e| unavailable(&db.url, e))?;
+            let key = super::migrator::lock_postgres(&mut conn)
+                .await
+                .map_err(fail)?;
+            let result = super::migrator::run::<Postgres>(
+                &mut conn,
+                Backend::Postgres,
+                &sqlx::migrate!("migrations/postgres"),
+            )
+            .await;
+            if super::migrator::unlock_postgres(&mut conn, key)
+                .await
+                .is_err()
+            {
+                // Never pool a connection that may still hold the lock.
+                drop(conn.detach());
+            }
+            result.map_err(fail)
+        })
+        .await
     }
 
-    async fn acquire_inner(&self, req: &AcquireRequest<'_>) -> Result<AcquireOutcome, StoreError> {
+    async fn acquire(&self, db: &Db<Postgres>, req: &AcquireRequest<'_>) -> Sql<AcquireOutcome> {
         let owner = req.owner_id;
         let owner_s = owner.to_string();
         let lease = millis(req.lease);
@@ -320,36 +383,28 @@ impl PostgresStore {
                 .bind(lease)
                 .bind(occ)
                 .bind(next)
-                .fetch_all(&self.pool)
-                .await
-                .map_err(|e| self.err(e))?;
+                .fetch_all(&db.pool)
+                .await?;
             if let Some(row) = rows.first() {
-                let won: bool = row.try_get("won").map_err(|e| self.err(e))?;
-                let fence: i64 = row.try_get("fence").map_err(|e| self.err(e))?;
-                let expires_at: i64 = row.try_get("expires_at_ms").map_err(|e| self.err(e))?;
+                let won: bool = row.try_get("won")?;
+                let fence: i64 = row.try_get("fence")?;
+                let expires_at: i64 = row.try_get("expires_at_ms")?;
                 if won {
-                    let col = |e: sqlx::Error| self.err(e);
-                    let taken_over = Takeover::from_columns(
-                        row.try_get("prev_owner_id").map_err(col)?,
-                        row.try_get("prev_node").map_err(col)?,
-                        row.try_get("prev_fence").map_err(col)?,
-                        row.try_get("prev_expires_at_ms").map_err(col)?,
-                    );
                     return Ok(AcquireOutcome::Acquired(Lease {
                         resource: req.resource.to_string(),
                         owner_id: owner,
                         token: fence,
                         expires_at: StoreTime(expires_at),
-                        taken_over,
+                        taken_over: rows::takeover(row, rows::PREV)?,
                     }));
                 }
                 let loss = LossRow {
                     fence,
                     expires_at,
-                    owner_id: row.try_get("owner_id").map_err(|e| self.err(e))?,
-                    node: row.try_get("node").map_err(|e| self.err(e))?,
-                    last_occurrence: row.try_get("last_occurrence_ms").map_err(|e| self.err(e))?,
-                    now: row.try_get("now_ms").map_err(|e| self.err(e))?,
+                    owner_id: row.try_get("owner_id")?,
+                    node: row.try_get("node")?,
+                    last_occurrence: row.try_get("last_occurrence_ms")?,
+                    now: row.try_get("now_ms")?,
                 };
                 return Ok(classify_loss(loss, req));
             }
@@ -361,15 +416,14 @@ impl PostgresStore {
                 .bind(lease)
                 .bind(occ)
                 .bind(next)
-                .fetch_optional(&self.pool)
-                .await
-                .map_err(|e| self.err(e))?;
+                .fetch_optional(&db.pool)
+                .await?;
             if let Some(row) = created {
                 return Ok(AcquireOutcome::Acquired(Lease {
                     resource: req.resource.to_string(),
                     owner_id: owner,
-                    token: row.try_get("fence").map_err(|e| self.err(e))?,
-                    expires_at: StoreTime(row.try_get("expires_at_ms").map_err(|e| self.err(e))?),
+                    token: row.try_get("fence")?,
+                    expires_at: StoreTime(row.try_get("expires_at_ms")?),
                     taken_over: None,
                 }));
             }
@@ -377,7 +431,7 @@ impl PostgresStore {
             // superseded by the store's clock, or someone else created the
             // row concurrently (then compete for it normally).
             if occ.is_some() || next.is_some() {
-                let now = self.now_inner().await?;
+                let now = self.now(db).await?;
                 if occ.is_some_and(|occ| occ > now.0) {
                     return Ok(AcquireOutcome::NotYetDue { store_now: now });
                 }
@@ -387,22 +441,50 @@ impl PostgresStore {
             }
         }
         Err(StoreError::Corrupt {
-            url: self.url.to_string(),
+            url: db.url.to_string(),
             detail: format!(
                 "the lease row for {} neither exists nor can be created",
                 req.resource
             ),
+        }
+        .into())
+    }
+
+    async fn renew(
+        &self,
+        db: &Db<Postgres>,
+        resource: &Name,
+        owner_id: &str,
+        token: Token,
+        lease: Duration,
+    ) -> Sql<RenewOutcome> {
+        let renewed: Option<i64> = sqlx::query_scalar(RENEW)
+            .bind(resource.as_str())
+            .bind(owner_id)
+            .bind(token)
+            .bind(millis(lease))
+            .fetch_optional(&db.pool)
+            .await?;
+        Ok(match renewed {
+            Some(at) => RenewOutcome::Renewed {
+                expires_at: StoreTime(at),
+            },
+            None => RenewOutcome::Refused(classify_refusal(
+                Postgres::lease_row(&db.pool, LEASE_ROW, resource).await?,
+                owner_id,
+                token,
+            )),
         })
     }
 
-    /// `release`, or with an occurrence `give_back`.
-    async fn release_inner(
+    async fn release(
         &self,
+        db: &Db<Postgres>,
         resource: &Name,
         owner_id: &str,
         token: Option<Token>,
         occurrence: Option<StoreTime>,
-    ) -> Result<ReleaseOutcome, StoreError> {
+    ) -> Sql<ReleaseOutcome> {
         let query = match occurrence {
             None => sqlx::query_scalar(RELEASE),
             Some(_) => sqlx::query_scalar(GIVE_BACK),
@@ -411,395 +493,124 @@ impl PostgresStore {
         if let Some(occ) = occurrence {
             query = query.bind(occ.0);
         }
-        let released: Option<i64> = query
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(|e| self.err(e))?;
+        let released: Option<i64> = query.fetch_optional(&db.pool).await?;
         Ok(match released {
             Some(_) => ReleaseOutcome::Released,
             None => ReleaseOutcome::Refused(classify_refusal(
-                self.lease_row(resource).await?,
+                Postgres::lease_row(&db.pool, LEASE_ROW, resource).await?,
                 owner_id,
                 token.unwrap_or(0),
             )),
         })
     }
 
-    async fn now_inner(&self) -> Result<StoreTime, StoreError> {
-        let now: i64 = sqlx::query_scalar(concat!("SELECT ", now_ms!()))
-            .fetch_one(&self.pool)
-            .await
-            .map_err(|e| self.err(e))?;
-        Ok(StoreTime(now))
-    }
-
-    async fn epoch_inner<'e, E>(&self, ex: E) -> Result<EpochInfo, StoreError>
-    where
-        E: sqlx::PgExecutor<'e>,
-    {
-        let row = sqlx::query(EPOCH)
-            .fetch_one(ex)
-            .await
-            .map_err(|e| self.err(e))?;
-        let col = |e: sqlx::Error| self.err(e);
-        let info = EpochInfo::new(
-            row.try_get("stored").map_err(col)?,
-            Some(row.try_get("timeline").map_err(col)?),
-            row.try_get("highest").map_err(col)?,
-        );
-        let effective: i64 = row.try_get("effective").map_err(col)?;
-        if effective != info.effective {
-            return Err(StoreError::Corrupt {
-                url: self.url.to_string(),
-                detail: format!(
-                    "fencecron_token_floor() says epoch {effective}, fencecron computes {}; was the function changed?",
-                    info.effective
-                ),
-            });
-        }
-        Ok(info)
-    }
-
-    async fn lease_row(&self, resource: &Name) -> Result<Option<(String, Token, i64)>, StoreError> {
-        let row = sqlx::query(LEASE_ROW)
-            .bind(resource.as_str())
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(|e| self.err(e))?;
-        row.map(|r| {
-            Ok((
-                r.try_get("owner_id").map_err(|e| self.err(e))?,
-                r.try_get("fence").map_err(|e| self.err(e))?,
-                r.try_get("expires_at_ms").map_err(|e| self.err(e))?,
-            ))
-        })
-        .transpose()
-    }
-
-    async fn put_inner(&self, req: &PutRequest<'_>) -> Result<PutOutcome, StoreError> {
-        let mut tx = self.pool.begin().await.map_err(|e| self.err(e))?;
+    async fn put(&self, db: &Db<Postgres>, req: &PutRequest<'_>) -> Sql<PutOutcome> {
+        let op = req.operation_id.to_string();
+        let mut tx = db.pool.begin().await?;
         let written = sqlx::query(PUT)
             .bind(req.resource.as_str())
             .bind(req.key.as_str())
             .bind(req.value)
             .bind(req.token)
             .bind(req.owner_id)
-            .bind(req.operation_id.to_string())
+            .bind(&op)
             .bind(req.once)
             .fetch_optional(&mut *tx)
-            .await
-            .map_err(|e| self.err(e))?;
+            .await?;
         if let Some(row) = written {
-            let at: i64 = row.try_get("written_at_ms").map_err(|e| self.err(e))?;
-            tx.commit().await.map_err(|e| self.err(e))?;
+            let at: i64 = row.try_get("written_at_ms")?;
+            tx.commit().await?;
             return Ok(PutOutcome::Accepted {
                 written_at: StoreTime(at),
             });
         }
         // Refused. The conflicting row (if any) is now locked by this
         // transaction, so what we read is what beat us.
-        let state = sqlx::query(PUT_STATE)
-            .bind(req.resource.as_str())
-            .bind(req.key.as_str())
-            .fetch_one(&mut *tx)
-            .await
-            .map_err(|e| self.err(e))?;
-        let accepted: Option<i64> = state.try_get("accepted").map_err(|e| self.err(e))?;
-        let issued: Option<i64> = state.try_get("issued").map_err(|e| self.err(e))?;
-        let issued_to: Option<String> = state.try_get("issued_to").map_err(|e| self.err(e))?;
-        let lease = issued.zip(issued_to.as_deref());
-        let Some(rejection) =
-            classify_rejection(req.token, req.owner_id, req.once, accepted, lease)
-        else {
-            tx.rollback().await.map_err(|e| self.err(e))?;
+        let state = Postgres::put_state(&mut *tx, PUT_STATE, req).await?;
+        let Some(rejection) = state.rejection(req) else {
+            tx.rollback().await?;
             return Ok(PutOutcome::AlreadyApplied);
         };
-        let rec = NewStaleRecord {
-            kind: StaleKind::WriteRejected,
-            reason: rejection.reason.as_str(),
-            resource: req.resource.as_str(),
-            key: Some(req.key.as_str()),
-            owner_id: Some(req.owner_id),
-            token: req.token,
-            accepted_token: rejection.accepted_token,
-            node: req.node,
-            job: req.job,
-            stage: req.stage,
-            operation_id: &req.operation_id.to_string(),
-        };
-        let at = insert_stale(&mut *tx, &rec)
-            .await
-            .map_err(|e| self.err(e))?;
-        tx.commit().await.map_err(|e| self.err(e))?;
-        Ok(PutOutcome::Rejected(Box::new(stored(&rec, at))))
+        let rec = rejection.record(req, &op);
+        let at = insert_stale(&mut *tx, &rec).await?;
+        tx.commit().await?;
+        Ok(PutOutcome::Rejected(Box::new(rec.stored(at))))
     }
-}
 
-/// Inserts a stale record and returns its store time.
-async fn insert_stale<'e, E>(ex: E, rec: &NewStaleRecord<'_>) -> Result<i64, sqlx::Error>
-where
-    E: sqlx::PgExecutor<'e>,
-{
-    sqlx::query_scalar(INSERT_STALE)
-        .bind(rec.kind.as_str())
-        .bind(rec.reason)
-        .bind(rec.resource)
-        .bind(rec.key)
-        .bind(rec.owner_id)
-        .bind(rec.token)
-        .bind(rec.accepted_token)
-        .bind(rec.node)
-        .bind(rec.job)
-        .bind(rec.stage)
-        .bind(rec.operation_id)
-        .fetch_one(ex)
-        .await
-}
+    async fn record_stale(&self, db: &Db<Postgres>, rec: &NewStaleRecord<'_>) -> Sql<StaleRecord> {
+        let at = insert_stale(&db.pool, rec).await?;
+        Ok(rec.stored(at))
+    }
 
-/// The stored form of a new record.
-pub(super) fn stored(rec: &NewStaleRecord<'_>, at: i64) -> StaleRecord {
-    StaleRecord {
-        at: StoreTime(at),
-        kind: rec.kind,
-        reason: rec.reason.to_string(),
-        resource: rec.resource.to_string(),
-        key: rec.key.map(str::to_string),
-        owner_id: rec.owner_id.map(str::to_string),
-        token: rec.token,
-        accepted_token: rec.accepted_token,
-        node: rec.node.to_string(),
-        job: rec.job.map(str::to_string),
-        stage: rec.stage.to_string(),
-        operation_id: rec.operation_id.to_string(),
+    async fn now(&self, db: &Db<Postgres>) -> Sql<StoreTime> {
+        let now: i64 = sqlx::query_scalar(concat!("SELECT ", now_ms!()))
+            .fetch_one(&db.pool)
+            .await?;
+        Ok(StoreTime(now))
+    }
+
+    /// With the timeline, checked against `fencecron_token_floor()`.
+    async fn epoch(&self, db: &Db<Postgres>) -> Sql<EpochInfo> {
+        Pg::epoch_of(db, &db.pool).await
+    }
+
+    async fn advance_epoch(&self, db: &Db<Postgres>) -> Sql<EpochInfo> {
+        let mut tx = db.pool.begin().await?;
+        sqlx::query(ADVANCE_EPOCH).execute(&mut *tx).await?;
+        let info = Pg::epoch_of(db, &mut *tx).await?;
+        tx.commit().await?;
+        Ok(info)
     }
 }
 
 #[async_trait]
-impl Store for PostgresStore {
-    fn backend(&self) -> Backend {
-        Backend::Postgres
-    }
-
-    fn url(&self) -> &StoreUrl {
-        &self.url
-    }
-
-    async fn migrate(&self) -> Result<(), StoreError> {
-        // Under fencecron's advisory lock, so many instances starting at
-        // once apply each migration exactly once.
-        timed(&self.url, self.call_timeout * 3, async {
-            let fail = |source| migrate_error(Backend::Postgres, &self.url, source);
-            let mut conn = diagnose::first_connection(&self.pool)
-                .await
-                .map_err(|e| self.err(e))?;
-            let key = migrator::lock_postgres(&mut conn).await.map_err(fail)?;
-            let result = migrator::run::<sqlx::Postgres>(
-                &mut conn,
-                Backend::Postgres,
-                &sqlx::migrate!("migrations/postgres"),
-            )
-            .await;
-            if migrator::unlock_postgres(&mut conn, key).await.is_err() {
-                // Never pool a connection that may still hold the lock.
-                drop(conn.detach());
-            }
-            result.map_err(fail)
-        })
-        .await
-    }
-
-    async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<AcquireOutcome, StoreError> {
-        timed(&self.url, self.call_timeout, self.acquire_inner(req)).await
-    }
-
-    async fn renew(
+impl RawDialect for Pg {
+    async fn raw_write(
         &self,
-        resource: &Name,
-        owner_id: &str,
-        token: Token,
-        lease: Duration,
-    ) -> Result<RenewOutcome, StoreError> {
-        timed(&self.url, self.call_timeout, async {
-            let renewed: Option<i64> = sqlx::query_scalar(RENEW)
-                .bind(resource.as_str())
-                .bind(owner_id)
-                .bind(token)
-                .bind(millis(lease))
-                .fetch_optional(&self.pool)
-                .await
-                .map_err(|e| self.err(e))?;
-            Ok(match renewed {
-                Some(at) => RenewOutcome::Renewed {
-                    expires_at: StoreTime(at),
-                },
-                None => RenewOutcome::Refused(classify_refusal(
-                    self.lease_row(resource).await?,
-                    owner_id,
-                    token,
-                )),
-            })
-        })
-        .await
-    }
-
-    async fn release(
-        &self,
-        resource: &Name,
-        owner_id: &str,
-        token: Token,
-    ) -> Result<ReleaseOutcome, StoreError> {
-        timed(
-            &self.url,
-            self.call_timeout,
-            self.release_inner(resource, owner_id, Some(token), None),
-        )
-        .await
-    }
-
-    async fn give_back(
-        &self,
-        resource: &Name,
-        owner_id: &str,
-        token: Option<Token>,
-        occurrence: StoreTime,
-    ) -> Result<ReleaseOutcome, StoreError> {
-        timed(
-            &self.url,
-            self.call_timeout,
-            self.release_inner(resource, owner_id, token, Some(occurrence)),
-        )
-        .await
-    }
-
-    async fn list(&self) -> Result<Vec<LeaseInfo>, StoreError> {
-        timed(&self.url, self.call_timeout, async {
-            let rows = sqlx::query(LIST)
-                .fetch_all(&self.pool)
-                .await
-                .map_err(|e| self.err(e))?;
-            rows.iter()
-                .map(|r| {
-                    let now: i64 = r.try_get("now_ms")?;
-                    rows::lease_info(r, now)
-                })
-                .collect::<Result<Vec<_>, sqlx::Error>>()
-                .map_err(|e| self.err(e))
-        })
-        .await
-    }
-
-    async fn put(&self, req: &PutRequest<'_>) -> Result<PutOutcome, StoreError> {
-        timed(&self.url, self.call_timeout, self.put_inner(req)).await
-    }
-
-    async fn get(&self, resource: &Name, key: &Name) -> Result<Option<StoredValue>, StoreError> {
-        timed(&self.url, self.call_timeout, async {
-            let row = sqlx::query(GET)
-                .bind(resource.as_str())
-                .bind(key.as_str())
-                .fetch_optional(&self.pool)
-                .await
-                .map_err(|e| self.err(e))?;
-            row.map(|r| rows::stored_value(&r, resource.as_str(), key.as_str()))
-                .transpose()
-                .map_err(|e: sqlx::Error| self.err(e))
-        })
-        .await
-    }
-
-    async fn record_stale(&self, rec: &NewStaleRecord<'_>) -> Result<StaleRecord, StoreError> {
-        timed(&self.url, self.call_timeout, async {
-            let at = insert_stale(&self.pool, rec)
-                .await
-                .map_err(|e| self.err(e))?;
-            Ok(stored(rec, at))
-        })
-        .await
-    }
-
-    async fn stale(&self, since: Option<StoreTime>) -> Result<Vec<StaleRecord>, StoreError> {
-        timed(&self.url, self.call_timeout, async {
-            let rows = sqlx::query(STALE)
-                .bind(since.map_or(i64::MIN, |s| s.0))
-                .fetch_all(&self.pool)
-                .await
-                .map_err(|e| self.err(e))?;
-            rows.iter()
-                .map(rows::stale_record)
-                .collect::<Result<Vec<_>, sqlx::Error>>()
-                .map_err(|e| self.err(e))
-        })
-        .await
-    }
-
-    async fn now(&self) -> Result<StoreTime, StoreError> {
-        timed(&self.url, self.call_timeout, self.now_inner()).await
-    }
-
-    async fn epoch(&self) -> Result<EpochInfo, StoreError> {
-        timed(&self.url, self.call_timeout, self.epoch_inner(&self.pool)).await
-    }
-
-    async fn advance_epoch(&self) -> Result<EpochInfo, StoreError> {
-        timed(&self.url, self.call_timeout, async {
-            let mut tx = self.pool.begin().await.map_err(|e| self.err(e))?;
-            sqlx::query(ADVANCE_EPOCH)
-                .execute(&mut *tx)
-                .await
-                .map_err(|e| self.err(e))?;
-            let info = self.epoch_inner(&mut *tx).await?;
-            tx.commit().await.map_err(|e| self.err(e))?;
-            Ok(info)
-        })
-        .await
-    }
-
-    async fn raw(
-        &self,
+        db: &Db<Postgres>,
         op: RawOp,
-        resource: &Name,
+        r: &str,
         owner_id: &str,
         token: Token,
-    ) -> Result<Option<Token>, StoreError> {
+    ) -> Sql<Option<Token>> {
         let lease = millis(MIN_LEASE);
-        let r = resource.as_str();
-        let res = match op {
-            RawOp::Ping => sqlx::query("SELECT 1")
-                .execute(&self.pool)
-                .await
-                .map(|_| None),
-            RawOp::AcquireFree | RawOp::AcquireHeld => sqlx::query(ACQUIRE)
-                .bind(r)
-                .bind(owner_id)
-                .bind("bench")
-                .bind(lease)
-                .bind(None::<i64>)
-                .bind(None::<i64>)
-                .fetch_all(&self.pool)
-                .await
-                .map(|rows| {
-                    rows.first()
-                        .and_then(|row| row.try_get::<i64, _>("fence").ok())
-                }),
-            RawOp::Renew => sqlx::query(RENEW)
-                .bind(r)
-                .bind(owner_id)
-                .bind(token)
-                .bind(lease)
-                .execute(&self.pool)
-                .await
-                .map(|_| None),
-            RawOp::Release => sqlx::query(RELEASE)
-                .bind(r)
-                .bind(owner_id)
-                .bind(token)
-                .execute(&self.pool)
-                .await
-                .map(|_| None),
-            RawOp::Put => {
+        Ok(match op {
+            RawOp::AcquireFree | RawOp::AcquireHeld => {
+                let rows = sqlx::query(ACQUIRE)
+                    .bind(r)
+                    .bind(owner_id)
+                    .bind("bench")
+                    .bind(lease)
+                    .bind(None::<i64>)
+                    .bind(None::<i64>)
+                    .fetch_all(&db.pool)
+                    .await?;
+                rows.first()
+                    .and_then(|row| row.try_get::<i64, _>("fence").ok())
+            }
+            RawOp::Renew => {
+                sqlx::query(RENEW)
+                    .bind(r)
+                    .bind(owner_id)
+                    .bind(token)
+                    .bind(lease)
+                    .execute(&db.pool)
+                    .await?;
+                None
+            }
+            RawOp::Release => {
+                sqlx::query(RELEASE)
+                    .bind(r)
+                    .bind(owner_id)
+                    .bind(token)
+                    .execute(&db.pool)
+                    .await?;
+                None
+            }
+            RawOp::Put | RawOp::Ping | RawOp::Get => {
                 // The same statement `put` sends, in the same kind of
                 // transaction.
-                let mut tx = self.pool.begin().await.map_err(|e| self.err(e))?;
+                let mut tx = db.pool.begin().await?;
                 sqlx::query(PUT)
                     .bind(r)
                     .bind("bench")
@@ -809,47 +620,24 @@ impl Store for PostgresStore {
                     .bind(owner_id)
                     .bind(false)
                     .execute(&mut *tx)
-                    .await
-                    .map_err(|e| self.err(e))?;
-                tx.commit().await.map(|_| None)
+                    .await?;
+                tx.commit().await?;
+                None
             }
-            RawOp::Get => sqlx::query(GET)
-                .bind(r)
-                .bind("bench")
-                .fetch_optional(&self.pool)
-                .await
-                .map(|_| None),
-        };
-        res.map_err(|e| self.err(e))
+        })
     }
 
-    async fn purge_prefix(&self, prefix: &str) -> Result<u64, StoreError> {
+    async fn purge(&self, db: &Db<Postgres>, prefix: &str) -> Sql<u64> {
         let pattern = format!("{}%", like_escape(prefix));
-        let mut n = 0;
-        for sql in [
-            "DELETE FROM fencecron_values WHERE resource LIKE $1 ESCAPE '\\'",
-            "DELETE FROM fencecron_stale WHERE resource LIKE $1 ESCAPE '\\'",
-            "DELETE FROM fencecron_leases WHERE resource LIKE $1 ESCAPE '\\'",
-        ] {
-            n += sqlx::query(sql)
-                .bind(&pattern)
-                .execute(&self.pool)
-                .await
-                .map_err(|e| self.err(e))?
-                .rows_affected();
-        }
-        Ok(n)
+        Ok(Postgres::execute_each(
+            &db.pool,
+            &[
+                "DELETE FROM fencecron_values WHERE resource LIKE $1 ESCAPE '\\'",
+                "DELETE FROM fencecron_stale WHERE resource LIKE $1 ESCAPE '\\'",
+                "DELETE FROM fencecron_leases WHERE resource LIKE $1 ESCAPE '\\'",
+            ],
+            &pattern,
+        )
+        .await?)
     }
-}
-
-/// Escapes `%`, `_` and `\` for a `LIKE … ESCAPE '\'` pattern.
-pub(super) fn like_escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        if matches!(c, '%' | '_' | '\\') {
-            out.push('\\');
-        }
-        out.push(c);
-    }
-    out
 }

@@ -29,13 +29,11 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use nix::fcntl::{Flock, FlockArg};
-use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
-    SqliteSynchronous,
-};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqliteSynchronous};
 use sqlx::{ConnectOptions, Connection, Row, Sqlite, Transaction};
 
-use super::postgres::stored;
+use super::bench::RawDialect;
+use super::sql::{Db, Dialect, Sql, SqlDb, SqlStore};
 use super::*;
 
 /// How long one SQLite call may wait for another process's write lock.
@@ -180,15 +178,32 @@ const PUT: &str = "INSERT INTO fencecron_values AS v
 const GET: &str = "SELECT value, token, owner_id, written_at_ms FROM fencecron_values
   WHERE resource = ?1 AND key = ?2";
 
-/// The SQLite store.
-pub struct SqliteStore {
-    url: StoreUrl,
-    pool: SqlitePool,
+const LEASE_ROW: &str =
+    "SELECT owner_id, fence, expires_at_ms FROM fencecron_leases WHERE resource = ?1";
+
+const LIST: &str = "SELECT resource, owner_id, node, fence, expires_at_ms, last_occurrence_ms
+                      FROM fencecron_leases ORDER BY resource";
+
+/// After a refused write, within the same transaction: what beat it.
+const PUT_STATE: &str =
+    "SELECT (SELECT token FROM fencecron_values WHERE resource = ?1 AND key = ?2) AS accepted,
+            (SELECT fence FROM fencecron_leases WHERE resource = ?1) AS issued,
+            (SELECT owner_id FROM fencecron_leases WHERE resource = ?1) AS issued_to";
+
+const STALE: &str = "SELECT at_ms, kind, reason, resource, key, owner_id, token, accepted_token,
+                            node, job, stage, operation_id
+                       FROM fencecron_stale WHERE at_ms >= ?1 ORDER BY at_ms, id";
+
+/// The SQLite dialect: where the database file is, for the checks and
+/// messages that name it.
+pub(super) struct Lite {
     path: std::path::PathBuf,
     /// `sqlite::memory:` and `?mode=memory`: no file to create.
     in_memory: bool,
-    call_timeout: Duration,
 }
+
+/// The SQLite store.
+pub(super) type SqliteStore = SqlStore<Lite>;
 
 impl SqliteStore {
     /// Prepares a pool on the database file, creating it on first use.
@@ -208,298 +223,15 @@ impl SqliteStore {
         if !in_memory {
             check_protected(&path)?;
         }
-        let pool = SqlitePoolOptions::new()
-            .max_connections(opts.max_connections)
-            .min_connections(0)
-            .acquire_timeout(opts.call_timeout)
-            .idle_timeout(Some(Duration::from_secs(60)))
-            // sqlx would otherwise ping before every checkout: a hidden
-            // extra round trip per operation. A dead connection instead
-            // fails its call, which every caller already retries.
-            .test_before_acquire(false)
-            // Never pool a connection left inside a transaction (see the
-            // module documentation): close it instead.
-            .after_release(|conn, _| Box::pin(left_clean(conn)))
-            .connect_lazy_with(connect);
-        Ok(SqliteStore {
-            url,
-            pool,
-            path,
-            in_memory,
-            call_timeout: opts.call_timeout,
+        // Never pool a connection left inside a transaction (see the
+        // module documentation): close it instead.
+        let db = Db::connect_lazy(url, opts, connect, |pool| {
+            pool.after_release(|conn, _| Box::pin(left_clean(conn)))
+        });
+        Ok(SqlStore {
+            db,
+            dialect: Lite { path, in_memory },
         })
-    }
-
-    fn err(&self, e: sqlx::Error) -> StoreError {
-        if is_disk_full(&e) {
-            return StoreError::DiskFull {
-                path: self.path.display().to_string(),
-                source: e,
-            };
-        }
-        unavailable(&self.url, e)
-    }
-
-    /// A write transaction holding the database's write lock.
-    async fn write_tx(&self) -> Result<Transaction<'static, Sqlite>, StoreError> {
-        self.pool
-            .begin_with("BEGIN IMMEDIATE")
-            .await
-            .map_err(|e| self.err(e))
-    }
-
-    async fn lease_row(
-        &self,
-        tx: &mut Transaction<'static, Sqlite>,
-        resource: &Name,
-    ) -> Result<Option<(String, Token, i64)>, StoreError> {
-        let row = sqlx::query(
-            "SELECT owner_id, fence, expires_at_ms FROM fencecron_leases WHERE resource = ?1",
-        )
-        .bind(resource.as_str())
-        .fetch_optional(&mut **tx)
-        .await
-        .map_err(|e| self.err(e))?;
-        row.map(|r| {
-            Ok((
-                r.try_get("owner_id").map_err(|e| self.err(e))?,
-                r.try_get("fence").map_err(|e| self.err(e))?,
-                r.try_get("expires_at_ms").map_err(|e| self.err(e))?,
-            ))
-        })
-        .transpose()
-    }
-
-    fn epoch_info(&self, row: &sqlx::sqlite::SqliteRow) -> Result<EpochInfo, StoreError> {
-        let col = |e: sqlx::Error| self.err(e);
-        Ok(EpochInfo::new(
-            row.try_get("stored").map_err(col)?,
-            None,
-            row.try_get("highest").map_err(col)?,
-        ))
-    }
-
-    async fn acquire_inner(&self, req: &AcquireRequest<'_>) -> Result<AcquireOutcome, StoreError> {
-        let owner = req.owner_id;
-        let owner_s = owner.to_string();
-        let lease = millis(req.lease);
-        let occ = req.occurrence.map(|o| o.0);
-        let next = req.next_occurrence.map(|o| o.0);
-        let mut tx = self.write_tx().await?;
-        let now = kernel_now_ms();
-        let won = sqlx::query(ACQUIRE)
-            .bind(req.resource.as_str())
-            .bind(&owner_s)
-            .bind(req.node)
-            .bind(now)
-            .bind(lease)
-            .bind(occ)
-            .bind(next)
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(|e| self.err(e))?;
-        let row = match won {
-            Some(row) => row,
-            None => {
-                let existing = sqlx::query(
-                    "SELECT fence, owner_id, node, expires_at_ms, last_occurrence_ms
-                       FROM fencecron_leases WHERE resource = ?1",
-                )
-                .bind(req.resource.as_str())
-                .fetch_optional(&mut *tx)
-                .await
-                .map_err(|e| self.err(e))?;
-                if let Some(r) = existing {
-                    let loss = LossRow {
-                        fence: r.try_get("fence").map_err(|e| self.err(e))?,
-                        owner_id: r.try_get("owner_id").map_err(|e| self.err(e))?,
-                        node: r.try_get("node").map_err(|e| self.err(e))?,
-                        expires_at: r.try_get("expires_at_ms").map_err(|e| self.err(e))?,
-                        last_occurrence: r
-                            .try_get("last_occurrence_ms")
-                            .map_err(|e| self.err(e))?,
-                        now,
-                    };
-                    tx.rollback().await.map_err(|e| self.err(e))?;
-                    return Ok(classify_loss(loss, req));
-                }
-                if occ.is_some_and(|o| o > now) {
-                    tx.rollback().await.map_err(|e| self.err(e))?;
-                    return Ok(AcquireOutcome::NotYetDue {
-                        store_now: StoreTime(now),
-                    });
-                }
-                if next.is_some_and(|n| n <= now) {
-                    tx.rollback().await.map_err(|e| self.err(e))?;
-                    return Ok(AcquireOutcome::Superseded {
-                        store_now: StoreTime(now),
-                    });
-                }
-                sqlx::query(CREATE)
-                    .bind(req.resource.as_str())
-                    .bind(&owner_s)
-                    .bind(req.node)
-                    .bind(now)
-                    .bind(lease)
-                    .bind(occ)
-                    .fetch_one(&mut *tx)
-                    .await
-                    .map_err(|e| self.err(e))?
-            }
-        };
-        let col = |e: sqlx::Error| self.err(e);
-        let token: i64 = row.try_get("fence").map_err(col)?;
-        let expires_at: i64 = row.try_get("expires_at_ms").map_err(col)?;
-        let taken_over = Takeover::from_columns(
-            row.try_get("prev_owner_id").map_err(col)?,
-            row.try_get("prev_node").map_err(col)?,
-            row.try_get("prev_fence").map_err(col)?,
-            row.try_get("prev_expires_at_ms").map_err(col)?,
-        );
-        tx.commit().await.map_err(|e| self.err(e))?;
-        Ok(AcquireOutcome::Acquired(Lease {
-            resource: req.resource.to_string(),
-            owner_id: owner,
-            token,
-            expires_at: StoreTime(expires_at),
-            taken_over,
-        }))
-    }
-
-    async fn renew_inner(
-        &self,
-        resource: &Name,
-        owner_id: &str,
-        token: Token,
-        lease: Duration,
-    ) -> Result<RenewOutcome, StoreError> {
-        let mut tx = self.write_tx().await?;
-        let now = kernel_now_ms();
-        let renewed: Option<i64> = sqlx::query_scalar(RENEW)
-            .bind(resource.as_str())
-            .bind(owner_id)
-            .bind(token)
-            .bind(now)
-            .bind(millis(lease))
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(|e| self.err(e))?;
-        let outcome = match renewed {
-            Some(at) => RenewOutcome::Renewed {
-                expires_at: StoreTime(at),
-            },
-            None => RenewOutcome::Refused(classify_refusal(
-                self.lease_row(&mut tx, resource).await?,
-                owner_id,
-                token,
-            )),
-        };
-        tx.commit().await.map_err(|e| self.err(e))?;
-        Ok(outcome)
-    }
-
-    /// `release`, or with an occurrence `give_back`.
-    async fn release_inner(
-        &self,
-        resource: &Name,
-        owner_id: &str,
-        token: Option<Token>,
-        occurrence: Option<StoreTime>,
-    ) -> Result<ReleaseOutcome, StoreError> {
-        let mut tx = self.write_tx().await?;
-        let now = kernel_now_ms();
-        let query = sqlx::query(if occurrence.is_some() {
-            GIVE_BACK
-        } else {
-            RELEASE
-        })
-        .bind(resource.as_str())
-        .bind(owner_id)
-        .bind(token)
-        .bind(now);
-        let query = match occurrence {
-            Some(occ) => query.bind(occ.0),
-            None => query,
-        };
-        let released = query
-            .execute(&mut *tx)
-            .await
-            .map_err(|e| self.err(e))?
-            .rows_affected();
-        let outcome = if released == 1 {
-            ReleaseOutcome::Released
-        } else {
-            ReleaseOutcome::Refused(classify_refusal(
-                self.lease_row(&mut tx, resource).await?,
-                owner_id,
-                token.unwrap_or(0),
-            ))
-        };
-        tx.commit().await.map_err(|e| self.err(e))?;
-        Ok(outcome)
-    }
-
-    async fn put_inner(&self, req: &PutRequest<'_>) -> Result<PutOutcome, StoreError> {
-        let mut tx = self.write_tx().await?;
-        let now = kernel_now_ms();
-        let op = req.operation_id.to_string();
-        let written = sqlx::query(PUT)
-            .bind(req.resource.as_str())
-            .bind(req.key.as_str())
-            .bind(req.value)
-            .bind(req.token)
-            .bind(req.owner_id)
-            .bind(&op)
-            .bind(now)
-            .bind(req.once)
-            .execute(&mut *tx)
-            .await
-            .map_err(|e| self.err(e))?
-            .rows_affected();
-        if written == 1 {
-            tx.commit().await.map_err(|e| self.err(e))?;
-            return Ok(PutOutcome::Accepted {
-                written_at: StoreTime(now),
-            });
-        }
-        let state = sqlx::query(
-            "SELECT (SELECT token FROM fencecron_values WHERE resource = ?1 AND key = ?2) AS accepted,
-                    (SELECT fence FROM fencecron_leases WHERE resource = ?1) AS issued,
-                    (SELECT owner_id FROM fencecron_leases WHERE resource = ?1) AS issued_to",
-        )
-        .bind(req.resource.as_str())
-        .bind(req.key.as_str())
-        .fetch_one(&mut *tx)
-        .await
-        .map_err(|e| self.err(e))?;
-        let accepted: Option<i64> = state.try_get("accepted").map_err(|e| self.err(e))?;
-        let issued: Option<i64> = state.try_get("issued").map_err(|e| self.err(e))?;
-        let issued_to: Option<String> = state.try_get("issued_to").map_err(|e| self.err(e))?;
-        let lease = issued.zip(issued_to.as_deref());
-        let Some(rejection) =
-            classify_rejection(req.token, req.owner_id, req.once, accepted, lease)
-        else {
-            tx.rollback().await.map_err(|e| self.err(e))?;
-            return Ok(PutOutcome::AlreadyApplied);
-        };
-        let rec = NewStaleRecord {
-            kind: StaleKind::WriteRejected,
-            reason: rejection.reason.as_str(),
-            resource: req.resource.as_str(),
-            key: Some(req.key.as_str()),
-            owner_id: Some(req.owner_id),
-            token: req.token,
-            accepted_token: rejection.accepted_token,
-            node: req.node,
-            job: req.job,
-            stage: req.stage,
-            operation_id: &op,
-        };
-        insert_stale(&mut tx, &rec, now)
-            .await
-            .map_err(|e| self.err(e))?;
-        tx.commit().await.map_err(|e| self.err(e))?;
-        Ok(PutOutcome::Rejected(Box::new(stored(&rec, now))))
     }
 }
 
@@ -508,39 +240,44 @@ async fn insert_stale(
     rec: &NewStaleRecord<'_>,
     now: i64,
 ) -> Result<(), sqlx::Error> {
-    sqlx::query(
+    let query = sqlx::query(
         "INSERT INTO fencecron_stale
            (at_ms, kind, reason, resource, key, owner_id, token, accepted_token, node, job, stage, operation_id)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
     )
-    .bind(now)
-    .bind(rec.kind.as_str())
-    .bind(rec.reason)
-    .bind(rec.resource)
-    .bind(rec.key)
-    .bind(rec.owner_id)
-    .bind(rec.token)
-    .bind(rec.accepted_token)
-    .bind(rec.node)
-    .bind(rec.job)
-    .bind(rec.stage)
-    .bind(rec.operation_id)
-    .execute(&mut **tx)
-    .await
-    .map(|_| ())
+    .bind(now);
+    Sqlite::bind_stale(query, rec)
+        .execute(&mut **tx)
+        .await
+        .map(|_| ())
 }
 
 #[async_trait]
-impl Store for SqliteStore {
-    fn backend(&self) -> Backend {
-        Backend::Sqlite
+impl Dialect for Lite {
+    type DB = Sqlite;
+    const BACKEND: Backend = Backend::Sqlite;
+    const GET: &'static str = GET;
+    const STALE: &'static str = STALE;
+    const LIST: &'static str = LIST;
+    const EPOCH: &'static str = EPOCH;
+    const ADVANCE_EPOCH: &'static str = ADVANCE_EPOCH;
+
+    /// Takes the database's write lock up front (`BEGIN IMMEDIATE`).
+    async fn begin(&self, db: &Db<Sqlite>) -> Result<Transaction<'static, Sqlite>, sqlx::Error> {
+        db.pool.begin_with("BEGIN IMMEDIATE").await
     }
 
-    fn url(&self) -> &StoreUrl {
-        &self.url
+    fn error(&self, url: &StoreUrl, e: sqlx::Error) -> StoreError {
+        if is_disk_full(&e) {
+            return StoreError::DiskFull {
+                path: self.path.display().to_string(),
+                source: e,
+            };
+        }
+        unavailable(url, e)
     }
 
-    async fn migrate(&self) -> Result<(), StoreError> {
+    async fn migrate(&self, db: &Db<Sqlite>) -> Result<(), StoreError> {
         // sqlx does not lock SQLite migrations across processes; an exclusive
         // lock on a sidecar file makes concurrent starts apply them once.
         let lock_path = {
@@ -548,7 +285,7 @@ impl Store for SqliteStore {
             p.push(".migrate-lock");
             std::path::PathBuf::from(p)
         };
-        let url = self.url.clone();
+        let url = db.url.clone();
         let db_path = (!self.in_memory).then(|| self.path.clone());
         let lock = tokio::task::spawn_blocking(move || {
             let file = std::fs::OpenOptions::new()
@@ -575,13 +312,17 @@ impl Store for SqliteStore {
         })
         .await
         .map_err(|e| StoreError::Corrupt {
-            url: self.url.to_string(),
+            url: db.url.to_string(),
             detail: format!("migration lock task failed: {e}"),
         })??;
-        let result = timed(&self.url, self.call_timeout * 3, async {
-            let fail = |source| migrate_error(Backend::Sqlite, &self.url, source);
-            let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
-            migrator::run::<Sqlite>(
+        let result = timed(&db.url, db.call_timeout * 3, async {
+            let fail = |source| migrate_error(Backend::Sqlite, &db.url, source);
+            let mut conn = db
+                .pool
+                .acquire()
+                .await
+                .map_err(|e| unavailable(&db.url, e))?;
+            super::migrator::run::<Sqlite>(
                 &mut conn,
                 Backend::Sqlite,
                 &sqlx::migrate!("migrations/sqlite"),
@@ -594,187 +335,221 @@ impl Store for SqliteStore {
         result
     }
 
-    async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<AcquireOutcome, StoreError> {
-        timed(&self.url, self.call_timeout, self.acquire_inner(req)).await
+    async fn acquire(&self, db: &Db<Sqlite>, req: &AcquireRequest<'_>) -> Sql<AcquireOutcome> {
+        let owner = req.owner_id;
+        let owner_s = owner.to_string();
+        let lease = millis(req.lease);
+        let occ = req.occurrence.map(|o| o.0);
+        let next = req.next_occurrence.map(|o| o.0);
+        let mut tx = self.begin(db).await?;
+        let now = kernel_now_ms();
+        let won = sqlx::query(ACQUIRE)
+            .bind(req.resource.as_str())
+            .bind(&owner_s)
+            .bind(req.node)
+            .bind(now)
+            .bind(lease)
+            .bind(occ)
+            .bind(next)
+            .fetch_optional(&mut *tx)
+            .await?;
+        let row = match won {
+            Some(row) => row,
+            None => {
+                let existing = sqlx::query(
+                    "SELECT fence, owner_id, node, expires_at_ms, last_occurrence_ms
+                       FROM fencecron_leases WHERE resource = ?1",
+                )
+                .bind(req.resource.as_str())
+                .fetch_optional(&mut *tx)
+                .await?;
+                if let Some(r) = existing {
+                    let loss = LossRow {
+                        fence: r.try_get("fence")?,
+                        owner_id: r.try_get("owner_id")?,
+                        node: r.try_get("node")?,
+                        expires_at: r.try_get("expires_at_ms")?,
+                        last_occurrence: r.try_get("last_occurrence_ms")?,
+                        now,
+                    };
+                    tx.rollback().await?;
+                    return Ok(classify_loss(loss, req));
+                }
+                if occ.is_some_and(|o| o > now) {
+                    tx.rollback().await?;
+                    return Ok(AcquireOutcome::NotYetDue {
+                        store_now: StoreTime(now),
+                    });
+                }
+                if next.is_some_and(|n| n <= now) {
+                    tx.rollback().await?;
+                    return Ok(AcquireOutcome::Superseded {
+                        store_now: StoreTime(now),
+                    });
+                }
+                sqlx::query(CREATE)
+                    .bind(req.resource.as_str())
+                    .bind(&owner_s)
+                    .bind(req.node)
+                    .bind(now)
+                    .bind(lease)
+                    .bind(occ)
+                    .fetch_one(&mut *tx)
+                    .await?
+            }
+        };
+        let token: i64 = row.try_get("fence")?;
+        let expires_at: i64 = row.try_get("expires_at_ms")?;
+        let taken_over = rows::takeover(&row, rows::PREV)?;
+        tx.commit().await?;
+        Ok(AcquireOutcome::Acquired(Lease {
+            resource: req.resource.to_string(),
+            owner_id: owner,
+            token,
+            expires_at: StoreTime(expires_at),
+            taken_over,
+        }))
     }
 
     async fn renew(
         &self,
+        db: &Db<Sqlite>,
         resource: &Name,
         owner_id: &str,
         token: Token,
         lease: Duration,
-    ) -> Result<RenewOutcome, StoreError> {
-        timed(
-            &self.url,
-            self.call_timeout,
-            self.renew_inner(resource, owner_id, token, lease),
-        )
-        .await
+    ) -> Sql<RenewOutcome> {
+        let mut tx = self.begin(db).await?;
+        let now = kernel_now_ms();
+        let renewed: Option<i64> = sqlx::query_scalar(RENEW)
+            .bind(resource.as_str())
+            .bind(owner_id)
+            .bind(token)
+            .bind(now)
+            .bind(millis(lease))
+            .fetch_optional(&mut *tx)
+            .await?;
+        let outcome = match renewed {
+            Some(at) => RenewOutcome::Renewed {
+                expires_at: StoreTime(at),
+            },
+            None => RenewOutcome::Refused(classify_refusal(
+                Sqlite::lease_row(&mut *tx, LEASE_ROW, resource).await?,
+                owner_id,
+                token,
+            )),
+        };
+        tx.commit().await?;
+        Ok(outcome)
     }
 
     async fn release(
         &self,
-        resource: &Name,
-        owner_id: &str,
-        token: Token,
-    ) -> Result<ReleaseOutcome, StoreError> {
-        timed(
-            &self.url,
-            self.call_timeout,
-            self.release_inner(resource, owner_id, Some(token), None),
-        )
-        .await
-    }
-
-    async fn give_back(
-        &self,
+        db: &Db<Sqlite>,
         resource: &Name,
         owner_id: &str,
         token: Option<Token>,
-        occurrence: StoreTime,
-    ) -> Result<ReleaseOutcome, StoreError> {
-        timed(
-            &self.url,
-            self.call_timeout,
-            self.release_inner(resource, owner_id, token, Some(occurrence)),
-        )
-        .await
-    }
-
-    async fn list(&self) -> Result<Vec<LeaseInfo>, StoreError> {
-        timed(&self.url, self.call_timeout, async {
-            let rows = sqlx::query(
-                "SELECT resource, owner_id, node, fence, expires_at_ms, last_occurrence_ms
-                   FROM fencecron_leases ORDER BY resource",
-            )
-            .fetch_all(&self.pool)
-            .await
-            .map_err(|e| self.err(e))?;
-            let now = kernel_now_ms();
-            rows.iter()
-                .map(|r| rows::lease_info(r, now))
-                .collect::<Result<Vec<_>, sqlx::Error>>()
-                .map_err(|e| self.err(e))
+        occurrence: Option<StoreTime>,
+    ) -> Sql<ReleaseOutcome> {
+        let mut tx = self.begin(db).await?;
+        let now = kernel_now_ms();
+        let query = sqlx::query(if occurrence.is_some() {
+            GIVE_BACK
+        } else {
+            RELEASE
         })
-        .await
+        .bind(resource.as_str())
+        .bind(owner_id)
+        .bind(token)
+        .bind(now);
+        let query = match occurrence {
+            Some(occ) => query.bind(occ.0),
+            None => query,
+        };
+        let released = query.execute(&mut *tx).await?.rows_affected();
+        let outcome = if released == 1 {
+            ReleaseOutcome::Released
+        } else {
+            ReleaseOutcome::Refused(classify_refusal(
+                Sqlite::lease_row(&mut *tx, LEASE_ROW, resource).await?,
+                owner_id,
+                token.unwrap_or(0),
+            ))
+        };
+        tx.commit().await?;
+        Ok(outcome)
     }
 
-    async fn put(&self, req: &PutRequest<'_>) -> Result<PutOutcome, StoreError> {
-        timed(&self.url, self.call_timeout, self.put_inner(req)).await
+    /// By the kernel's clock, read after the rows.
+    async fn list(&self, db: &Db<Sqlite>) -> Sql<Vec<LeaseInfo>> {
+        let found = sqlx::query(LIST).fetch_all(&db.pool).await?;
+        let now = kernel_now_ms();
+        Ok(found
+            .iter()
+            .map(|r| rows::lease_info(r, now))
+            .collect::<Result<Vec<_>, sqlx::Error>>()?)
     }
 
-    async fn get(&self, resource: &Name, key: &Name) -> Result<Option<StoredValue>, StoreError> {
-        timed(&self.url, self.call_timeout, async {
-            let row = sqlx::query(GET)
-                .bind(resource.as_str())
-                .bind(key.as_str())
-                .fetch_optional(&self.pool)
-                .await
-                .map_err(|e| self.err(e))?;
-            row.map(|r| rows::stored_value(&r, resource.as_str(), key.as_str()))
-                .transpose()
-                .map_err(|e: sqlx::Error| self.err(e))
-        })
-        .await
+    async fn put(&self, db: &Db<Sqlite>, req: &PutRequest<'_>) -> Sql<PutOutcome> {
+        let mut tx = self.begin(db).await?;
+        let now = kernel_now_ms();
+        let op = req.operation_id.to_string();
+        let written = sqlx::query(PUT)
+            .bind(req.resource.as_str())
+            .bind(req.key.as_str())
+            .bind(req.value)
+            .bind(req.token)
+            .bind(req.owner_id)
+            .bind(&op)
+            .bind(now)
+            .bind(req.once)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        if written == 1 {
+            tx.commit().await?;
+            return Ok(PutOutcome::Accepted {
+                written_at: StoreTime(now),
+            });
+        }
+        let state = Sqlite::put_state(&mut *tx, PUT_STATE, req).await?;
+        let Some(rejection) = state.rejection(req) else {
+            tx.rollback().await?;
+            return Ok(PutOutcome::AlreadyApplied);
+        };
+        let rec = rejection.record(req, &op);
+        insert_stale(&mut tx, &rec, now).await?;
+        tx.commit().await?;
+        Ok(PutOutcome::Rejected(Box::new(rec.stored(now))))
     }
 
-    async fn record_stale(&self, rec: &NewStaleRecord<'_>) -> Result<StaleRecord, StoreError> {
-        timed(&self.url, self.call_timeout, async {
-            let mut tx = self.write_tx().await?;
-            let now = kernel_now_ms();
-            insert_stale(&mut tx, rec, now)
-                .await
-                .map_err(|e| self.err(e))?;
-            tx.commit().await.map_err(|e| self.err(e))?;
-            Ok(stored(rec, now))
-        })
-        .await
+    async fn record_stale(&self, db: &Db<Sqlite>, rec: &NewStaleRecord<'_>) -> Sql<StaleRecord> {
+        let mut tx = self.begin(db).await?;
+        let now = kernel_now_ms();
+        insert_stale(&mut tx, rec, now).await?;
+        tx.commit().await?;
+        Ok(rec.stored(now))
     }
 
-    async fn stale(&self, since: Option<StoreTime>) -> Result<Vec<StaleRecord>, StoreError> {
-        timed(&self.url, self.call_timeout, async {
-            let rows = sqlx::query(
-                "SELECT at_ms, kind, reason, resource, key, owner_id, token, accepted_token,
-                        node, job, stage, operation_id
-                   FROM fencecron_stale WHERE at_ms >= ?1 ORDER BY at_ms, id",
-            )
-            .bind(since.map_or(i64::MIN, |s| s.0))
-            .fetch_all(&self.pool)
-            .await
-            .map_err(|e| self.err(e))?;
-            rows.iter()
-                .map(rows::stale_record)
-                .collect::<Result<Vec<_>, sqlx::Error>>()
-                .map_err(|e| self.err(e))
-        })
-        .await
-    }
-
-    async fn now(&self) -> Result<StoreTime, StoreError> {
+    async fn now(&self, _db: &Db<Sqlite>) -> Sql<StoreTime> {
         Ok(StoreTime(kernel_now_ms()))
     }
+}
 
-    async fn epoch(&self) -> Result<EpochInfo, StoreError> {
-        timed(&self.url, self.call_timeout, async {
-            let row = sqlx::query(EPOCH)
-                .fetch_one(&self.pool)
-                .await
-                .map_err(|e| self.err(e))?;
-            self.epoch_info(&row)
-        })
-        .await
-    }
-
-    async fn advance_epoch(&self) -> Result<EpochInfo, StoreError> {
-        timed(&self.url, self.call_timeout, async {
-            let mut tx = self.write_tx().await?;
-            sqlx::query(ADVANCE_EPOCH)
-                .execute(&mut *tx)
-                .await
-                .map_err(|e| self.err(e))?;
-            let row = sqlx::query(EPOCH)
-                .fetch_one(&mut *tx)
-                .await
-                .map_err(|e| self.err(e))?;
-            let info = self.epoch_info(&row)?;
-            tx.commit().await.map_err(|e| self.err(e))?;
-            Ok(info)
-        })
-        .await
-    }
-
-    async fn raw(
+#[async_trait]
+impl RawDialect for Lite {
+    async fn raw_write(
         &self,
+        db: &Db<Sqlite>,
         op: RawOp,
-        resource: &Name,
+        r: &str,
         owner_id: &str,
         token: Token,
-    ) -> Result<Option<Token>, StoreError> {
-        let r = resource.as_str();
+    ) -> Sql<Option<Token>> {
         let lease = millis(MIN_LEASE);
-        match op {
-            RawOp::Ping => {
-                sqlx::query("SELECT 1")
-                    .execute(&self.pool)
-                    .await
-                    .map_err(|e| self.err(e))?;
-                return Ok(None);
-            }
-            RawOp::Get => {
-                sqlx::query(GET)
-                    .bind(r)
-                    .bind("bench")
-                    .fetch_optional(&self.pool)
-                    .await
-                    .map_err(|e| self.err(e))?;
-                return Ok(None);
-            }
-            _ => {}
-        }
         // Every write is the statement the store sends, inside the same
         // BEGIN IMMEDIATE transaction.
-        let mut tx = self.write_tx().await?;
+        let mut tx = self.begin(db).await?;
         let now = kernel_now_ms();
         let query = match op {
             RawOp::AcquireFree | RawOp::AcquireHeld => sqlx::query(ACQUIRE)
@@ -806,21 +581,18 @@ impl Store for SqliteStore {
                 .bind(now)
                 .bind(false),
         };
-        let row = query
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(|e| self.err(e))?;
-        tx.commit().await.map_err(|e| self.err(e))?;
+        let row = query.fetch_optional(&mut *tx).await?;
+        tx.commit().await?;
         Ok(match op {
             RawOp::AcquireFree | RawOp::AcquireHeld => row.and_then(|r| r.try_get("fence").ok()),
             _ => None,
         })
     }
 
-    async fn purge_prefix(&self, prefix: &str) -> Result<u64, StoreError> {
+    async fn purge(&self, db: &Db<Sqlite>, prefix: &str) -> Sql<u64> {
         // Not LIKE: SQLite's LIKE ignores ASCII case, so `Bench-` would also
         // purge `bench-…`. `substr` counts characters, as `length` does.
-        let mut tx = self.write_tx().await?;
+        let mut tx = self.begin(db).await?;
         let mut n = 0;
         for sql in [
             "DELETE FROM fencecron_values WHERE substr(resource, 1, length(?1)) = ?1",
@@ -830,11 +602,10 @@ impl Store for SqliteStore {
             n += sqlx::query(sql)
                 .bind(prefix)
                 .execute(&mut *tx)
-                .await
-                .map_err(|e| self.err(e))?
+                .await?
                 .rows_affected();
         }
-        tx.commit().await.map_err(|e| self.err(e))?;
+        tx.commit().await?;
         Ok(n)
     }
 }

@@ -34,9 +34,9 @@ use crate::clock::Clock;
 use crate::names::Name;
 use crate::store::{
     classify_loss, classify_refusal, classify_rejection, first_token_of, AcquireOutcome,
-    AcquireRequest, Backend, EpochInfo, Lease, LeaseInfo, LossRow, NewStaleRecord, PutOutcome,
-    PutRequest, RawOp, ReleaseOutcome, RenewOutcome, StaleKind, StaleRecord, Store, StoreError,
-    StoreTime, StoreUrl, StoredValue, Takeover, Token, EPOCH_SHIFT,
+    AcquireRequest, Backend, EpochInfo, Lease, LeaseInfo, LeaseRow, LossRow, NewStaleRecord,
+    PutOutcome, PutRequest, ReleaseOutcome, RenewOutcome, StaleKind, StaleRecord, Store,
+    StoreError, StoreTime, StoreUrl, StoredValue, Takeover, Token, EPOCH_SHIFT,
 };
 
 /// The operations faults can be aimed at.
@@ -425,27 +425,12 @@ fn describe_acquire(out: &AcquireOutcome, adopted: bool) -> String {
     }
 }
 
-fn refusal_row(s: &State, resource: &str) -> Option<(String, Token, i64)> {
-    s.leases
-        .get(resource)
-        .map(|r| (r.owner_id.clone(), r.fence, r.expires_at))
-}
-
-fn stored(rec: &NewStaleRecord<'_>, now: i64) -> StaleRecord {
-    StaleRecord {
-        at: StoreTime(now),
-        kind: rec.kind,
-        reason: rec.reason.to_string(),
-        resource: rec.resource.to_string(),
-        key: rec.key.map(str::to_string),
-        owner_id: rec.owner_id.map(str::to_string),
-        token: rec.token,
-        accepted_token: rec.accepted_token,
-        node: rec.node.to_string(),
-        job: rec.job.map(str::to_string),
-        stage: rec.stage.to_string(),
-        operation_id: rec.operation_id.to_string(),
-    }
+fn refusal_row(s: &State, resource: &str) -> Option<LeaseRow> {
+    s.leases.get(resource).map(|r| LeaseRow {
+        owner_id: r.owner_id.clone(),
+        fence: r.fence,
+        expires_at: r.expires_at,
+    })
 }
 
 #[async_trait]
@@ -668,22 +653,20 @@ impl Store for MemoryStore {
             else {
                 return PutOutcome::AlreadyApplied;
             };
-            let rec = stored(
-                &NewStaleRecord {
-                    kind: StaleKind::WriteRejected,
-                    reason: rejection.reason.as_str(),
-                    resource: &resource,
-                    key: Some(&key),
-                    owner_id: Some(&owner_id),
-                    token,
-                    accepted_token: rejection.accepted_token,
-                    node: &node,
-                    job: job.as_deref(),
-                    stage: &stage,
-                    operation_id: &op,
-                },
-                now,
-            );
+            let rec = NewStaleRecord {
+                kind: StaleKind::WriteRejected,
+                reason: rejection.reason.as_str(),
+                resource: &resource,
+                key: Some(&key),
+                owner_id: Some(&owner_id),
+                token,
+                accepted_token: rejection.accepted_token,
+                node: &node,
+                job: job.as_deref(),
+                stage: &stage,
+                operation_id: &op,
+            }
+            .stored(now);
             s.stale.push(rec.clone());
             PutOutcome::Rejected(Box::new(rec))
         })
@@ -696,7 +679,7 @@ impl Store for MemoryStore {
     }
 
     async fn record_stale(&self, rec: &NewStaleRecord<'_>) -> Result<StaleRecord, StoreError> {
-        let rec = stored(rec, 0);
+        let rec = rec.stored(0);
         self.call(Op::RecordStale, move |s, now| {
             let rec = StaleRecord {
                 at: StoreTime(now),
@@ -736,27 +719,5 @@ impl Store for MemoryStore {
         let highest = s.leases.values().map(|r| r.fence).max();
         s.epoch = s.epoch.max(highest.unwrap_or(0) >> EPOCH_SHIFT) + 1;
         Ok(EpochInfo::new(s.epoch, None, highest))
-    }
-
-    async fn raw(
-        &self,
-        _op: RawOp,
-        _resource: &Name,
-        _owner_id: &str,
-        _token: Token,
-    ) -> Result<Option<Token>, StoreError> {
-        Err(StoreError::Corrupt {
-            url: self.url.to_string(),
-            detail: "the in-memory test store sends no raw statements".to_string(),
-        })
-    }
-
-    async fn purge_prefix(&self, prefix: &str) -> Result<u64, StoreError> {
-        let mut s = self.lock();
-        let before = s.leases.len() + s.values.len() + s.stale.len();
-        s.leases.retain(|r, _| !r.starts_with(prefix));
-        s.values.retain(|(r, _), _| !r.starts_with(prefix));
-        s.stale.retain(|r| !r.resource.starts_with(prefix));
-        Ok((before - s.leases.len() - s.values.len() - s.stale.len()) as u64)
     }
 }

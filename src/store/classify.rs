@@ -1,0 +1,214 @@
+//! How a refused call is explained: the reasons are decided here once, from
+//! the row the refusing backend read, so all backends (and the in-memory
+//! test store) report the same ones.
+
+use super::{
+    AcquireOutcome, AcquireRequest, NewStaleRecord, PutRequest, Refusal, RejectReason, StaleKind,
+    StoreTime, Token,
+};
+
+/// Classifies a losing acquisition from the row as the caller's snapshot saw
+/// it. Shared by every backend so they report the same reasons.
+pub(crate) fn classify_loss(row: LossRow, req: &AcquireRequest<'_>) -> AcquireOutcome {
+    if let Some(occ) = req.occurrence {
+        if occ.0 > row.now {
+            return AcquireOutcome::NotYetDue {
+                store_now: StoreTime(row.now),
+            };
+        }
+    }
+    if req.next_occurrence.is_some_and(|next| next.0 <= row.now) {
+        return AcquireOutcome::Superseded {
+            store_now: StoreTime(row.now),
+        };
+    }
+    let occurrence = req.occurrence;
+    if let (Some(occ), Some(last)) = (occurrence, row.last_occurrence) {
+        if last >= occ.0 {
+            return AcquireOutcome::OccurrenceTaken {
+                last_occurrence: StoreTime(last),
+            };
+        }
+    }
+    if row.expires_at > row.now {
+        AcquireOutcome::Held {
+            owner_id: Some(row.owner_id),
+            node: Some(row.node),
+            token: row.fence,
+            expires_at: Some(StoreTime(row.expires_at)),
+        }
+    } else {
+        // The snapshot shows a free lease, yet the update did not take it: a
+        // concurrent acquirer won between our snapshot and our update. Its
+        // owner and token are not known to this caller.
+        AcquireOutcome::Held {
+            owner_id: None,
+            node: None,
+            token: row.fence,
+            expires_at: None,
+        }
+    }
+}
+
+/// The lease row as a losing acquirer saw it.
+pub(crate) struct LossRow {
+    pub fence: Token,
+    pub owner_id: String,
+    pub node: String,
+    pub expires_at: i64,
+    pub last_occurrence: Option<i64>,
+    pub now: i64,
+}
+
+/// The lease row as a refused renew or release finds it.
+pub(crate) struct LeaseRow {
+    pub owner_id: String,
+    pub fence: Token,
+    pub expires_at: i64,
+}
+
+/// Classifies a refused renew or release from the row as it is now.
+pub(crate) fn classify_refusal(row: Option<LeaseRow>, owner_id: &str, token: Token) -> Refusal {
+    match row {
+        None => Refusal::Missing,
+        Some(row) if row.owner_id == owner_id && row.fence == token => Refusal::Expired {
+            expired_at: StoreTime(row.expires_at),
+        },
+        Some(row) => Refusal::NotOwner {
+            current_owner: row.owner_id,
+            current_token: row.fence,
+        },
+    }
+}
+
+/// A refused write, as recorded: why, and the token it lost to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Rejection {
+    pub reason: RejectReason,
+    /// The record's `accepted_token`: for `Stale` and `WrongOwner` the
+    /// resource's current token (its fence, which no accepted token of a
+    /// key exceeds), for `Forged` the key's accepted token (if any).
+    pub accepted_token: Option<Token>,
+}
+
+impl Rejection {
+    /// The record of `req`'s rejection, stored in the refusing transaction.
+    pub(crate) fn record<'a>(
+        &self,
+        req: &PutRequest<'a>,
+        operation_id: &'a str,
+    ) -> NewStaleRecord<'a> {
+        NewStaleRecord {
+            kind: StaleKind::WriteRejected,
+            reason: self.reason.as_str(),
+            resource: req.resource.as_str(),
+            key: Some(req.key.as_str()),
+            owner_id: Some(req.owner_id),
+            token: req.token,
+            accepted_token: self.accepted_token,
+            node: req.node,
+            job: req.job,
+            stage: req.stage,
+            operation_id,
+        }
+    }
+}
+
+/// Classifies a refused write from the state the refusing transaction sees:
+/// the key's accepted token (if the key exists) and the lease row's fence
+/// and owner id (if the resource was ever leased). `None` means the write
+/// is "already applied" (`once` with the key's own token by its owner).
+/// Shared by every backend so they report the same reasons.
+///
+/// In order: no lease or a token above the fence is `Forged`; a token
+/// below the fence is `Stale` (a newer generation exists, whether or not it
+/// wrote this key); the fence's token with another owner id is
+/// `WrongOwner`; then the key: a newer accepted token is `Stale`, the same
+/// one with `once` is already applied.
+pub(crate) fn classify_rejection(
+    token: Token,
+    owner_id: &str,
+    once: bool,
+    accepted: Option<Token>,
+    lease: Option<(Token, &str)>,
+) -> Option<Rejection> {
+    let reject = |reason, accepted_token| {
+        Some(Rejection {
+            reason,
+            accepted_token,
+        })
+    };
+    let Some((fence, issued_to)) = lease else {
+        return reject(RejectReason::Forged, accepted);
+    };
+    if token > fence {
+        return reject(RejectReason::Forged, accepted);
+    }
+    if token < fence {
+        return reject(RejectReason::Stale, Some(fence));
+    }
+    if owner_id != issued_to {
+        return reject(RejectReason::WrongOwner, Some(fence));
+    }
+    match accepted {
+        Some(a) if a == token && once => None,
+        // The key's token never exceeds the fence, and the statement
+        // accepts everything else: reached only if the lease changed
+        // between the statement and this read. Refused is refused; a newer
+        // state than the write saw makes it stale.
+        _ => reject(RejectReason::Stale, Some(fence)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rejection_reasons() {
+        let rej = |reason, accepted_token| {
+            Some(Rejection {
+                reason,
+                accepted_token,
+            })
+        };
+        let (me, other) = ("owner-a", "owner-b");
+        // Never leased, or above the fence: forged, naming the key's token.
+        assert_eq!(
+            classify_rejection(1, me, false, None, None),
+            rej(RejectReason::Forged, None)
+        );
+        assert_eq!(
+            classify_rejection(10, me, false, Some(6), Some((9, me))),
+            rej(RejectReason::Forged, Some(6))
+        );
+        // Below the fence: stale, naming the current token, whether or not
+        // the key was written since (and whoever holds the fence).
+        assert_eq!(
+            classify_rejection(5, me, false, Some(6), Some((9, me))),
+            rej(RejectReason::Stale, Some(9))
+        );
+        assert_eq!(
+            classify_rejection(5, me, false, None, Some((9, other))),
+            rej(RejectReason::Stale, Some(9))
+        );
+        assert_eq!(
+            classify_rejection(5, me, true, Some(5), Some((9, other))),
+            rej(RejectReason::Stale, Some(9))
+        );
+        // The fence's token, issued to someone else.
+        assert_eq!(
+            classify_rejection(9, me, false, None, Some((9, other))),
+            rej(RejectReason::WrongOwner, Some(9))
+        );
+        assert_eq!(
+            classify_rejection(9, me, true, Some(9), Some((9, other))),
+            rej(RejectReason::WrongOwner, Some(9))
+        );
+        // The owner's own token again with `once`: already applied.
+        assert_eq!(
+            classify_rejection(9, me, true, Some(9), Some((9, me))),
+            None
+        );
+    }
+}

@@ -1,0 +1,161 @@
+//! Row decoding shared by every backend: each backend's SELECTs name their
+//! columns the same way, so one function per row shape serves all three.
+
+use sqlx::{ColumnIndex, Database, Decode, Row, Type};
+
+use super::{
+    classify_rejection, LeaseInfo, PutRequest, Rejection, StaleKind, StaleRecord, StoreTime,
+    StoredValue, Takeover,
+};
+
+fn get<'r, R, T>(r: &'r R, col: &'static str) -> Result<T, sqlx::Error>
+where
+    R: Row,
+    &'static str: ColumnIndex<R>,
+    T: Decode<'r, R::Database> + Type<R::Database>,
+{
+    r.try_get(col)
+}
+
+/// A `lease list` row: resource, owner_id, node, fence, expires_at_ms,
+/// last_occurrence_ms; `now` is the store's clock.
+pub(crate) fn lease_info<'r, R, DB>(r: &'r R, now: i64) -> Result<LeaseInfo, sqlx::Error>
+where
+    DB: Database,
+    R: Row<Database = DB>,
+    &'static str: ColumnIndex<R>,
+    i64: Decode<'r, DB> + Type<DB>,
+    Option<i64>: Decode<'r, DB> + Type<DB>,
+    String: Decode<'r, DB> + Type<DB>,
+{
+    let expires_at: i64 = get(r, "expires_at_ms")?;
+    Ok(LeaseInfo {
+        resource: get(r, "resource")?,
+        owner_id: get(r, "owner_id")?,
+        node: get(r, "node")?,
+        token: get(r, "fence")?,
+        expires_at: StoreTime(expires_at),
+        held: expires_at > now,
+        last_occurrence: get::<_, Option<i64>>(r, "last_occurrence_ms")?.map(StoreTime),
+    })
+}
+
+/// A `stale` row.
+pub(crate) fn stale_record<'r, R, DB>(r: &'r R) -> Result<StaleRecord, sqlx::Error>
+where
+    DB: Database,
+    R: Row<Database = DB>,
+    &'static str: ColumnIndex<R>,
+    i64: Decode<'r, DB> + Type<DB>,
+    Option<i64>: Decode<'r, DB> + Type<DB>,
+    String: Decode<'r, DB> + Type<DB>,
+    Option<String>: Decode<'r, DB> + Type<DB>,
+{
+    let kind: String = get(r, "kind")?;
+    Ok(StaleRecord {
+        at: StoreTime(get(r, "at_ms")?),
+        kind: StaleKind::parse(&kind),
+        reason: get(r, "reason")?,
+        resource: get(r, "resource")?,
+        key: get(r, "key")?,
+        owner_id: get(r, "owner_id")?,
+        token: get(r, "token")?,
+        accepted_token: get(r, "accepted_token")?,
+        node: get(r, "node")?,
+        job: get(r, "job")?,
+        stage: get(r, "stage")?,
+        operation_id: get(r, "operation_id")?,
+    })
+}
+
+/// A `get` row (value, token, owner_id, written_at_ms) for a known
+/// resource and key.
+pub(crate) fn stored_value<'r, R, DB>(
+    r: &'r R,
+    resource: &str,
+    key: &str,
+) -> Result<StoredValue, sqlx::Error>
+where
+    DB: Database,
+    R: Row<Database = DB>,
+    &'static str: ColumnIndex<R>,
+    i64: Decode<'r, DB> + Type<DB>,
+    Vec<u8>: Decode<'r, DB> + Type<DB>,
+    Option<String>: Decode<'r, DB> + Type<DB>,
+{
+    Ok(StoredValue {
+        resource: resource.to_string(),
+        key: key.to_string(),
+        value: get(r, "value")?,
+        token: get(r, "token")?,
+        owner_id: get(r, "owner_id")?,
+        written_at: StoreTime(get(r, "written_at_ms")?),
+    })
+}
+
+/// What a refused write's transaction reads back: the key's accepted token
+/// (`accepted`) and the lease row's fence and owner (`issued`,
+/// `issued_to`), as [`super::classify_rejection`] takes them.
+pub(crate) struct PutState {
+    pub accepted: Option<i64>,
+    pub lease: Option<(i64, String)>,
+}
+
+impl PutState {
+    /// Why `req` was refused; `None` if it was already applied
+    /// ([`super::classify_rejection`]).
+    pub(crate) fn rejection(&self, req: &PutRequest<'_>) -> Option<Rejection> {
+        let lease = self
+            .lease
+            .as_ref()
+            .map(|(fence, owner)| (*fence, owner.as_str()));
+        classify_rejection(req.token, req.owner_id, req.once, self.accepted, lease)
+    }
+}
+
+/// A [`PutState`] row.
+pub(crate) fn put_state<'r, R, DB>(r: &'r R) -> Result<PutState, sqlx::Error>
+where
+    DB: Database,
+    R: Row<Database = DB>,
+    &'static str: ColumnIndex<R>,
+    Option<i64>: Decode<'r, DB> + Type<DB>,
+    Option<String>: Decode<'r, DB> + Type<DB>,
+{
+    let issued: Option<i64> = get(r, "issued")?;
+    let issued_to: Option<String> = get(r, "issued_to")?;
+    Ok(PutState {
+        accepted: get(r, "accepted")?,
+        lease: issued.zip(issued_to),
+    })
+}
+
+/// The `prev_*` columns of a winning acquire (owner id, node, fence,
+/// expiry), by name or by position: the vanished owner of a takeover.
+pub(crate) fn takeover<'r, R, DB, I>(
+    r: &'r R,
+    cols: [I; 4],
+) -> Result<Option<Takeover>, sqlx::Error>
+where
+    DB: Database,
+    R: Row<Database = DB>,
+    I: ColumnIndex<R>,
+    Option<i64>: Decode<'r, DB> + Type<DB>,
+    Option<String>: Decode<'r, DB> + Type<DB>,
+{
+    let [owner_id, node, fence, expired_at] = cols;
+    Ok(Takeover::from_columns(
+        r.try_get(owner_id)?,
+        r.try_get(node)?,
+        r.try_get(fence)?,
+        r.try_get(expired_at)?,
+    ))
+}
+
+/// The prev_* columns by name, for [`takeover`].
+pub(crate) const PREV: [&str; 4] = [
+    "prev_owner_id",
+    "prev_node",
+    "prev_fence",
+    "prev_expires_at_ms",
+];

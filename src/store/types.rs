@@ -1,0 +1,435 @@
+//! What the store is asked and what it answers: tokens, store time, the
+//! requests, outcomes and records every backend shares.
+
+use std::fmt;
+use std::time::Duration;
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use serde::Serialize;
+use uuid::Uuid;
+
+use crate::names::Name;
+
+/// Shortest lease the store accepts.
+pub const MIN_LEASE: Duration = Duration::from_secs(5);
+/// Longest lease the store accepts.
+pub const MAX_LEASE: Duration = Duration::from_secs(300);
+
+/// A fencing token: the fence value of one ownership generation.
+pub type Token = i64;
+
+/// Tokens are `epoch << EPOCH_SHIFT | counter`. With epoch 0 (a database
+/// that never failed over and never had its epoch advanced) tokens are
+/// 1, 2, 3, …; a later epoch's tokens are above every token of an earlier
+/// one, whatever the counter of a resource reached (up to 2^32 − 1
+/// acquisitions of one resource per epoch).
+pub const EPOCH_SHIFT: u32 = 32;
+
+/// On PostgreSQL the effective epoch is `stored epoch + (timeline − 1) ×
+/// TIMELINE_WEIGHT`. A promotion moves a standby to a later timeline, which
+/// lifts the epoch by at least this much: above the old primary's epoch even
+/// when the standby also missed up to `TIMELINE_WEIGHT − 1` epoch advances
+/// (a plain `max(stored, timeline − 1)` would not move at all once the
+/// stored epoch is above the timeline). 1024 keeps tokens below 2^53 (exact
+/// in a JSON double) up to timeline 2048.
+pub const TIMELINE_WEIGHT: i64 = 1024;
+
+/// The lowest token an epoch can issue: `(epoch << 32) + 1`.
+pub fn first_token_of(epoch: i64) -> Token {
+    epoch.saturating_mul(1 << EPOCH_SHIFT).saturating_add(1)
+}
+
+/// A point in time as milliseconds since the Unix epoch, as read from the
+/// store's clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct StoreTime(pub i64);
+
+impl StoreTime {
+    /// The time as a UTC date-time (saturating at the representable range).
+    pub fn to_utc(self) -> DateTime<Utc> {
+        DateTime::from_timestamp_millis(self.0).unwrap_or(DateTime::<Utc>::MIN_UTC)
+    }
+
+    /// RFC 3339 UTC with millisecond precision, the format of every time
+    /// fencecron prints.
+    pub fn rfc3339(self) -> String {
+        rfc3339(self.to_utc())
+    }
+
+    /// From a UTC date-time.
+    pub fn from_utc(t: DateTime<Utc>) -> Self {
+        StoreTime(t.timestamp_millis())
+    }
+}
+
+impl fmt::Display for StoreTime {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.rfc3339())
+    }
+}
+
+impl Serialize for StoreTime {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.rfc3339())
+    }
+}
+
+/// RFC 3339 in UTC with milliseconds and a `Z` suffix.
+pub fn rfc3339(t: DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(SecondsFormat::Millis, true)
+}
+
+/// Lease length in whole milliseconds, as the SQL takes it.
+pub fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// What `acquire` is asked to do.
+#[derive(Debug, Clone)]
+pub struct AcquireRequest<'a> {
+    pub resource: &'a Name,
+    pub lease: Duration,
+    pub node: &'a str,
+    /// The owner id to record. A scheduled occurrence uses one id for all of
+    /// its attempts on a node, so that a retry recognises a win of an earlier
+    /// attempt whose answer it never saw (a call that timed out on the
+    /// client after the server committed it) and adopts it instead of
+    /// finding its own occurrence "taken". Ad-hoc leases use a fresh one
+    /// ([`fresh_owner`]).
+    pub owner_id: Uuid,
+    /// The scheduled occurrence this acquisition is for: the acquisition is
+    /// refused unless it is newer than the last occurrence taken for the
+    /// resource and already due by the store's clock. `None` for ad-hoc
+    /// leases (`exec`, `lease acquire`).
+    pub occurrence: Option<StoreTime>,
+    /// The job's next instant after `occurrence`: the acquisition is refused
+    /// ([`AcquireOutcome::Superseded`]) once that instant is due by the
+    /// store's clock, so a node whose clock runs behind cannot take (and
+    /// hold) an instant the fleet has already moved past.
+    pub next_occurrence: Option<StoreTime>,
+}
+
+/// A lease that this caller holds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Lease {
+    pub resource: String,
+    pub owner_id: Uuid,
+    pub token: Token,
+    /// The expiry the store computed from its own clock.
+    pub expires_at: StoreTime,
+    /// Set when this acquisition took the lease over from an owner whose
+    /// lease expired without being released (it crashed, hung, lost its
+    /// network or was killed): that owner may still be running somewhere.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub taken_over: Option<Takeover>,
+}
+
+/// The previous generation of a lease that was taken over: it expired by
+/// the store's clock and was never released.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Takeover {
+    /// The vanished owner's id.
+    pub owner_id: String,
+    /// The node it ran on.
+    pub node: String,
+    /// Its token.
+    pub token: Token,
+    /// When its lease expired, by the store's clock.
+    pub expired_at: StoreTime,
+}
+
+impl Takeover {
+    /// From the `prev_*` columns a winning acquire returns: all set after a
+    /// takeover, all NULL after a clean hand-over or a first acquisition.
+    pub(crate) fn from_columns(
+        owner_id: Option<String>,
+        node: Option<String>,
+        token: Option<Token>,
+        expired_at: Option<i64>,
+    ) -> Option<Takeover> {
+        match (owner_id, node, token, expired_at) {
+            (Some(owner_id), Some(node), Some(token), Some(expired_at)) => Some(Takeover {
+                owner_id,
+                node,
+                token,
+                expired_at: StoreTime(expired_at),
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// The store-wide epoch of fencing tokens, as `fencecron epoch` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct EpochInfo {
+    /// The epoch stored in `fencecron_epoch` (raised by `epoch advance`).
+    pub stored: i64,
+    /// PostgreSQL's current timeline; `None` on other backends.
+    pub timeline: Option<i64>,
+    /// The epoch acquisitions use now: `stored` on SQLite and MySQL,
+    /// `stored + (timeline − 1) × 1024` on PostgreSQL.
+    pub effective: i64,
+    /// The lowest token an acquisition can issue now: `(effective << 32) + 1`
+    /// (a resource whose fence is already higher continues from its fence).
+    pub lowest_token: Token,
+    /// The highest token ever issued for any resource, if any.
+    pub highest_token: Option<Token>,
+}
+
+impl EpochInfo {
+    pub(crate) fn new(stored: i64, timeline: Option<i64>, highest_token: Option<Token>) -> Self {
+        let effective = match timeline {
+            Some(tl) => stored + (tl - 1) * TIMELINE_WEIGHT,
+            None => stored,
+        };
+        EpochInfo {
+            stored,
+            timeline,
+            effective,
+            lowest_token: first_token_of(effective),
+            highest_token,
+        }
+    }
+}
+
+/// What an acquisition attempt ended with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AcquireOutcome {
+    /// The caller owns the lease with a fresh, larger token.
+    Acquired(Lease),
+    /// Another owner holds an unexpired lease. Owner and node are unknown when
+    /// a concurrent acquirer took it during this very call.
+    Held {
+        owner_id: Option<String>,
+        node: Option<String>,
+        token: Token,
+        expires_at: Option<StoreTime>,
+    },
+    /// The occurrence was already taken (by this or another instance).
+    OccurrenceTaken { last_occurrence: StoreTime },
+    /// The occurrence is still in the future by the store's clock: this
+    /// host's clock runs ahead. Try again once the store reaches it; taking
+    /// it early could let this host take a later instant before the fleet
+    /// had a chance at an earlier one.
+    NotYetDue { store_now: StoreTime },
+    /// The job's next instant is already due by the store's clock: this
+    /// occurrence is over for the fleet, and this host's clock runs behind
+    /// the store's (by at least `store_now − next_occurrence`). Nothing was
+    /// written.
+    Superseded { store_now: StoreTime },
+}
+
+/// Why a renew or release was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// The resource has never been leased.
+    Missing,
+    /// Another acquisition (owner id and/or token) holds the row now.
+    NotOwner {
+        current_owner: String,
+        current_token: Token,
+    },
+    /// Still ours by owner and token, but expired by the store's clock
+    /// (renew only).
+    Expired { expired_at: StoreTime },
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Refusal::Missing => f.write_str("the resource has never been leased"),
+            Refusal::NotOwner {
+                current_owner,
+                current_token,
+            } => write!(
+                f,
+                "the lease now belongs to owner {current_owner} with token {current_token}"
+            ),
+            Refusal::Expired { expired_at } => {
+                write!(f, "the lease expired at {expired_at} by the store's clock")
+            }
+        }
+    }
+}
+
+/// The outcome of `renew`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RenewOutcome {
+    Renewed { expires_at: StoreTime },
+    Refused(Refusal),
+}
+
+/// The outcome of `release`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReleaseOutcome {
+    Released,
+    Refused(Refusal),
+}
+
+/// One row of `lease list`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LeaseInfo {
+    pub resource: String,
+    pub owner_id: String,
+    pub node: String,
+    pub token: Token,
+    pub expires_at: StoreTime,
+    pub held: bool,
+    pub last_occurrence: Option<StoreTime>,
+}
+
+/// A fenced write.
+#[derive(Debug, Clone)]
+pub struct PutRequest<'a> {
+    pub resource: &'a Name,
+    pub key: &'a Name,
+    pub value: &'a [u8],
+    pub token: Token,
+    /// The owner id the token was issued to (`Lease::owner_id`); the write
+    /// is refused (`WrongOwner`) when the lease row names another.
+    pub owner_id: &'a str,
+    /// Require a strictly greater token (exactly-once application).
+    pub once: bool,
+    /// Recorded with a rejection: who tried.
+    pub node: &'a str,
+    pub job: Option<&'a str>,
+    pub stage: &'a str,
+    pub operation_id: Uuid,
+}
+
+/// Why a write was rejected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RejectReason {
+    /// A newer token has been issued for the resource since (and may have
+    /// written this key): the caller's generation is over.
+    Stale,
+    /// The token is larger than any the lease store ever issued for the
+    /// resource, or the resource was never leased.
+    Forged,
+    /// The token is the resource's current one, but it was issued to
+    /// another owner id: someone else's token (often another resource's
+    /// lease: tokens count per resource, so their numbers overlap).
+    WrongOwner,
+}
+
+impl RejectReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RejectReason::Stale => "stale",
+            RejectReason::Forged => "forged",
+            RejectReason::WrongOwner => "wrong_owner",
+        }
+    }
+}
+
+/// The outcome of a fenced write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PutOutcome {
+    Accepted {
+        written_at: StoreTime,
+    },
+    /// `--once` and the same token already wrote: nothing changed.
+    AlreadyApplied,
+    /// Refused; the rejection is recorded in the store (same transaction).
+    Rejected(Box<StaleRecord>),
+}
+
+/// A value read back from the fenced store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredValue {
+    pub resource: String,
+    pub key: String,
+    pub value: Vec<u8>,
+    pub token: Token,
+    pub owner_id: Option<String>,
+    pub written_at: StoreTime,
+}
+
+/// What kind of stale-owner record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StaleKind {
+    WriteRejected,
+    LeaseLost,
+    /// A lease that expired without being released was taken over: the
+    /// record names the vanished owner (owner_id, token, node) and the new
+    /// token (accepted_token).
+    LeaseTakenOver,
+}
+
+impl StaleKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StaleKind::WriteRejected => "write_rejected",
+            StaleKind::LeaseLost => "lease_lost",
+            StaleKind::LeaseTakenOver => "lease_taken_over",
+        }
+    }
+
+    pub(crate) fn parse(s: &str) -> StaleKind {
+        match s {
+            "lease_lost" => StaleKind::LeaseLost,
+            "lease_taken_over" => StaleKind::LeaseTakenOver,
+            _ => StaleKind::WriteRejected,
+        }
+    }
+}
+
+/// A stale-owner record as stored and listed by `fencecron stale`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct StaleRecord {
+    pub at: StoreTime,
+    pub kind: StaleKind,
+    pub reason: String,
+    pub resource: String,
+    pub key: Option<String>,
+    pub owner_id: Option<String>,
+    pub token: Token,
+    pub accepted_token: Option<Token>,
+    pub node: String,
+    pub job: Option<String>,
+    pub stage: String,
+    pub operation_id: String,
+}
+
+/// A stale-owner record to store (the store stamps the time).
+#[derive(Debug, Clone)]
+pub struct NewStaleRecord<'a> {
+    pub kind: StaleKind,
+    pub reason: &'a str,
+    pub resource: &'a str,
+    pub key: Option<&'a str>,
+    pub owner_id: Option<&'a str>,
+    pub token: Token,
+    pub accepted_token: Option<Token>,
+    pub node: &'a str,
+    pub job: Option<&'a str>,
+    pub stage: &'a str,
+    pub operation_id: &'a str,
+}
+
+impl NewStaleRecord<'_> {
+    /// The record as stored, stamped with the store's time `at`.
+    pub(crate) fn stored(&self, at: i64) -> StaleRecord {
+        StaleRecord {
+            at: StoreTime(at),
+            kind: self.kind,
+            reason: self.reason.to_string(),
+            resource: self.resource.to_string(),
+            key: self.key.map(str::to_string),
+            owner_id: self.owner_id.map(str::to_string),
+            token: self.token,
+            accepted_token: self.accepted_token,
+            node: self.node.to_string(),
+            job: self.job.map(str::to_string),
+            stage: self.stage.to_string(),
+            operation_id: self.operation_id.to_string(),
+        }
+    }
+}
+
+/// A new owner id for one acquisition (or one occurrence on one node).
+pub fn fresh_owner() -> Uuid {
+    Uuid::new_v4()
+}
