@@ -162,11 +162,32 @@ fn check_runs(
     let expected: Vec<i64> = (first..=t1.timestamp()).step_by(period as usize).collect();
     assert!(expected.len() > 4, "window too short: {t0} .. {t1}");
     let seen: BTreeSet<i64> = runs.iter().map(|r| r.scheduled_at.timestamp()).collect();
-    let missing: Vec<String> = expected[2..expected.len() - 2]
+    // An instant whose acquire the store itself did not answer in time (a
+    // stall of the machine: an fsync behind a build, a starved process) is
+    // logged as skipped with `store_unavailable` by the node that tried it;
+    // that is the store's failure, not the fleet's, and is excused, twice at most.
+    // Anything else missing is a bug.
+    let unanswered: BTreeSet<i64> = daemons
+        .iter()
+        .flat_map(|d| d.events("occurrence_skipped"))
+        .filter(|e| str_field(e, "reason") == Some("store_unavailable"))
+        .filter_map(|e| str_field(&e, "scheduled_at").map(str::to_string))
+        .filter_map(|t| t.parse::<DateTime<Utc>>().ok())
+        .map(|t| t.timestamp())
+        .collect();
+    let (excused, missing): (Vec<i64>, Vec<i64>) = expected[2..expected.len() - 2]
         .iter()
         .filter(|s| !seen.contains(s))
+        .partition(|s| unanswered.contains(s));
+    let missing: Vec<String> = missing
+        .iter()
         .map(|s| rfc3339(DateTime::from_timestamp(*s, 0).unwrap()))
         .collect();
+    assert!(
+        excused.len() <= 2,
+        "the store left {} instants unanswered ({excused:?}): too slow a machine to judge",
+        excused.len()
+    );
     assert!(
         missing.is_empty(),
         "scheduled instants that never ran while all daemons were up ({t0} .. {t1}): {missing:?}; ran: {:?}",
