@@ -276,33 +276,28 @@ pub fn job_finished(end: &JobEnd<'_>) {
     let outcome = outcome.as_str();
     crate::metrics::run_finished(job, outcome, duration);
     let duration_ms = ms(duration);
-    info!(
-        event = "job_finished",
-        job,
-        resource,
-        node,
-        token,
-        scheduled_at,
-        outcome,
-        exit_code,
-        signal,
-        duration_ms,
-        "job finished"
-    );
+    // The same fields under two names and levels: tracing needs each
+    // level at its call site.
+    macro_rules! job_end {
+        ($level:ident, $event:literal, $message:literal) => {
+            $level!(
+                event = $event,
+                job,
+                resource,
+                node,
+                token,
+                scheduled_at,
+                outcome,
+                exit_code,
+                signal,
+                duration_ms,
+                $message
+            )
+        };
+    }
+    job_end!(info, "job_finished", "job finished");
     if outcome != Outcome::Succeeded.as_str() {
-        warn!(
-            event = "job_failed",
-            job,
-            resource,
-            node,
-            token,
-            scheduled_at,
-            outcome,
-            exit_code,
-            signal,
-            duration_ms,
-            "job did not succeed"
-        );
+        job_end!(warn, "job_failed", "job did not succeed");
     }
 }
 
