@@ -412,11 +412,7 @@ fn metrics_and_health_endpoints_postgres() {
     };
     let (proxy, proxied) = Proxy::for_url(&store.url, 5432);
     let dir = tempfile::tempdir().expect("temp dir");
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let good = unique("mgood");
     let bad = unique("mbad");
     let forger = unique("mforger");
