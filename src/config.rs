@@ -74,6 +74,10 @@ pub struct Job {
     /// When the job exits with this code, it is reporting a stale write
     /// rejected by its own storage: the daemon records and logs it.
     pub stale_exit_code: Option<i32>,
+    /// `starting_deadline`: an occurrence not started this long after its
+    /// instant is skipped (`deadline`); `None`: until the next instant is
+    /// due or a lease length has passed.
+    pub starting_deadline: Option<Duration>,
     /// Where its keys were written, for messages about them.
     pub place: Place,
 }
@@ -181,6 +185,7 @@ struct RawDefaults {
     kill_grace: Option<Spanned<String>>,
     timezone: Option<Spanned<String>>,
     jitter: Option<Spanned<String>>,
+    starting_deadline: Option<Spanned<String>>,
     stale_exit_code: Option<Spanned<i64>>,
 }
 
@@ -199,6 +204,7 @@ struct RawJob {
     kill_grace: Option<Spanned<String>>,
     timezone: Option<Spanned<String>>,
     jitter: Option<Spanned<String>>,
+    starting_deadline: Option<Spanned<String>>,
     stale_exit_code: Option<Spanned<i64>>,
 }
 
@@ -571,6 +577,28 @@ impl Parser<'_> {
             }
             schedule = schedule.with_jitter(name.as_str(), d);
         }
+        let (deadline_value, deadline_key) = pick(
+            &raw.starting_deadline,
+            &defaults.starting_deadline,
+            "starting_deadline",
+        );
+        let starting_deadline = match &deadline_value {
+            Some(d) => {
+                let d = self.duration(d, &deadline_key).and_then(|v| {
+                    if v.is_zero() {
+                        Err(self.at(
+                            d.span(),
+                            &deadline_key,
+                            "starting_deadline must be longer than 0s; remove it for none",
+                        ))
+                    } else {
+                        Ok(v)
+                    }
+                })?;
+                Some(d)
+            }
+            None => None,
+        };
 
         let command = raw.command.get_ref().clone();
         if command.is_empty() || command[0].is_empty() {
@@ -702,6 +730,7 @@ impl Parser<'_> {
             workdir,
             timing,
             stale_exit_code,
+            starting_deadline,
             place: Place {
                 command: line_col(self.text, raw.command.span().start),
                 workdir: raw
@@ -807,6 +836,23 @@ mod tests {
                 "{e}"
             );
         }
+    }
+
+    #[test]
+    fn starting_deadline_from_the_job_or_the_defaults() {
+        let c = parse(
+            Path::new("jobs.toml"),
+            &format!("[defaults]\nstarting_deadline = \"30s\"\n{JOB}"),
+        )
+        .unwrap();
+        assert_eq!(c.jobs[0].starting_deadline, Some(Duration::from_secs(30)));
+        let e = err(&format!("{JOB}starting_deadline = \"0s\"\n"));
+        assert_eq!(e.line, Some(5), "{e}");
+        assert!(
+            e.to_string()
+                .contains(".starting_deadline: starting_deadline must be longer than 0s"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -722,6 +722,65 @@ fn metrics_across_three_daemons_follow_their_events_postgres() {
     }
 }
 
+/// `starting_deadline`: a daemon paused across an instant (SIGSTOP) skips
+/// that instant with reason `deadline` when it resumes too late, and runs
+/// the next one on time.
+#[test]
+fn starting_deadline_skips_an_instant_a_paused_daemon_resumes_too_late_for_sqlite() {
+    let store = TestStore::new(Backend::Sqlite, "starting_deadline").expect("sqlite");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let job = unique("deadline");
+    let config = write_config(
+        dir.path(),
+        "",
+        &[job_toml(
+            &job,
+            "*/5 * * * * *",
+            &["true".to_string()],
+            "starting_deadline = \"1s\"",
+        )],
+    );
+    let mut d = Daemon::spawn(DaemonOpts::new("deadline", &config, &store.url));
+    // Paused only once the run is over and its lease released.
+    let first = d.expect("a first run", ev("lease_released"), secs(30));
+    let first = d.expect(
+        "its start",
+        |e: &Value| is(e, "job_started") && token_of(e) == token_of(&first),
+        secs(5),
+    );
+    let t: DateTime<Utc> = str_field(&first, "scheduled_at").unwrap().parse().unwrap();
+    // Paused past the next instant by more than the deadline.
+    d.signal(Signal::SIGSTOP);
+    let resume_at = t + chrono::Duration::seconds(7);
+    while Utc::now() < resume_at {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    d.signal(Signal::SIGCONT);
+    let next = rfc3339(t + chrono::Duration::seconds(5));
+    let skipped = d.expect(
+        "the late instant skipped with deadline",
+        |e: &Value| {
+            is(e, "occurrence_skipped") && str_field(e, "scheduled_at") == Some(next.as_str())
+        },
+        secs(15),
+    );
+    assert_eq!(str_field(&skipped, "reason"), Some("deadline"), "{skipped}");
+    let after = rfc3339(t + chrono::Duration::seconds(10));
+    d.expect(
+        "the instant after it runs",
+        |e: &Value| is(e, "job_started") && str_field(e, "scheduled_at") == Some(after.as_str()),
+        secs(15),
+    );
+    assert!(
+        !d.events("job_started")
+            .iter()
+            .any(|e| str_field(e, "scheduled_at") == Some(next.as_str())),
+        "the late instant ran: {}",
+        d.summary()
+    );
+    d.stop(secs(30));
+}
+
 /// FNV-1a 64, as the README specifies for `jitter`.
 fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {

@@ -151,6 +151,17 @@ impl Occurrence {
         if let Some(next) = next {
             give_up = give_up.min(next);
         }
+        // `starting_deadline`: not started by then, not at all.
+        let deadline = job
+            .starting_deadline
+            .map(|d| self.at + chrono::Duration::from_std(d).unwrap_or_default())
+            .filter(|d| *d < give_up);
+        if let Some(deadline) = deadline {
+            if self.shared.clock.now() >= deadline {
+                return self.past_deadline(deadline);
+            }
+            give_up = deadline;
+        }
         let mut delay = Duration::from_millis(100);
         loop {
             // Every attempt, including one that hangs on a stalled store or
@@ -171,6 +182,11 @@ impl Occurrence {
             let outcome = tokio::select! {
                 r = &mut attempt => r,
                 _ = tokio::time::sleep_until(sent + give_up_in) => {
+                    if deadline == Some(give_up) {
+                        *unanswered = true;
+                        self.release_if_won(attempt);
+                        return self.past_deadline(give_up);
+                    }
                     let detail = format!(
                         "the store did not answer before {}, when the occurrence was no longer worth starting",
                         rfc3339(give_up)
@@ -212,6 +228,9 @@ impl Occurrence {
                     let now = self.shared.clock.now();
                     if now + chrono::Duration::from_std(delay).unwrap_or_default() >= give_up {
                         events::store_unavailable("acquire", Some(name), &e.to_string(), None);
+                        if deadline == Some(give_up) {
+                            return self.past_deadline(give_up);
+                        }
                         events::occurrence_skipped(name, &at, "store_unavailable", &e.to_string());
                         return Ending::Skipped("store_unavailable");
                     }
@@ -226,6 +245,20 @@ impl Occurrence {
                 _ = self.shared.shutdown.cancelled() => return Ending::Stopped,
             }
         }
+    }
+
+    /// The occurrence was not started by its `starting_deadline`.
+    fn past_deadline(&self, deadline: DateTime<Utc>) -> Ending {
+        events::occurrence_skipped(
+            self.name(),
+            &rfc3339(self.at),
+            "deadline",
+            &format!(
+                "not started by its starting_deadline ({}); the job runs again at its next instant",
+                rfc3339(deadline)
+            ),
+        );
+        Ending::Skipped("deadline")
     }
 
     /// This node won: runs the job under the lease.

@@ -84,6 +84,7 @@ impl Rig {
             workdir: None,
             timing: LeaseTiming::new(ms(10_000), None, None).unwrap(),
             stale_exit_code: None,
+            starting_deadline: None,
             place: Default::default(),
         };
         Rig {
@@ -190,6 +191,28 @@ async fn a_failing_store_is_retried_with_backoff_until_the_give_up_time() {
         [0, 100, 300, 700, 1_500, 3_100, 6_300].map(ms),
         "attempts"
     );
+    assert!(rig.runs().is_empty());
+    rig.settle().await;
+}
+
+/// `starting_deadline`: an occurrence fired after it (this daemon was
+/// paused) is skipped without asking the store; one whose store fails past
+/// it is skipped with `deadline` there instead of at the next instant.
+#[tokio::test(start_paused = true)]
+async fn a_starting_deadline_bounds_when_an_occurrence_may_start() {
+    let mut rig = Rig::new();
+    Arc::make_mut(&mut rig.job).starting_deadline = Some(ms(1_000));
+    tokio::time::sleep(ms(1_500)).await;
+    assert_eq!(rig.run().await, Ending::Skipped("deadline"));
+    assert!(rig.log(Op::Acquire).is_empty(), "no store call");
+
+    let mut rig = Rig::new();
+    Arc::make_mut(&mut rig.job).starting_deadline = Some(ms(1_000));
+    rig.store.fault(Op::Acquire, Fault::Fail, 100);
+    assert_eq!(rig.run().await, Ending::Skipped("deadline"));
+    let times: Vec<_> = rig.log(Op::Acquire).into_iter().map(|(t, _)| t).collect();
+    // 100, 200, 400 ms; the next wait (800 ms) would end past the deadline.
+    assert_eq!(times, [0, 100, 300, 700].map(ms), "attempts");
     assert!(rig.runs().is_empty());
     rig.settle().await;
 }
