@@ -78,9 +78,28 @@ pub struct Job {
     /// instant is skipped (`deadline`); `None`: until the next instant is
     /// due or a lease length has passed.
     pub starting_deadline: Option<Duration>,
+    /// `catchup`: whether the newest instant that fell due while this
+    /// daemon could not fire it (paused, suspended, starved) still runs.
+    pub catchup: Catchup,
     /// Where its keys were written, for messages about them.
     pub place: Place,
 }
+
+/// What a daemon does with instants that fell due while it could not fire
+/// them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Catchup {
+    /// Run the newest of them once, late (the older ones are `missed`).
+    #[default]
+    Latest,
+    /// Run none of them (`missed`); the next instant runs on time.
+    None,
+}
+
+/// How late an instant may be fired and still count as on time under
+/// `catchup = "none"`: a scheduler that was not paused fires within
+/// milliseconds.
+pub const CATCHUP_TOLERANCE: Duration = Duration::from_secs(1);
 
 /// Line and column of a job's keys in the file. Where a job was written is
 /// not part of what it is: every `Place` equals every other, so moving a
@@ -186,6 +205,7 @@ struct RawDefaults {
     timezone: Option<Spanned<String>>,
     jitter: Option<Spanned<String>>,
     starting_deadline: Option<Spanned<String>>,
+    catchup: Option<Spanned<String>>,
     stale_exit_code: Option<Spanned<i64>>,
 }
 
@@ -205,6 +225,7 @@ struct RawJob {
     timezone: Option<Spanned<String>>,
     jitter: Option<Spanned<String>>,
     starting_deadline: Option<Spanned<String>>,
+    catchup: Option<Spanned<String>>,
     stale_exit_code: Option<Spanned<i64>>,
 }
 
@@ -582,6 +603,20 @@ impl Parser<'_> {
             &defaults.starting_deadline,
             "starting_deadline",
         );
+        let (catchup_value, catchup_key) = pick(&raw.catchup, &defaults.catchup, "catchup");
+        let catchup = match catchup_value.as_ref().map(|c| (c, c.get_ref().as_str())) {
+            None | Some((_, "latest")) => Catchup::Latest,
+            Some((_, "none")) => Catchup::None,
+            Some((c, other)) => {
+                return Err(self.at(
+                    c.span(),
+                    &catchup_key,
+                    format!(
+                    "`{other}` is not a catch-up policy; use \"latest\" (the default) or \"none\""
+                ),
+                ))
+            }
+        };
         let starting_deadline = match &deadline_value {
             Some(d) => {
                 let d = self.duration(d, &deadline_key).and_then(|v| {
@@ -731,6 +766,7 @@ impl Parser<'_> {
             timing,
             stale_exit_code,
             starting_deadline,
+            catchup,
             place: Place {
                 command: line_col(self.text, raw.command.span().start),
                 workdir: raw
@@ -853,6 +889,21 @@ mod tests {
                 .contains(".starting_deadline: starting_deadline must be longer than 0s"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn catchup_latest_or_none() {
+        let c = parse(
+            Path::new("jobs.toml"),
+            &format!("{JOB}catchup = \"none\"\n"),
+        )
+        .unwrap();
+        assert_eq!(c.jobs[0].catchup, Catchup::None);
+        let c = parse(Path::new("jobs.toml"), JOB).unwrap();
+        assert_eq!(c.jobs[0].catchup, Catchup::Latest);
+        let e = err(&format!("{JOB}catchup = \"all\"\n"));
+        assert_eq!(e.line, Some(5), "{e}");
+        assert!(e.to_string().contains("is not a catch-up policy"), "{e}");
     }
 
     #[test]

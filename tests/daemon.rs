@@ -781,6 +781,104 @@ fn starting_deadline_skips_an_instant_a_paused_daemon_resumes_too_late_for_sqlit
     d.stop(secs(30));
 }
 
+/// `catchup`: after a pause across an instant, a `latest` job runs that
+/// instant late once; a `none` job skips it (`missed`) and runs the next
+/// one on time.
+#[test]
+fn catchup_latest_runs_the_missed_instant_and_none_skips_it_sqlite() {
+    let store = TestStore::new(Backend::Sqlite, "catchup").expect("sqlite");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let latest = unique("latest");
+    let none = unique("none");
+    let config = write_config(
+        dir.path(),
+        "",
+        &[
+            job_toml(&latest, "*/5 * * * * *", &["true".to_string()], ""),
+            job_toml(
+                &none,
+                "*/5 * * * * *",
+                &["true".to_string()],
+                "catchup = \"none\"",
+            ),
+        ],
+    );
+    let mut d = Daemon::spawn(DaemonOpts::new("catchup", &config, &store.url));
+    let released = |job: &str| {
+        let job = job.to_string();
+        move |e: &Value| is(e, "lease_released") && str_field(e, "job") == Some(job.as_str())
+    };
+    // Both ran an instant t and released it; then a pause past t + 5 s.
+    let first = d.expect("latest's first run", released(&latest), secs(30));
+    let started_at = |job: &str, token: i64| {
+        let job = job.to_string();
+        move |e: &Value| {
+            is(e, "job_started")
+                && token_of(e) == token
+                && str_field(e, "job") == Some(job.as_str())
+        }
+    };
+    let started = d.expect("its start", started_at(&latest, token_of(&first)), secs(5));
+    let t: DateTime<Utc> = str_field(&started, "scheduled_at")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let at_t = rfc3339(t);
+    let none_at_t = d.expect(
+        "none's run of t",
+        |e: &Value| {
+            is(e, "job_started")
+                && str_field(e, "job") == Some(none.as_str())
+                && str_field(e, "scheduled_at") == Some(at_t.as_str())
+        },
+        secs(10),
+    );
+    let none_token = token_of(&none_at_t);
+    d.expect(
+        "none's lease of t released",
+        |e: &Value| released(&none)(e) && token_of(e) == none_token,
+        secs(10),
+    );
+    d.signal(Signal::SIGSTOP);
+    let resume_at = t + chrono::Duration::seconds(7);
+    while Utc::now() < resume_at {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    d.signal(Signal::SIGCONT);
+    let late = rfc3339(t + chrono::Duration::seconds(5));
+    let next = rfc3339(t + chrono::Duration::seconds(10));
+    let of = |event: &'static str, job: &str, at: &str| {
+        let (job, at) = (job.to_string(), at.to_string());
+        move |e: &Value| {
+            is(e, event)
+                && str_field(e, "job") == Some(job.as_str())
+                && str_field(e, "scheduled_at") == Some(at.as_str())
+        }
+    };
+    d.expect(
+        "latest runs the late instant",
+        of("job_started", &latest, &late),
+        secs(15),
+    );
+    let skipped = d.expect(
+        "none skips it",
+        of("occurrence_skipped", &none, &late),
+        secs(15),
+    );
+    assert_eq!(str_field(&skipped, "reason"), Some("missed"), "{skipped}");
+    d.expect(
+        "none runs the next instant",
+        of("job_started", &none, &next),
+        secs(15),
+    );
+    assert!(
+        !d.all().iter().any(of("job_started", &none, &late)),
+        "none ran the late instant: {}",
+        d.summary()
+    );
+    d.stop(secs(30));
+}
+
 /// FNV-1a 64, as the README specifies for `jitter`.
 fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {

@@ -19,7 +19,7 @@ use tokio::sync::mpsc;
 
 use super::occurrence::Occurrence;
 use super::Shared;
-use crate::config::Job;
+use crate::config::{Catchup, Job, CATCHUP_TOLERANCE};
 use crate::events;
 use crate::store::rfc3339;
 
@@ -153,6 +153,20 @@ impl Scheduler {
                     &rfc3339(at),
                     "missed",
                     "a later occurrence is already due on this node",
+                );
+                continue;
+            }
+            let late = (now - at).to_std().unwrap_or_default();
+            if job.catchup == Catchup::None && late > CATCHUP_TOLERANCE {
+                // Fell due while this daemon could not fire it.
+                events::occurrence_skipped(
+                    &name,
+                    &rfc3339(at),
+                    "missed",
+                    &format!(
+                        "fired {} ms late (this daemon was paused or starved) and catchup = \"none\"",
+                        late.as_millis()
+                    ),
                 );
                 continue;
             }

@@ -85,6 +85,7 @@ impl Rig {
             timing: LeaseTiming::new(ms(10_000), None, None).unwrap(),
             stale_exit_code: None,
             starting_deadline: None,
+            catchup: Default::default(),
             place: Default::default(),
         };
         Rig {
