@@ -81,6 +81,8 @@ pub struct Job {
     /// `catchup`: whether the newest instant that fell due while this
     /// daemon could not fire it (paused, suspended, starved) still runs.
     pub catchup: Catchup,
+    /// `on_failure`: argv run once after a run that did not succeed.
+    pub on_failure: Option<Vec<String>>,
     /// Where its keys were written, for messages about them.
     pub place: Place,
 }
@@ -206,6 +208,7 @@ struct RawDefaults {
     jitter: Option<Spanned<String>>,
     starting_deadline: Option<Spanned<String>>,
     catchup: Option<Spanned<String>>,
+    on_failure: Option<Spanned<Vec<String>>>,
     stale_exit_code: Option<Spanned<i64>>,
 }
 
@@ -226,6 +229,7 @@ struct RawJob {
     jitter: Option<Spanned<String>>,
     starting_deadline: Option<Spanned<String>>,
     catchup: Option<Spanned<String>>,
+    on_failure: Option<Spanned<Vec<String>>>,
     stale_exit_code: Option<Spanned<i64>>,
 }
 
@@ -603,6 +607,24 @@ impl Parser<'_> {
             &defaults.starting_deadline,
             "starting_deadline",
         );
+        let (on_failure, on_failure_key) = match (&raw.on_failure, &defaults.on_failure) {
+            (Some(h), _) => (Some(h), key("on_failure")),
+            (None, Some(h)) => (Some(h), "defaults.on_failure".to_string()),
+            (None, None) => (None, String::new()),
+        };
+        if let Some(h) = on_failure {
+            if h.get_ref().is_empty()
+                || h.get_ref()[0].is_empty()
+                || h.get_ref().iter().any(|a| a.contains('\0'))
+            {
+                return Err(self.at(
+                    h.span(),
+                    &on_failure_key,
+                    "on_failure is an argv array such as [\"/usr/local/bin/notify\", \"--job\"], not empty and without NUL bytes",
+                ));
+            }
+        }
+        let on_failure = on_failure.map(|h| h.get_ref().clone());
         let (catchup_value, catchup_key) = pick(&raw.catchup, &defaults.catchup, "catchup");
         let catchup = match catchup_value.as_ref().map(|c| (c, c.get_ref().as_str())) {
             None | Some((_, "latest")) => Catchup::Latest,
@@ -767,6 +789,7 @@ impl Parser<'_> {
             stale_exit_code,
             starting_deadline,
             catchup,
+            on_failure,
             place: Place {
                 command: line_col(self.text, raw.command.span().start),
                 workdir: raw

@@ -301,6 +301,23 @@ pub fn job_finished(end: &JobEnd<'_>) {
     }
 }
 
+/// A job's `on_failure` hook ran and exited 0.
+pub fn on_failure_finished(job: &str) {
+    info!(
+        event = "on_failure_finished",
+        job, "on_failure hook finished"
+    );
+}
+
+/// A job's `on_failure` hook could not start, failed or timed out; it is
+/// not retried.
+pub fn on_failure_failed(job: &str, error: &str) {
+    warn!(
+        event = "on_failure_failed",
+        job, error, "on_failure hook failed"
+    );
+}
+
 /// The supervisor is terminating the job.
 pub fn job_cancelled(job: &str, token: Token, reason: &str, signal: &str) {
     warn!(

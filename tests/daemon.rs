@@ -879,6 +879,97 @@ fn catchup_latest_runs_the_missed_instant_and_none_skips_it_sqlite() {
     d.stop(secs(30));
 }
 
+/// `on_failure` runs once after a run that did not succeed, with the
+/// run's facts in its environment; not after a good run; a failing hook is
+/// logged and not retried.
+#[test]
+fn on_failure_runs_after_a_failed_run_with_its_facts_sqlite() {
+    let store = TestStore::new(Backend::Sqlite, "on_failure").expect("sqlite");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let bad = unique("hookbad");
+    let good = unique("hookgood");
+    let broken = unique("hookbroken");
+    let out = dir.path().join("hook");
+    let hook = format!(
+        r#"on_failure = ["sh", "-c", "echo \"$FENCECRON_JOB $FENCECRON_OUTCOME $FENCECRON_EXIT_CODE $FENCECRON_TOKEN $FENCECRON_SCHEDULED_AT $FENCECRON_RUN_ID\" >> {}"]"#,
+        out.display()
+    );
+    let config = write_config(
+        dir.path(),
+        "",
+        &[
+            job_toml(
+                &bad,
+                "* * * * * *",
+                &["sh".into(), "-c".into(), "exit 4".into()],
+                &hook,
+            ),
+            job_toml(&good, "* * * * * *", &["true".to_string()], &hook),
+            job_toml(
+                &broken,
+                "* * * * * *",
+                &["false".to_string()],
+                r#"on_failure = ["sh", "-c", "echo no webhook today >&2; exit 7"]"#,
+            ),
+        ],
+    );
+    let mut d = Daemon::spawn(DaemonOpts::new("hooks", &config, &store.url));
+    let failed = d.expect(
+        "a broken hook",
+        |e: &Value| is(e, "on_failure_failed") && str_field(e, "job") == Some(broken.as_str()),
+        secs(30),
+    );
+    assert_eq!(str_field(&failed, "level"), Some("WARN"), "{failed}");
+    assert!(
+        str_field(&failed, "error").is_some_and(|e| e.contains("no webhook today")),
+        "{failed}"
+    );
+    d.expect(
+        "the bad job's hook",
+        |e: &Value| is(e, "on_failure_finished") && str_field(e, "job") == Some(bad.as_str()),
+        secs(30),
+    );
+    d.expect(
+        "a good run",
+        |e: &Value| is(e, "job_finished") && str_field(e, "job") == Some(good.as_str()),
+        secs(30),
+    );
+    d.stop(secs(30));
+
+    let lines = std::fs::read_to_string(&out).expect("the hook wrote its file");
+    let first = lines.lines().next().expect("one line");
+    let fields: Vec<&str> = first.split(' ').collect();
+    assert_eq!(fields[0], bad, "{lines}");
+    assert_eq!(fields[1], "failed", "{lines}");
+    assert_eq!(fields[2], "4", "{lines}");
+    let token: i64 = fields[3].parse().expect("token");
+    let run = d
+        .events("job_finished")
+        .into_iter()
+        .find(|e| str_field(e, "job") == Some(bad.as_str()) && token_of(e) == token)
+        .unwrap_or_else(|| panic!("no run of {bad} with token {token}"));
+    assert_eq!(str_field(&run, "scheduled_at"), Some(fields[4]));
+    assert_eq!(fields[5], format!("{bad}@{}", fields[4]));
+    assert!(
+        lines.lines().all(|l| !l.starts_with(&good)),
+        "the hook ran after a good run: {lines}"
+    );
+    let hooks_of_broken = d
+        .all()
+        .iter()
+        .filter(|e| is(e, "on_failure_failed") && str_field(e, "job") == Some(broken.as_str()))
+        .count();
+    let runs_of_broken = d
+        .events("job_finished")
+        .iter()
+        .filter(|e| str_field(e, "job") == Some(broken.as_str()))
+        .count();
+    assert!(
+        hooks_of_broken <= runs_of_broken,
+        "a hook was retried: {hooks_of_broken} > {runs_of_broken}"
+    );
+}
+
 /// FNV-1a 64, as the README specifies for `jitter`.
 fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {

@@ -13,6 +13,7 @@
 //! says what the daemon waits for), RELOADING, STATUS, STOPPING and, with
 //! `WatchdogSec=`, WATCHDOG pings from the scheduler loop itself.
 
+mod hook;
 mod occurrence;
 mod scheduler;
 #[cfg(test)]
@@ -97,8 +98,10 @@ pub enum Control {
 
 /// Runs the daemon until [`Control::Stop`] (or until `control` closes), then
 /// terminates running jobs and returns once every lease is released.
-pub async fn run(mut settings: Settings, control: mpsc::Receiver<Control>) {
-    let child_env = std::mem::take(&mut settings.child_env);
+pub async fn run(settings: Settings, control: mpsc::Receiver<Control>) {
+    // Jobs get it through the supervisor; `on_failure` hooks through
+    // `Shared`.
+    let child_env = settings.child_env.clone();
     let mut supervisor = Supervisor::new(settings.store.clone(), settings.node.clone(), child_env);
     if let Some(records) = &settings.records {
         supervisor = supervisor.with_records(records.clone());
@@ -122,7 +125,7 @@ async fn serve(
         store_display,
         config_display,
         watchdog,
-        ..
+        child_env,
     } = settings;
     let shutdown = CancellationToken::new();
     let tracker = TaskTracker::new();
@@ -160,6 +163,7 @@ async fn serve(
         tracker: tracker.clone(),
         clock,
         watchdog,
+        hook_env: child_env,
     });
     let job_count = jobs.len();
     tracker.spawn(scheduler.run(jobs, reload_rx));
@@ -266,4 +270,6 @@ struct Shared {
     clock: Clock,
     /// How often the scheduler loop pings systemd's watchdog, if at all.
     watchdog: Option<Duration>,
+    /// The environment changes `on_failure` hooks get (the jobs' own).
+    hook_env: ChildEnv,
 }

@@ -30,9 +30,9 @@ use chrono::{DateTime, Utc};
 use tokio::time::Instant;
 use uuid::Uuid;
 
-use super::{ensure_ready, Shared, CALL_TIMEOUT};
+use super::{ensure_ready, hook, Shared, CALL_TIMEOUT};
 use crate::config::Job;
-use crate::events;
+use crate::events::{self, Outcome};
 use crate::fence;
 use crate::store::{
     self, rfc3339, AcquireOutcome, AcquireRequest, Lease, ReleaseOutcome, Store, StoreError,
@@ -268,21 +268,55 @@ impl Occurrence {
         fence::taken_over(self.store(), Some(name), &lease, self.node());
         let spec = spec_for(&self.job, self.at);
         let shutdown = self.shared.shutdown.clone();
-        match self
+        let (token, run_id) = (lease.token, spec.run_id(&lease));
+        let failed = match self
             .shared
             .supervisor
             .run(&spec, lease, sent, shutdown)
             .await
         {
-            Ok(_) => {}
-            Err(SuperviseError::AcquiredTooLate) => events::occurrence_skipped(
-                name,
-                &rfc3339(self.at),
-                "acquired_too_late",
-                "the store answered too late to run the job safely within the lease",
-            ),
+            Ok(result) => match result.outcome() {
+                Outcome::Succeeded | Outcome::Shutdown => None,
+                outcome => Some((outcome, result.exit_code, result.signal)),
+            },
+            Err(SuperviseError::AcquiredTooLate) => {
+                events::occurrence_skipped(
+                    name,
+                    &rfc3339(self.at),
+                    "acquired_too_late",
+                    "the store answered too late to run the job safely within the lease",
+                );
+                None
+            }
             // Already logged as job_spawn_failed.
-            Err(SuperviseError::Spawn { .. } | SuperviseError::Workdir { .. }) => {}
+            Err(SuperviseError::Spawn { .. } | SuperviseError::Workdir { .. }) => {
+                Some((Outcome::SpawnFailed, None, None))
+            }
+        };
+        if let (Some((outcome, exit_code, signal)), Some(argv)) = (failed, &self.job.on_failure) {
+            let failure = hook::Failure {
+                job: name.to_string(),
+                resource: self.job.resource.to_string(),
+                node: self.node().to_string(),
+                token,
+                outcome: outcome.as_str(),
+                exit_code,
+                signal,
+                scheduled_at: rfc3339(self.at),
+                run_id,
+            };
+            let env = self
+                .job
+                .env
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            self.shared.tracker.spawn(hook::on_failure(
+                argv.clone(),
+                self.shared.hook_env.clone(),
+                env,
+                failure,
+            ));
         }
         Ending::Won
     }

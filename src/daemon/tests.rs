@@ -73,6 +73,7 @@ impl Rig {
             tracker: TaskTracker::new(),
             clock,
             watchdog: None,
+            hook_env: Default::default(),
         };
         let job = Job {
             name: Name::parse("job", "job").unwrap(),
@@ -86,6 +87,7 @@ impl Rig {
             stale_exit_code: None,
             starting_deadline: None,
             catchup: Default::default(),
+            on_failure: None,
             place: Default::default(),
         };
         Rig {

@@ -109,6 +109,11 @@ pub struct RunResult {
 }
 
 impl RunResult {
+    /// How the run ended, as `job_finished` names it.
+    pub fn outcome(&self) -> events::Outcome {
+        outcome_of(self.exit_code, self.cancelled, self.lease_lost)
+    }
+
     /// The shell-style exit code: the child's code, or 128 + signal.
     pub fn shell_code(&self) -> u8 {
         match (self.exit_code, self.signal) {
