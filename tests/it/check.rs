@@ -2,7 +2,7 @@
 //! names the file, the line and the key; a valid file exits 0 and lists
 //! three next fire times per job, each exactly on its schedule.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

@@ -5,7 +5,7 @@
 //! PostgreSQL and MySQL cases need `FENCECRON_TEST_POSTGRES_URL` and
 //! `FENCECRON_TEST_MYSQL_URL` (see `tests/common/mod.rs`).
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::process::{Command, Output};

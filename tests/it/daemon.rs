@@ -5,7 +5,7 @@
 //! clock, whether a pid exists — never how fast something happened. Time
 //! limits only bound how long a test waits before it fails.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;

@@ -7,7 +7,7 @@
 //! clock against the moment a pid was seen dead — never how fast something
 //! happened. Time limits only bound how long a test waits before it fails.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader};
 use std::os::unix::net::UnixDatagram;

@@ -10,7 +10,7 @@
 //! transaction went back to the pool and every later call failed with
 //! "non-zero transaction depth" until the daemon was restarted.
 
-mod common;
+use crate::common;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};

@@ -27,7 +27,7 @@
 //! Without them it prints a loud `*** SKIPPED … ***`; under `CI=true` it
 //! fails instead.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::net::{SocketAddr, TcpListener};

@@ -4,7 +4,7 @@
 //! that another user could rewrite, values too large for the store, and the
 //! systemd unit's sandbox.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::{Command, Output, Stdio};

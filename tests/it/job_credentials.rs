@@ -8,7 +8,7 @@
 //! with a made-up password still connects (MySQL's root would refuse it).
 //! Needs `FENCECRON_TEST_POSTGRES_URL` (see `tests/common/mod.rs`).
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

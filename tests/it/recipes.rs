@@ -11,7 +11,7 @@
 //! * `stale_exit_code`: a daemon job that exits with it is recorded and
 //!   logged as a rejected write.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

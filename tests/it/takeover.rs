@@ -4,7 +4,7 @@
 //! `lease_taken_over` naming the vanished owner and stores a
 //! `lease_taken_over` record that `fencecron stale` lists.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -9,7 +9,7 @@
 //! no heartbeat of token N after N's stored expiry, none after the first
 //! heartbeat of a later token, and the group is gone.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;

@@ -92,8 +92,6 @@ struct Shared {
 /// A running `fencecron run`.
 pub struct Daemon {
     pub node: String,
-    pub config: PathBuf,
-    pub store: String,
     child: Child,
     /// The spawned process is `faketime`, which forks the daemon.
     wrapped: bool,
@@ -180,8 +178,6 @@ impl Daemon {
         };
         Daemon {
             node: opts.node,
-            config: opts.config,
-            store: opts.store,
             child,
             wrapped: opts.faketime.is_some(),
             shared,

@@ -6,8 +6,6 @@
 //! set the test says so loudly on stderr and skips; under `CI=true` a
 //! missing URL is a failure instead.
 
-#![allow(dead_code)]
-
 use std::path::PathBuf;
 
 /// A backend under test.
