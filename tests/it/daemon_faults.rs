@@ -20,9 +20,10 @@ use serde_json::Value;
 
 use common::daemon::{
     ev, ev_token, group_alive, i64_field, is, job_toml, long_cmd, pid_alive, pid_of, read_pid_file,
-    read_runs, record_cmd, run_cmd, secs, str_field, token_of, wait_pid_gone, write_config, Daemon,
+    read_runs, record_cmd, secs, str_field, token_of, wait_pid_gone, write_config, Daemon,
     DaemonOpts,
 };
+use common::harness::run;
 use common::proxy::Proxy;
 use common::{unique, Backend, TestStore};
 
@@ -43,10 +44,10 @@ fn sqlite_path(url: &str) -> &str {
 
 /// `fencecron stale --json --store URL`, parsed.
 fn stale_records(store: &str, cwd: &Path) -> Vec<Value> {
-    let out = run_cmd(
+    let out = run(
         common::harness::fencecron(cwd)
             .args(["stale", "--json", "--since", "10m", "--store", store]),
-        secs(30),
+        None,
     );
     assert!(
         out.status.success(),

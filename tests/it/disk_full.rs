@@ -20,9 +20,10 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use common::daemon::{
-    ev, ev_token, i64_field, is, job_toml, long_cmd, run_cmd, secs, str_field, token_of,
-    write_config, Daemon, DaemonOpts,
+    ev, ev_token, i64_field, is, job_toml, long_cmd, secs, str_field, token_of, write_config,
+    Daemon, DaemonOpts,
 };
+use common::harness::run;
 use common::unique;
 
 /// A tmpfs mounted for one test, unmounted when dropped.
@@ -99,10 +100,10 @@ fn fill(path: &Path) -> u64 {
 /// `fencecron stale --json` for the last 10 minutes, or `None` while the
 /// command fails.
 fn stale_records(store: &str, cwd: &Path) -> Option<Vec<Value>> {
-    let out = run_cmd(
+    let out = run(
         common::harness::fencecron(cwd)
             .args(["stale", "--json", "--since", "10m", "--store", store]),
-        secs(30),
+        None,
     );
     if !out.status.success() {
         return None;
@@ -188,7 +189,7 @@ fn sqlite_disk_full_then_freed_recovers_without_restart() {
     );
 
     // The CLI says the same and exits 1.
-    let out = run_cmd(
+    let out = run(
         common::harness::fencecron(dir.path()).args([
             "lease",
             "acquire",
@@ -198,7 +199,7 @@ fn sqlite_disk_full_then_freed_recovers_without_restart() {
             "--store",
             &store,
         ]),
-        secs(30),
+        None,
     );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(

@@ -633,7 +633,7 @@ fn sqlite_cmd(dir: &Path, db: &Path, args: &[&str]) -> Output {
     cmd.args(args)
         .arg("--store")
         .arg(format!("sqlite://{}", db.display()));
-    common::daemon::run_cmd(&mut cmd, std::time::Duration::from_secs(60))
+    common::harness::run(&mut cmd, None)
 }
 
 /// The bytes and modification time of a file, to show it was not touched.

@@ -1,12 +1,13 @@
-//! Helpers shared by `tests/store_conformance.rs` and `tests/cli.rs`:
-//! opening a real store through the library, and running the real binary
-//! with an environment that no outer `FENCECRON_*` variable can leak into.
+//! Opening a real store through the library, and running commands — the
+//! real binary above all — with an environment that no outer `FENCECRON_*`
+//! variable can leak into: one list of those variables, one runner.
 
-use std::io::Write;
+use std::borrow::BorrowMut;
+use std::io::{Read, Write};
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use fencecron::store::{open, OpenOptions, Store, StoreUrl};
 
@@ -27,8 +28,9 @@ pub async fn open_store(ts: &TestStore, max_connections: u32) -> Arc<dyn Store> 
     store
 }
 
-/// Every variable the binary reads; removed so the caller's shell cannot
-/// change what a test sees.
+/// Every variable the binary reads, and those the daemon sets for its jobs;
+/// removed so the caller's shell cannot change what a test sees. The one
+/// list every command a test starts goes through ([`scrub`]).
 const FENCECRON_VARS: &[&str] = &[
     "FENCECRON_CONFIG",
     "FENCECRON_STORE",
@@ -46,6 +48,15 @@ const FENCECRON_VARS: &[&str] = &[
     "STATE_DIRECTORY",
 ];
 
+/// Removes every variable of the outer environment that fencecron reads
+/// from `cmd`'s environment; set the ones a test wants afterwards.
+pub fn scrub(cmd: &mut Command) -> &mut Command {
+    for v in FENCECRON_VARS {
+        cmd.env_remove(v);
+    }
+    cmd
+}
+
 /// A `fencecron` invocation with a clean environment, run in `cwd` (so a
 /// default SQLite file could never land in the repository).
 pub fn fencecron(cwd: &Path) -> Command {
@@ -55,33 +66,88 @@ pub fn fencecron(cwd: &Path) -> Command {
 /// Any command (e.g. `faketime` wrapping the binary) with the same clean
 /// environment and working directory as [`fencecron`].
 pub fn clean(mut cmd: Command, cwd: &Path) -> Command {
-    for v in FENCECRON_VARS {
-        cmd.env_remove(v);
-    }
-    cmd.current_dir(cwd).stdin(Stdio::null());
+    scrub(&mut cmd).current_dir(cwd).stdin(Stdio::null());
     cmd
 }
 
-/// Runs a command, feeding `stdin` when given, and returns its output.
-pub fn run(mut cmd: Command, stdin: Option<&[u8]>) -> Output {
-    let out = if let Some(input) = stdin {
-        cmd.stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let mut child = cmd.spawn().expect("spawn fencecron");
+/// How long a command run by [`run`] may take before the test fails: only a
+/// bound on a hang, never a measure of speed.
+const RUN_LIMIT: Duration = Duration::from_secs(120);
+
+/// How much of each output stream [`run`] echoes.
+const ECHO_LIMIT: usize = 4096;
+
+/// Runs a short command to completion and returns its output: the one
+/// runner of the tests. `cmd` is a `Command` or a `&mut Command`; `stdin`
+/// is fed to it when given (else it reads an empty stdin). The command and
+/// the start of its output are echoed to the test's stderr, which libtest
+/// shows when the test fails. A command still running after [`RUN_LIMIT`]
+/// is killed and the test panics.
+pub fn run(mut cmd: impl BorrowMut<Command>, stdin: Option<&[u8]>) -> Output {
+    let cmd = cmd.borrow_mut();
+    cmd.stdin(if stdin.is_some() {
+        Stdio::piped()
+    } else {
+        Stdio::null()
+    })
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
+    let mut child = cmd
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    // Every pipe has its own thread, so a large stdin cannot deadlock
+    // against a full stdout pipe.
+    let writer = stdin.map(|input| {
         let mut pipe = child.stdin.take().expect("stdin pipe");
         let input = input.to_vec();
-        // Write from another thread so a large value cannot deadlock against
-        // a full stdout pipe.
-        let writer = std::thread::spawn(move || {
-            pipe.write_all(&input).expect("write stdin");
-        });
-        let out = child.wait_with_output().expect("wait for fencecron");
-        writer.join().expect("stdin writer");
-        out
-    } else {
-        cmd.output().expect("run fencecron")
+        std::thread::spawn(move || {
+            // The command may exit without reading all of it.
+            let _ = pipe.write_all(&input);
+        })
+    });
+    let reader = |mut pipe: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut b = Vec::new();
+            let _ = pipe.read_to_end(&mut b);
+            b
+        })
     };
+    let out_t = reader(Box::new(child.stdout.take().expect("stdout pipe")));
+    let err_t = reader(Box::new(child.stderr.take().expect("stderr pipe")));
+    let deadline = Instant::now() + RUN_LIMIT;
+    let status = loop {
+        if let Some(st) = child.try_wait().expect("try_wait") {
+            break st;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{cmd:?} did not finish within {RUN_LIMIT:?}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    if let Some(w) = writer {
+        w.join().expect("stdin writer");
+    }
+    let out = Output {
+        status,
+        stdout: out_t.join().expect("stdout reader"),
+        stderr: err_t.join().expect("stderr reader"),
+    };
+    let echo = |b: &[u8]| {
+        let text = String::from_utf8_lossy(&b[..b.len().min(ECHO_LIMIT)]);
+        let more = b.len().saturating_sub(ECHO_LIMIT);
+        if more > 0 {
+            format!("{}… ({more} more bytes)", text.trim_end())
+        } else {
+            text.trim_end().to_string()
+        }
+    };
+    eprintln!(
+        "$ {cmd:?}\n  -> {status}\n  stdout: {}\n  stderr: {}",
+        echo(&out.stdout),
+        echo(&out.stderr)
+    );
     out
 }
 
