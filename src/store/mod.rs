@@ -5,7 +5,7 @@
 //! sees typed outcomes ([`AcquireOutcome`], [`RenewOutcome`], [`PutOutcome`])
 //! and never a row. The semantics every backend must share are written once
 //! here, in the trait's docs, and proven once against every backend by
-//! `tests/store_conformance.rs`:
+//! `tests/it/store_conformance.rs`:
 //!
 //! * the fence of a resource only ever grows; release and expiry keep it;
 //! * acquiring is one atomic state transition decided by the **store's

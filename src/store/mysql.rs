@@ -1,4 +1,4 @@
-//! MySQL 8 / MariaDB 10.11+: several hosts without PostgreSQL.
+//! MySQL/MariaDB (MariaDB 10.11 is what is tested; MySQL 8 is not): several hosts without PostgreSQL.
 //!
 //! Clock choice: comparisons and expiries use `SYSDATE(3)`, the time at which
 //! the expression is evaluated. `NOW()` is fixed at statement start, so a

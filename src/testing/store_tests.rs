@@ -1,5 +1,5 @@
 //! The in-memory store keeps the SQL backends' semantics: the cases of
-//! `tests/store_conformance.rs` that define leases, occurrences, takeovers
+//! `tests/it/store_conformance.rs` that define leases, occurrences, takeovers
 //! and fenced writes, run against it on tokio's paused clock (so an expiry
 //! is a jump, not a wait), then its injected faults.
 

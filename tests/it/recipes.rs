@@ -11,7 +11,7 @@
 //! * `stale_exit_code`: a daemon job that exits with it is recorded and
 //!   logged as a rejected write.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -25,7 +25,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePo
 use sqlx::Row;
 
 use common::daemon::{ev, i64_field, job_toml, str_field, Daemon, DaemonOpts};
-use common::harness::{code, describe, fencecron, run};
+use common::harness::{clean, code, describe, fencecron, run};
 use common::{bin, unique, Backend, TestStore};
 
 // ------------------------------------------------------------ the document
@@ -465,17 +465,9 @@ fn pointer_job_stale_run_cannot_move_the_pointer_back() {
 
     // The stale run resumes with token N, as the daemon would have started
     // it: the job's env, then the fencing variables.
-    let mut cmd = Command::new(&argv[0]);
-    cmd.args(&argv[1..]).current_dir(dir.path());
-    for v in [
-        "FENCECRON_CONFIG",
-        "FENCECRON_STORE",
-        "FENCECRON_LOG",
-        "RUST_LOG",
-    ] {
-        cmd.env_remove(v);
-    }
-    cmd.env("REPORT_DIR", &reports)
+    let mut cmd = clean(Command::new(&argv[0]), dir.path());
+    cmd.args(&argv[1..])
+        .env("REPORT_DIR", &reports)
         .env("FENCECRON_TOKEN", old_token.to_string())
         .env("FENCECRON_RESOURCE", &resource)
         .env("FENCECRON_OWNER_ID", &old_owner)

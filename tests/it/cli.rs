@@ -5,7 +5,7 @@
 //! PostgreSQL and MySQL cases need `FENCECRON_TEST_POSTGRES_URL` and
 //! `FENCECRON_TEST_MYSQL_URL` (see `tests/common/mod.rs`).
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::process::{Command, Output};
@@ -589,7 +589,7 @@ fn case_store_clock_decides_expiry(fx: &Fx) {
                 if std::env::var("CI").as_deref() == Ok("true") {
                     panic!("faketime is not installed; .ci/run must install it (apt-get install faketime)");
                 }
-                eprintln!(
+                skipped!(
                     "\n*** SKIPPED store-clock test on {:?}: faketime is not installed \
                      (apt-get install faketime). ***\n",
                     fx.backend
@@ -1069,6 +1069,44 @@ fn mysql_unreachable_store_hides_password() {
     unreachable_store_hides_password("mysql://root:sekret@127.0.0.1:1/test");
 }
 
+/// A MySQL user of one test, dropped again when the test ends, also when it
+/// fails: users are server-wide, not part of the test's database.
+struct MySqlUser {
+    admin_url: String,
+    /// `'name'@'127.0.0.1'`.
+    account: String,
+}
+
+impl Drop for MySqlUser {
+    fn drop(&mut self) {
+        let admin_url = self.admin_url.clone();
+        let account = self.account.clone();
+        // On a thread of its own: the drop may run inside a runtime.
+        let dropped = std::thread::spawn(move || {
+            use sqlx::{Connection, Executor};
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            rt.block_on(async {
+                let mut root = sqlx::MySqlConnection::connect(&admin_url).await?;
+                root.execute(format!("DROP USER IF EXISTS {account}").as_str())
+                    .await?;
+                root.close().await
+            })
+        })
+        .join()
+        .expect("the thread dropping the MySQL user");
+        if let Err(e) = dropped {
+            if std::thread::panicking() {
+                eprintln!("could not drop the MySQL user {}: {e}", self.account);
+            } else {
+                panic!("could not drop the MySQL user {}: {e}", self.account);
+            }
+        }
+    }
+}
+
 /// A database at its connection limit is named as such, with what to change,
 /// rather than reported as down. MariaDB/MySQL answer a user over its
 /// `MAX_USER_CONNECTIONS` at once (PostgreSQL's 53300 is retried by the pool
@@ -1079,26 +1117,37 @@ fn mysql_connection_limit_is_named() {
         return;
     };
     let rt = tokio::runtime::Runtime::new().unwrap();
+    // A user of this run alone (at most 32 characters), so parallel runs on
+    // one server never share it.
+    let user = unique("fc_limited").replace('-', "_")[..26].to_string();
     let mut limited = url::Url::parse(&ts.url).expect("test URL parses");
-    limited.set_username("fencecron_limited").unwrap();
+    limited.set_username(&user).unwrap();
     limited.set_password(Some("sekret3")).unwrap();
     // The test URL's database, whatever it is called.
     let database = limited.path().trim_start_matches('/').replace('`', "");
     let limited = limited.to_string();
+    let account = format!("'{user}'@'127.0.0.1'");
     // Holds the user's only connection while the binary tries to connect.
-    let _held = rt.block_on(async {
+    let (_user, _held) = rt.block_on(async {
         use sqlx::{Connection, Executor};
         let mut root = sqlx::MySqlConnection::connect(&ts.url).await.unwrap();
-        for sql in [
-            "CREATE USER IF NOT EXISTS 'fencecron_limited'@'127.0.0.1' IDENTIFIED BY 'sekret3'".to_string(),
-            "ALTER USER 'fencecron_limited'@'127.0.0.1' IDENTIFIED BY 'sekret3' WITH MAX_USER_CONNECTIONS 1".to_string(),
-            format!("GRANT ALL ON `{database}`.* TO 'fencecron_limited'@'127.0.0.1'"),
-        ] {
-            root.execute(sql.as_str()).await.unwrap();
-        }
-        sqlx::MySqlConnection::connect(&limited)
+        root.execute(
+            format!("CREATE USER {account} IDENTIFIED BY 'sekret3' WITH MAX_USER_CONNECTIONS 1")
+                .as_str(),
+        )
+        .await
+        .unwrap();
+        let user = MySqlUser {
+            admin_url: ts.url.clone(),
+            account: account.clone(),
+        };
+        root.execute(format!("GRANT ALL ON `{database}`.* TO {account}").as_str())
             .await
-            .expect("the limited user connects once")
+            .unwrap();
+        let held = sqlx::MySqlConnection::connect(&limited)
+            .await
+            .expect("the limited user connects once");
+        (user, held)
     });
     let dir = tempfile::tempdir().unwrap();
     let mut cmd = fencecron(dir.path());
@@ -1214,7 +1263,7 @@ fn store_commands_refuse_when_the_config_file_is_missing() {
 #[test]
 fn store_commands_refuse_without_any_config() {
     if std::path::Path::new("/etc/fencecron/jobs.toml").exists() {
-        eprintln!(
+        skipped!(
             "\n*** SKIPPED store_commands_refuse_without_any_config: \
              /etc/fencecron/jobs.toml exists on this host. ***\n"
         );

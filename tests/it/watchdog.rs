@@ -9,7 +9,7 @@
 //! no heartbeat of token N after N's stored expiry, none after the first
 //! heartbeat of a later token, and the group is gone.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -21,9 +21,10 @@ use nix::unistd::Pid;
 use serde_json::Value;
 
 use common::daemon::{
-    group_alive, i64_field, is, job_toml, pid_of, run_cmd, secs, str_field, token_of, write_config,
-    Daemon, DaemonOpts,
+    group_alive, i64_field, is, job_toml, pid_of, secs, str_field, token_of, write_config, Daemon,
+    DaemonOpts,
 };
+use common::harness::run;
 use common::{unique, Backend, TestStore};
 
 /// A job that heartbeats from its leader and from a forked member of its
@@ -296,11 +297,11 @@ fn exec_sigkill_kills_its_job() {
     let expiry = logged_expiry(&events, 1);
     let deadline = Instant::now() + secs(30);
     let acquired_at = loop {
-        let out = run_cmd(
+        let out = run(
             common::harness::fencecron(dir.path()).args([
                 "--store", &store.url, "lease", "acquire", &resource, "--json",
             ]),
-            secs(30),
+            None,
         );
         if out.status.code() == Some(0) {
             let v: Value = serde_json::from_slice(&out.stdout).expect("json");
@@ -452,7 +453,7 @@ fn watchdog_binary_is_found_beside_fencecron_or_built_in() {
         let mut cmd = common::harness::clean(std::process::Command::new(bin), dir.path());
         cmd.args(["--store", &store.url, "exec", &unique("wd-bin"), "--"])
             .args(["sh", "-c", "tr '\\0' ' ' < /proc/$PPID/cmdline; exit 7"]);
-        let out = run_cmd(&mut cmd, secs(30));
+        let out = run(&mut cmd, None);
         assert_eq!(
             out.status.code(),
             Some(7),

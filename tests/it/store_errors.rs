@@ -8,7 +8,7 @@
 //! cannot be provoked on it; the classification of its 28P01 is covered by
 //! the unit tests in `src/store/diagnose.rs` only.
 
-mod common;
+use crate::common;
 
 use std::process::Output;
 use std::time::{Duration, Instant};

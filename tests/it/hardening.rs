@@ -4,7 +4,7 @@
 //! that another user could rewrite, values too large for the store, and the
 //! systemd unit's sandbox.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
@@ -561,7 +561,7 @@ async fn mysql_value_over_max_allowed_packet_names_the_setting() {
         max as u64
     };
     if max > 256 << 20 {
-        eprintln!("\n*** SKIPPED mysql_value_over_max_allowed_packet_names_the_setting: max_allowed_packet is {max} bytes, too large to exceed in a test ***\n");
+        skipped!("\n*** SKIPPED mysql_value_over_max_allowed_packet_names_the_setting: max_allowed_packet is {max} bytes, too large to exceed in a test ***\n");
         return;
     }
     let resource = Name::parse("resource", &unique("packet")).unwrap();
@@ -633,7 +633,7 @@ fn sqlite_cmd(dir: &Path, db: &Path, args: &[&str]) -> Output {
     cmd.args(args)
         .arg("--store")
         .arg(format!("sqlite://{}", db.display()));
-    common::daemon::run_cmd(&mut cmd, std::time::Duration::from_secs(60))
+    common::harness::run(&mut cmd, None)
 }
 
 /// The bytes and modification time of a file, to show it was not touched.
@@ -738,7 +738,7 @@ fn sqlite_files_another_user_could_rewrite_are_refused() {
             assert_eq!(code(&out), EXIT_RUNTIME, "{}", describe(&out));
             assert!(stderr(&out).contains("is owned by nobody"), "{}", describe(&out));
         }
-        _ => eprintln!(
+        _ => skipped!(
             "\n*** SKIPPED the other-owner part of sqlite_files_another_user_could_rewrite_are_refused: \
              it needs root (to chown a file to `nobody`) and a `nobody` user ***\n"
         ),
@@ -765,7 +765,7 @@ fn have(tool: &str, test: &str) -> bool {
         .status()
         .is_ok_and(|s| s.success());
     if !found {
-        eprintln!("\n*** SKIPPED {test}: `{tool}` is not installed ***\n");
+        skipped!("\n*** SKIPPED {test}: `{tool}` is not installed ***\n");
     }
     found
 }
@@ -936,7 +936,7 @@ fn unit_syscall_filter_allows_the_daemon_and_the_example_jobs() {
         .process_group(0);
     if nix::unistd::geteuid().is_root() {
         let Some(nobody) = nix::unistd::User::from_name("nobody").ok().flatten() else {
-            eprintln!("\n*** SKIPPED {test}: running as root and there is no `nobody` user ***\n");
+            skipped!("\n*** SKIPPED {test}: running as root and there is no `nobody` user ***\n");
             return;
         };
         for entry in walk(d) {
@@ -1034,7 +1034,7 @@ fn journald_gets_native_entries_with_fields_and_priorities_sqlite() {
         let _ = std::fs::remove_file(path);
     }
     if path.exists() {
-        eprintln!(
+        skipped!(
             "\n*** SKIPPED journald test: {JOURNAL_SOCKET} exists (a real journald owns it) ***\n"
         );
         return;
@@ -1049,7 +1049,7 @@ fn journald_gets_native_entries_with_fields_and_priorities_sqlite() {
                 std::env::var("CI").as_deref() != Ok("true"),
                 "cannot play journald at {JOURNAL_SOCKET}: {e} (run as root)"
             );
-            eprintln!("\n*** SKIPPED journald test: cannot bind {JOURNAL_SOCKET}: {e} ***\n");
+            skipped!("\n*** SKIPPED journald test: cannot bind {JOURNAL_SOCKET}: {e} ***\n");
             return;
         }
     };
@@ -1202,7 +1202,7 @@ fn prometheus_rules_check_and_their_unit_tests_pass() {
             std::env::var("CI").as_deref() != Ok("true"),
             "promtool is not installed (.ci/run installs the prometheus package)"
         );
-        eprintln!("\n*** SKIPPED prometheus rules test: promtool is not installed ***\n");
+        skipped!("\n*** SKIPPED prometheus rules test: promtool is not installed ***\n");
         return;
     };
     assert!(check.status.success(), "{}", describe(&check));
@@ -1238,7 +1238,7 @@ fn prometheus_rules_check_and_their_unit_tests_pass() {
 #[test]
 fn deb_package_holds_what_a_host_needs() {
     if Command::new("dpkg-deb").arg("--version").output().is_err() {
-        eprintln!("\n*** SKIPPED deb test: dpkg-deb is not installed ***\n");
+        skipped!("\n*** SKIPPED deb test: dpkg-deb is not installed ***\n");
         return;
     }
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));

@@ -2,10 +2,10 @@
 //! names the file, the line and the key; a valid file exits 0 and lists
 //! three next fire times per job, each exactly on its schedule.
 
-mod common;
+use crate::common::harness::fencecron;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 
 use chrono::{DateTime, Datelike, Timelike, Utc};
 
@@ -14,13 +14,10 @@ fn check(text: &str) -> (tempfile::TempDir, PathBuf, Output) {
     let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join("jobs.toml");
     std::fs::write(&path, text).expect("write jobs.toml");
-    let out = Command::new(common::bin())
+    let out = fencecron(dir.path())
         .arg("check")
         .arg("--config")
         .arg(&path)
-        .env_remove("FENCECRON_CONFIG")
-        .env_remove("FENCECRON_STORE")
-        .env_remove("FENCECRON_LOG_FORMAT")
         .output()
         .expect("run fencecron check");
     (dir, path, out)
@@ -326,7 +323,8 @@ fn host_checks_missing_workdir_is_an_error_and_unknown_command_a_warning() {
 /// Errors go to stderr only; nothing half-valid on stdout.
 #[test]
 fn missing_file() {
-    let out = Command::new(common::bin())
+    let dir = tempfile::tempdir().expect("temp dir");
+    let out = fencecron(dir.path())
         .arg("check")
         .arg("--config")
         .arg(Path::new("/nonexistent/fencecron/jobs.toml"))

@@ -7,7 +7,7 @@
 //! database per server and run in parallel, so every resource name is
 //! unique to its case.
 
-mod common;
+use crate::common;
 
 use std::future::Future;
 use std::sync::Arc;

@@ -1,7 +1,7 @@
 //! Migrations are applied at start-up by every command and are safe when
 //! many processes start at once on a database that has no tables yet.
 
-mod common;
+use crate::common;
 
 use std::process::{Child, Stdio};
 

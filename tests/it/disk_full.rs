@@ -10,7 +10,7 @@
 //! transaction went back to the pool and every later call failed with
 //! "non-zero transaction depth" until the daemon was restarted.
 
-mod common;
+use crate::common;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -20,9 +20,10 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use common::daemon::{
-    ev, ev_token, i64_field, is, job_toml, long_cmd, run_cmd, secs, str_field, token_of,
-    write_config, Daemon, DaemonOpts,
+    ev, ev_token, i64_field, is, job_toml, long_cmd, secs, str_field, token_of, write_config,
+    Daemon, DaemonOpts,
 };
+use common::harness::run;
 use common::unique;
 
 /// A tmpfs mounted for one test, unmounted when dropped.
@@ -53,7 +54,7 @@ impl Tmpfs {
                 if std::env::var("CI").as_deref() == Ok("true") {
                     panic!("{test}: cannot mount a tmpfs under CI=true (run as root): {why}");
                 }
-                eprintln!(
+                skipped!(
                     "\n*** SKIPPED {test}: cannot mount a tmpfs ({why}); run as root to test a full disk ***\n"
                 );
                 None
@@ -99,10 +100,10 @@ fn fill(path: &Path) -> u64 {
 /// `fencecron stale --json` for the last 10 minutes, or `None` while the
 /// command fails.
 fn stale_records(store: &str, cwd: &Path) -> Option<Vec<Value>> {
-    let out = run_cmd(
+    let out = run(
         common::harness::fencecron(cwd)
             .args(["stale", "--json", "--since", "10m", "--store", store]),
-        secs(30),
+        None,
     );
     if !out.status.success() {
         return None;
@@ -188,7 +189,7 @@ fn sqlite_disk_full_then_freed_recovers_without_restart() {
     );
 
     // The CLI says the same and exits 1.
-    let out = run_cmd(
+    let out = run(
         common::harness::fencecron(dir.path()).args([
             "lease",
             "acquire",
@@ -198,7 +199,7 @@ fn sqlite_disk_full_then_freed_recovers_without_restart() {
             "--store",
             &store,
         ]),
-        secs(30),
+        None,
     );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(

@@ -6,8 +6,6 @@
 //! set the test says so loudly on stderr and skips; under `CI=true` a
 //! missing URL is a failure instead.
 
-#![allow(dead_code)]
-
 use std::path::PathBuf;
 
 /// A backend under test.
@@ -70,7 +68,7 @@ impl TestStore {
                     if std::env::var("CI").as_deref() == Ok("true") {
                         panic!("{test}: {var} is not set under CI=true; .ci/run must export it");
                     }
-                    eprintln!(
+                    skipped!(
                         "\n*** SKIPPED {test} on {backend:?}: {var} is not set. \
                          Export it (see README) to run this test. ***\n"
                     );

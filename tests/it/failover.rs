@@ -27,7 +27,7 @@
 //! Without them it prints a loud `*** SKIPPED … ***`; under `CI=true` it
 //! fails instead.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::net::{SocketAddr, TcpListener};
@@ -381,7 +381,7 @@ async fn async_standby_never_reissues_a_token() {
         if std::env::var("CI").as_deref() == Ok("true") {
             panic!("{TEST}: {why}; under CI=true this test must run");
         }
-        eprintln!("\n*** SKIPPED {TEST}: {why}. ***\n");
+        skipped!("\n*** SKIPPED {TEST}: {why}. ***\n");
         return;
     }
     let started = Instant::now();

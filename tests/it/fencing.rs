@@ -24,7 +24,7 @@
 //! first; this test pins down the order in which the stale write *does*
 //! reach the store, which is the case fencing exists for.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::time::{Duration, Instant};

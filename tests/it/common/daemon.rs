@@ -7,13 +7,12 @@
 //! it left running — when dropped.
 //!
 //! Also here: helpers to write `jobs.toml`, shell one-liner jobs that record
-//! their runs, parsing those records, process liveness checks, and running a
-//! short command with a time limit.
+//! their runs, parsing those records, and process liveness checks.
 
 use std::collections::HashSet;
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -24,6 +23,7 @@ use nix::unistd::Pid;
 use serde_json::Value;
 
 use super::bin;
+use super::harness::{run, scrub};
 
 /// How to start one daemon.
 #[derive(Debug, Clone)]
@@ -92,8 +92,6 @@ struct Shared {
 /// A running `fencecron run`.
 pub struct Daemon {
     pub node: String,
-    pub config: PathBuf,
-    pub store: String,
     child: Child,
     /// The spawned process is `faketime`, which forks the daemon.
     wrapped: bool,
@@ -139,18 +137,7 @@ impl Daemon {
             }
             None => Command::new(bin()),
         };
-        cmd.args(&args);
-        for var in [
-            "FENCECRON_CONFIG",
-            "FENCECRON_STORE",
-            "FENCECRON_STORE_FILE",
-            "FENCECRON_LOG_FORMAT",
-            "FENCECRON_LOG",
-            "FENCECRON_NODE",
-            "RUST_LOG",
-        ] {
-            cmd.env_remove(var);
-        }
+        scrub(&mut cmd).args(&args);
         if let Some(filter) = &opts.log_filter {
             cmd.env("FENCECRON_LOG", filter);
         }
@@ -180,8 +167,6 @@ impl Daemon {
         };
         Daemon {
             node: opts.node,
-            config: opts.config,
-            store: opts.store,
             child,
             wrapped: opts.faketime.is_some(),
             shared,
@@ -572,59 +557,11 @@ pub fn read_pid_file(path: &Path, timeout: Duration) -> i32 {
     }
 }
 
-/// Runs a short command with a time limit (killed and panics when exceeded).
-pub fn run_cmd(cmd: &mut Command, timeout: Duration) -> Output {
-    cmd.stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = cmd
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
-    let mut out_pipe = child.stdout.take().expect("stdout");
-    let mut err_pipe = child.stderr.take().expect("stderr");
-    let out_t = std::thread::spawn(move || {
-        let mut b = Vec::new();
-        let _ = out_pipe.read_to_end(&mut b);
-        b
-    });
-    let err_t = std::thread::spawn(move || {
-        let mut b = Vec::new();
-        let _ = err_pipe.read_to_end(&mut b);
-        b
-    });
-    let deadline = Instant::now() + timeout;
-    let status = loop {
-        if let Some(st) = child.try_wait().expect("try_wait") {
-            break st;
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("{cmd:?} did not finish within {timeout:?}");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    let stdout = out_t.join().unwrap();
-    let stderr = err_t.join().unwrap();
-    eprintln!(
-        "$ {cmd:?}\n  -> {status}\n  stdout: {}\n  stderr: {}",
-        String::from_utf8_lossy(&stdout).trim_end(),
-        String::from_utf8_lossy(&stderr).trim_end()
-    );
-    Output {
-        status,
-        stdout,
-        stderr,
-    }
-}
-
 /// `fencecron lease list --json --store URL`, parsed.
 pub fn lease_list(store: &str) -> Vec<Value> {
-    let out = run_cmd(
-        Command::new(bin())
-            .args(["lease", "list", "--json", "--store", store])
-            .env_remove("FENCECRON_CONFIG"),
-        Duration::from_secs(30),
+    let out = run(
+        scrub(&mut Command::new(bin())).args(["lease", "list", "--json", "--store", store]),
+        None,
     );
     assert!(
         out.status.success(),

@@ -4,7 +4,7 @@
 //! `lease_taken_over` naming the vanished owner and stores a
 //! `lease_taken_over` record that `fencecron stale` lists.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 
@@ -13,10 +13,10 @@ use nix::unistd::Pid;
 use serde_json::Value;
 
 use common::daemon::{
-    ev, i64_field, job_toml, long_cmd, pid_of, run_cmd, secs, str_field, token_of, write_config,
-    Daemon, DaemonOpts,
+    ev, i64_field, job_toml, long_cmd, pid_of, secs, str_field, token_of, write_config, Daemon,
+    DaemonOpts,
 };
-use common::harness::fencecron;
+use common::harness::{fencecron, run};
 use common::{Backend, TestStore};
 
 #[test]
@@ -89,9 +89,9 @@ fn vanished_node_is_reported_by_the_node_that_takes_over() {
     // Stored in the background; wait for it to appear.
     let deadline = Instant::now() + secs(20);
     let rec = loop {
-        let out = run_cmd(
+        let out = run(
             fencecron(dir.path()).args(["stale", "--json", "--store", &ts.url]),
-            secs(30),
+            None,
         );
         assert!(
             out.status.success(),

@@ -8,14 +8,14 @@
 //! with a made-up password still connects (MySQL's root would refuse it).
 //! Needs `FENCECRON_TEST_POSTGRES_URL` (see `tests/common/mod.rs`).
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::daemon::{job_toml, run_cmd, toml_str, write_config, Daemon, DaemonOpts};
-use common::harness::{clean, fencecron};
+use common::daemon::{job_toml, toml_str, write_config, Daemon, DaemonOpts};
+use common::harness::{clean, fencecron, run};
 use common::{bin, unique, Backend, TestStore};
 
 /// The test server's URL with a made-up password that occurs nowhere else.
@@ -134,7 +134,7 @@ fn check_written(url: &str, cwd: &Path, resource: &str, token: i64) {
         "--store",
         url,
     ]);
-    let out = run_cmd(&mut cmd, Duration::from_secs(60));
+    let out = run(&mut cmd, None);
     assert_eq!(out.status.code(), Some(0), "get: {out:?}");
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("get --json");
     assert_eq!(v["value"], format!("written by {token}"));
@@ -249,7 +249,7 @@ fn exec_keeps_password_from_job(given: Given, test: &str) {
     }
     cmd.arg("--").args(job_argv(dir.path()));
     cmd.envs(leaky_env(&url, &password));
-    let out = run_cmd(&mut cmd, Duration::from_secs(60));
+    let out = run(&mut cmd, None);
     assert_eq!(out.status.code(), Some(0), "exec: {out:?}");
     let (file, job_resource, token) = check_job_record(dir.path(), &password, None);
     assert_eq!(job_resource, resource);

@@ -5,7 +5,7 @@
 //! clock, whether a pid exists — never how fast something happened. Time
 //! limits only bound how long a test waits before it fails.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -17,9 +17,10 @@ use serde_json::Value;
 
 use common::daemon::{
     ev, i64_field, is, job_toml, lease_list, long_cmd, pid_alive, pid_of, read_pid_file, read_runs,
-    record_cmd, rfc3339, run_cmd, secs, str_field, token_of, wait_pid_gone, write_config, Daemon,
+    record_cmd, rfc3339, secs, str_field, token_of, wait_pid_gone, write_config, Daemon,
     DaemonOpts, Run,
 };
+use common::harness::run;
 use common::proxy::Proxy;
 use common::{unique, Backend, TestStore};
 
@@ -999,11 +1000,11 @@ fn jitter_is_the_same_on_every_daemon_sqlite() {
             "jitter = \"4s\"",
         )],
     );
-    let check = run_cmd(
-        std::process::Command::new(common::bin())
+    let check = common::harness::run(
+        common::harness::fencecron(dir.path())
             .args(["check", "--config"])
             .arg(&config),
-        secs(30),
+        None,
     );
     let stdout = String::from_utf8_lossy(&check.stdout);
     assert!(
@@ -1164,10 +1165,10 @@ fn paused_owner_postgres() {
     // for it rather than read once.
     let deadline = std::time::Instant::now() + secs(20);
     loop {
-        let out = run_cmd(
+        let out = run(
             common::harness::fencecron(dir.path())
                 .args(["stale", "--json", "--since", "10m", "--store", &store.url]),
-            secs(30),
+            None,
         );
         assert!(out.status.success(), "fencecron stale failed");
         let stale: Vec<Value> = serde_json::from_slice(&out.stdout).expect("stale --json is JSON");
@@ -1654,7 +1655,7 @@ fn exec(store: &str, cwd: &Path, resource: &str, argv: &[&str]) -> std::process:
     let mut cmd = common::harness::fencecron(cwd);
     cmd.args(["--store", store, "exec", resource, "--lease", "5s", "--"])
         .args(argv);
-    run_cmd(&mut cmd, secs(60))
+    run(&mut cmd, None)
 }
 
 #[test]
@@ -1729,11 +1730,11 @@ fn exec_exit_codes() {
     );
 
     let held = unique("held");
-    let acq = run_cmd(
+    let acq = run(
         common::harness::fencecron(dir.path()).args([
             "--store", &store.url, "lease", "acquire", &held, "--lease", "60s", "--json",
         ]),
-        secs(30),
+        None,
     );
     assert_eq!(acq.status.code(), Some(0), "lease acquire: {acq:?}");
     let marker = dir.path().join("ran");

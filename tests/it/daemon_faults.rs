@@ -7,12 +7,10 @@
 //! clock against the moment a pid was seen dead — never how fast something
 //! happened. Time limits only bound how long a test waits before it fails.
 
-mod common;
+use crate::common;
 
-use std::io::{BufRead, BufReader};
 use std::os::unix::net::UnixDatagram;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use nix::sys::signal::Signal;
@@ -20,9 +18,10 @@ use serde_json::Value;
 
 use common::daemon::{
     ev, ev_token, group_alive, i64_field, is, job_toml, long_cmd, pid_alive, pid_of, read_pid_file,
-    read_runs, record_cmd, run_cmd, secs, str_field, token_of, wait_pid_gone, write_config, Daemon,
+    read_runs, record_cmd, secs, str_field, token_of, wait_pid_gone, write_config, Daemon,
     DaemonOpts,
 };
+use common::harness::run;
 use common::proxy::Proxy;
 use common::{unique, Backend, TestStore};
 
@@ -35,18 +34,12 @@ fn wall_ms() -> i64 {
         .as_millis() as i64
 }
 
-/// The filesystem path of a `sqlite://PATH` URL.
-fn sqlite_path(url: &str) -> &str {
-    url.strip_prefix("sqlite://")
-        .unwrap_or_else(|| panic!("not a sqlite:// URL: {url}"))
-}
-
 /// `fencecron stale --json --store URL`, parsed.
 fn stale_records(store: &str, cwd: &Path) -> Vec<Value> {
-    let out = run_cmd(
+    let out = run(
         common::harness::fencecron(cwd)
             .args(["stale", "--json", "--since", "10m", "--store", store]),
-        secs(30),
+        None,
     );
     assert!(
         out.status.success(),
@@ -536,59 +529,67 @@ fn timeout_terminates_and_releases_sqlite() {
 // ---------------------------------------------------------------------------
 // 4. SQLite write lock held longer than the lease
 
-/// Another process holding the SQLite write lock; killed when dropped.
+/// Another connection holding the SQLite write lock until it is released;
+/// rolled back (which also ends the lock) when dropped.
 struct Locker {
-    child: Child,
+    rt: tokio::runtime::Runtime,
+    conn: Option<sqlx::SqliteConnection>,
 }
 
 impl Locker {
-    /// Takes the write lock on `db` (`BEGIN IMMEDIATE`) for `hold`; returns
-    /// once the lock is held.
-    fn start(db: &str, hold: Duration) -> Locker {
-        let script = "import sqlite3, sys, time\n\
-                      c = sqlite3.connect(sys.argv[1], isolation_level=None, timeout=30)\n\
-                      c.execute('BEGIN IMMEDIATE')\n\
-                      print('locked', flush=True)\n\
-                      time.sleep(float(sys.argv[2]))\n\
-                      c.execute('COMMIT')\n\
-                      print('unlocked', flush=True)\n";
-        let mut child = Command::new("python3")
-            .arg("-c")
-            .arg(script)
-            .arg(db)
-            .arg(hold.as_secs_f64().to_string())
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("start python3");
-        let mut line = String::new();
-        BufReader::new(child.stdout.as_mut().expect("stdout"))
-            .read_line(&mut line)
-            .expect("read the locker's stdout");
-        assert_eq!(line.trim(), "locked", "the locker did not take the lock");
-        Locker { child }
+    /// Takes the write lock on the store at `url` (`BEGIN IMMEDIATE`);
+    /// returns once the lock is held.
+    fn start(url: &str) -> Locker {
+        use sqlx::{Connection, Executor};
+        use std::str::FromStr;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let opts = sqlx::sqlite::SqliteConnectOptions::from_str(url)
+            .expect("sqlite URL")
+            .busy_timeout(secs(30));
+        let conn = rt.block_on(async {
+            let mut conn = sqlx::SqliteConnection::connect_with(&opts)
+                .await
+                .expect("the locker's SQLite connection");
+            conn.execute("BEGIN IMMEDIATE")
+                .await
+                .expect("the locker takes the write lock");
+            conn
+        });
+        Locker {
+            rt,
+            conn: Some(conn),
+        }
     }
 
-    fn running(&mut self) -> bool {
-        matches!(self.child.try_wait(), Ok(None))
-    }
-
-    /// Waits for the locker to commit and exit.
-    fn finish(&mut self) {
-        let st = self.child.wait().expect("wait for the locker");
-        assert!(st.success(), "the locker failed: {st:?}");
+    /// Commits, which ends the lock.
+    fn release(&mut self) {
+        use sqlx::{Connection, Executor};
+        let mut conn = self.conn.take().expect("the lock is held");
+        self.rt.block_on(async {
+            conn.execute("COMMIT").await.expect("the locker commits");
+            conn.close().await.expect("close the locker's connection");
+        });
     }
 }
 
 impl Drop for Locker {
     fn drop(&mut self) {
-        if self.running() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
+        if let Some(conn) = self.conn.take() {
+            // Closing the connection rolls the transaction back.
+            let _ = self.rt.block_on(sqlx::Connection::close(conn));
         }
     }
 }
 
+/// The test holds a write lock on the SQLite store from mid-run until past
+/// the lease's stored expiry, and checks each step while the lock is still
+/// held (so nothing can have changed the lease meanwhile): the job dies
+/// before that expiry, the lease row is untouched, and the daemon reports
+/// the lease as unconfirmed and lost. Once the lock is gone, the job runs
+/// again under a higher token.
 #[test]
 fn sqlite_write_lock_longer_than_the_lease() {
     let store = TestStore::new(Backend::Sqlite, "sqlite_lock").expect("sqlite");
@@ -618,7 +619,7 @@ fn sqlite_write_lock_longer_than_the_lease() {
     let mut db = Db::connect(&store);
 
     let cut = d.len();
-    let mut locker = Locker::start(sqlite_path(&store.url), secs(9));
+    let mut locker = Locker::start(&store.url);
     // Nothing can commit while the lock is held: this is the expiry the
     // store will compare against.
     let (fence, _, expires_at_ms) = db.lease(&job);
@@ -629,16 +630,15 @@ fn sqlite_write_lock_longer_than_the_lease() {
     while pid_alive(pid) {
         assert!(
             Instant::now() < deadline,
-            "the job (pid {pid}) is still running 20 s into a 9 s lock"
+            "the job (pid {pid}) is still running 20 s into the lock, with a 5 s lease"
         );
         std::thread::sleep(Duration::from_millis(5));
     }
     let dead_at_ms = wall_ms();
-    let locker_held = locker.running();
     let (fence_after, _, expires_after) = db.lease(&job);
     eprintln!(
         "job pid {pid} first seen dead at {dead_at_ms}, {} ms before the stored expiry \
-         {expires_at_ms} (locker still holding the lock: {locker_held})",
+         {expires_at_ms}",
         expires_at_ms - dead_at_ms
     );
     assert_eq!(
@@ -688,14 +688,26 @@ fn sqlite_write_lock_longer_than_the_lease() {
         |e| is(e, "store_unavailable") && str_field(e, "operation") == Some("renew"),
         secs(15),
     );
+    // Still under the lock: no other token was issued.
+    assert!(
+        !d.all().iter().skip(cut).any(|e| is(e, "job_started")),
+        "a job started while the store was locked"
+    );
 
-    locker.finish();
+    // Longer than the lease: the lease expires under the lock.
+    let deadline = Instant::now() + secs(20);
+    while wall_ms() <= expires_at_ms {
+        assert!(
+            Instant::now() < deadline,
+            "the stored expiry {expires_at_ms} did not pass"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let released = d.len();
+    locker.release();
     assert!(d.is_running(), "the daemon exited during the lock");
-    // Searched from before the lock, not from after `finish`: the lock can
-    // end (and the next run start) before `finish` returns, and a higher
-    // token cannot be issued while the lock is held anyway.
     let again = d.expect_from(
-        cut,
+        released,
         "job_started after the lock was released",
         |e| is(e, "job_started") && token_of(e) > t1,
         secs(30),
