@@ -17,7 +17,7 @@ use toml::Spanned;
 use crate::names::Name;
 use crate::schedule::Schedule;
 use crate::store::StoreUrl;
-use crate::supervise::{LeaseTiming, TimingError, DEFAULT_LEASE};
+use crate::timing::{LeaseTiming, TimingError, DEFAULT_LEASE};
 
 /// Where the config is looked for when neither `--config` nor
 /// `$FENCECRON_CONFIG` names one.

@@ -30,3 +30,4 @@ pub mod store;
 pub mod supervise;
 #[cfg(test)]
 mod testing;
+pub mod timing;

@@ -28,7 +28,7 @@ use serde::{Deserialize, Serialize};
 use crate::events;
 use crate::names::Name;
 use crate::store::{Lease, ReleaseOutcome, Store, StoreUrl};
-use crate::supervise::LeaseTiming;
+use crate::timing::LeaseTiming;
 
 /// One run in progress, as noted on disk.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

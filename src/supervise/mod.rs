@@ -19,7 +19,6 @@ mod child;
 mod deadline;
 #[cfg(test)]
 mod tests;
-mod timing;
 
 use std::collections::BTreeMap;
 use std::os::unix::process::ExitStatusExt;
@@ -38,10 +37,10 @@ use crate::names::Name;
 use crate::runs::{RunRecord, RunRecords};
 use crate::store::{rfc3339, Lease, NewStaleRecord, StaleKind, Store};
 
+pub use crate::timing::{LeaseTiming, TimingError, DEFAULT_LEASE};
 use child::ShimLauncher;
 pub(crate) use child::{JobProcess, Launch};
 use deadline::Watch;
-pub use timing::{LeaseTiming, TimingError, DEFAULT_LEASE};
 
 /// Why the supervisor terminated a job.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
