@@ -31,7 +31,7 @@ pub fn run(cli: &Cli) -> Result<Exit> {
     let Some(config) = ctx.config else {
         return Ok(Exit::Success);
     };
-    let findings = host_findings(&config, std::env::var_os("PATH").as_deref());
+    let findings = host_findings(&config, std::env::var_os("PATH").as_deref(), &VOLATILE);
     let mut first_error = None;
     for f in findings {
         match f {
@@ -93,7 +93,13 @@ enum Finding {
     Warning(String),
 }
 
-fn host_findings(config: &Config, path_var: Option<&std::ffi::OsStr>) -> Vec<Finding> {
+/// What `check` finds on this host; `volatile` are the directories whose
+/// content may appear later.
+fn host_findings(
+    config: &Config,
+    path_var: Option<&std::ffi::OsStr>,
+    volatile: &[&str],
+) -> Vec<Finding> {
     let mut found = Vec::new();
     if config.jobs.is_empty() {
         found.push(Finding::Warning(format!(
@@ -108,22 +114,29 @@ fn host_findings(config: &Config, path_var: Option<&std::ffi::OsStr>) -> Vec<Fin
                     "{} {problem}; create the directory or fix the path",
                     dir.display()
                 );
-                found.push(classify(config, job, "workdir", dir, message));
+                found.push(classify(config, job, "workdir", dir, message, volatile));
             }
         }
-        found.extend(command_finding(config, job, path_var));
+        found.extend(command_finding(config, job, path_var, volatile));
     }
     found
 }
 
 /// An error, or a warning when `path` lies under a volatile directory.
-fn classify(config: &Config, job: &Job, key: &str, path: &Path, message: String) -> Finding {
+fn classify(
+    config: &Config,
+    job: &Job,
+    key: &str,
+    path: &Path,
+    message: String,
+    volatile: &[&str],
+) -> Finding {
     let at = match key {
         "workdir" => job.place.workdir.unwrap_or(job.place.command),
         _ => job.place.command,
     };
     let e = config.error_at(at, &job.name, key, message);
-    if VOLATILE.iter().any(|v| path.starts_with(v)) {
+    if volatile.iter().any(|v| path.starts_with(v)) {
         Finding::Warning(format!("{e} (it may still appear before the job runs)"))
     } else {
         Finding::Error(e)
@@ -134,6 +147,7 @@ fn command_finding(
     config: &Config,
     job: &Job,
     path_var: Option<&std::ffi::OsStr>,
+    volatile: &[&str],
 ) -> Option<Finding> {
     let program = Path::new(&job.command[0]);
     if job.command[0].contains('/') {
@@ -149,7 +163,7 @@ fn command_finding(
             "`{}` {problem}; fix the path or install the program",
             full.display()
         );
-        return Some(classify(config, job, "command", &full, message));
+        return Some(classify(config, job, "command", &full, message, volatile));
     }
     let dirs: Vec<PathBuf> = path_var
         .map(|p| std::env::split_paths(p).collect())
@@ -208,7 +222,7 @@ mod tests {
     fn no_jobs_is_a_warning() {
         let dir = tempfile::tempdir().unwrap();
         let c = config(dir.path(), "");
-        let found = texts(&host_findings(&c, None));
+        let found = texts(&host_findings(&c, None, &VOLATILE));
         assert_eq!(found.len(), 1, "{found:?}");
         assert!(
             found[0].starts_with("warning: ") && found[0].contains("no [[job]]"),
@@ -218,16 +232,17 @@ mod tests {
 
     #[test]
     fn missing_workdir_and_program_are_errors_with_file_line_and_key() {
-        // Not under /tmp, which counts as volatile: beside the test binary.
-        let exe = std::env::current_exe().unwrap();
-        let dir = tempfile::tempdir_in(exe.parent().unwrap()).unwrap();
+        let dir = tempfile::tempdir().unwrap();
         let gone = dir.path().join("gone");
         let text = job("a", "/bin/sh", &format!("workdir = \"{}\"", gone.display()))
             + &job("b", &format!("{}/nope", dir.path().display()), "");
         let c = config(dir.path(), &text);
+        // Nothing counts as volatile here, wherever the temporary
+        // directory is.
         let found = texts(&host_findings(
             &c,
             Some(std::ffi::OsStr::new("/usr/bin:/bin")),
+            &[],
         ));
         let file = dir.path().join("jobs.toml");
         assert_eq!(
@@ -258,6 +273,7 @@ mod tests {
         let found = texts(&host_findings(
             &c,
             Some(std::ffi::OsStr::new("/usr/bin:/bin")),
+            &VOLATILE,
         ));
         assert_eq!(found.len(), 2, "{found:?}");
         assert!(

@@ -294,7 +294,9 @@ fn valid_file_lists_three_next_fire_times_per_job() {
 /// a file without jobs are warnings (exit 0).
 #[test]
 fn host_checks_missing_workdir_is_an_error_and_unknown_command_a_warning() {
-    let missing = Path::new(env!("CARGO_MANIFEST_DIR")).join("no-such-dir-for-check");
+    // At the root, so never under a volatile directory (as a checkout in
+    // /tmp would be).
+    let missing = Path::new("/").join(crate::common::unique("fencecron-no-such-dir"));
     let text = format!("{JOB_A}workdir = \"{}\"\n", missing.display());
     let stderr = expect_error(&text, 5, Some("job `a`.workdir"));
     assert!(
