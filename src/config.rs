@@ -571,15 +571,7 @@ impl Parser<'_> {
 
         // Job-level values override [defaults]; errors point at whichever
         // line the value came from.
-        let pick = |job: &Option<Spanned<String>>,
-                    default: &Option<Spanned<String>>,
-                    k: &str|
-         -> (Option<Spanned<String>>, String) {
-            match job {
-                Some(v) => (Some(v.clone()), key(k)),
-                None => (default.clone(), format!("defaults.{k}")),
-            }
-        };
+        let pick = |job, default, k| job_or_default(job, default, key(k), k);
 
         let (tz_value, tz_key) = pick(&raw.timezone, &defaults.timezone, "timezone");
         let tz = match &tz_value {
@@ -607,16 +599,15 @@ impl Parser<'_> {
             &defaults.starting_deadline,
             "starting_deadline",
         );
-        let (on_failure, on_failure_key) = match (&raw.on_failure, &defaults.on_failure) {
-            (Some(h), _) => (Some(h), key("on_failure")),
-            (None, Some(h)) => (Some(h), "defaults.on_failure".to_string()),
-            (None, None) => (None, String::new()),
-        };
+        let (on_failure, on_failure_key) = job_or_default(
+            &raw.on_failure,
+            &defaults.on_failure,
+            key("on_failure"),
+            "on_failure",
+        );
         if let Some(h) = on_failure {
-            if h.get_ref().is_empty()
-                || h.get_ref()[0].is_empty()
-                || h.get_ref().iter().any(|a| a.contains('\0'))
-            {
+            let argv = h.get_ref();
+            if argv.first().is_none_or(|a| a.is_empty()) || argv.iter().any(|a| a.contains('\0')) {
                 return Err(self.at(
                     h.span(),
                     &on_failure_key,
@@ -626,7 +617,7 @@ impl Parser<'_> {
         }
         let on_failure = on_failure.map(|h| h.get_ref().clone());
         let (catchup_value, catchup_key) = pick(&raw.catchup, &defaults.catchup, "catchup");
-        let catchup = match catchup_value.as_ref().map(|c| (c, c.get_ref().as_str())) {
+        let catchup = match catchup_value.map(|c| (c, c.get_ref().as_str())) {
             None | Some((_, "latest")) => Catchup::Latest,
             Some((_, "none")) => Catchup::None,
             Some((c, other)) => {
@@ -639,21 +630,17 @@ impl Parser<'_> {
                 ))
             }
         };
-        let starting_deadline = match &deadline_value {
-            Some(d) => {
-                let d = self.duration(d, &deadline_key).and_then(|v| {
-                    if v.is_zero() {
-                        Err(self.at(
-                            d.span(),
-                            &deadline_key,
-                            "starting_deadline must be longer than 0s; remove it for none",
-                        ))
-                    } else {
-                        Ok(v)
-                    }
-                })?;
-                Some(d)
-            }
+        let starting_deadline = match deadline_value {
+            Some(d) => match self.duration(d, &deadline_key)? {
+                v if v.is_zero() => {
+                    return Err(self.at(
+                        d.span(),
+                        &deadline_key,
+                        "starting_deadline must be longer than 0s; remove it for none",
+                    ))
+                }
+                v => Some(v),
+            },
             None => None,
         };
 
@@ -809,6 +796,20 @@ impl Parser<'_> {
                 format!("{v} is not a usable exit code; choose one in 1..=125"),
             )),
         }
+    }
+}
+
+/// A job's value of key `k`, else the `[defaults]` one, with the key an
+/// error about it names (`job_key`, or `defaults.k`).
+fn job_or_default<'a, T>(
+    job: &'a Option<Spanned<T>>,
+    default: &'a Option<Spanned<T>>,
+    job_key: String,
+    k: &str,
+) -> (Option<&'a Spanned<T>>, String) {
+    match job {
+        Some(v) => (Some(v), job_key),
+        None => (default.as_ref(), format!("defaults.{k}")),
     }
 }
 

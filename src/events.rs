@@ -7,11 +7,12 @@
 
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use tracing::{debug, error, info, warn};
 use tracing_subscriber::EnvFilter;
 
 use crate::cli::LogFormat;
-use crate::store::{EpochInfo, Lease, StaleRecord, StoreTime, Takeover, Token};
+use crate::store::{rfc3339, EpochInfo, Lease, StaleRecord, StoreTime, Takeover, Token};
 
 /// Installs the global subscriber: logs go to stderr, `RUST_LOG` (or
 /// `FENCECRON_LOG`) filters, default `info` for fencecron's own events.
@@ -184,15 +185,20 @@ pub fn lease_lost(job: Option<&str>, lease: &Lease, node: &str, reason: &str, de
     );
 }
 
-/// The child process was spawned.
-pub fn job_started(job: &str, resource: &str, token: Token, pid: Option<u32>, scheduled_at: &str) {
+/// The child process was spawned; `scheduled_at` is `None` for `exec`
+/// (logged as an empty string).
+pub fn job_started(
+    job: &str,
+    resource: &str,
+    token: Token,
+    pid: Option<u32>,
+    scheduled_at: Option<DateTime<Utc>>,
+) {
     crate::metrics::run_started(
         job,
-        scheduled_at
-            .parse::<chrono::DateTime<chrono::Utc>>()
-            .ok()
-            .and_then(|at| (chrono::Utc::now() - at).to_std().ok()),
+        scheduled_at.and_then(|at| (Utc::now() - at).to_std().ok()),
     );
+    let scheduled_at = scheduled_at.map(rfc3339).unwrap_or_default();
     info!(
         event = "job_started",
         job, resource, token, pid, scheduled_at, "job started"
@@ -273,8 +279,9 @@ pub fn job_finished(end: &JobEnd<'_>) {
         duration,
         ..
     } = *end;
-    let outcome = outcome.as_str();
     crate::metrics::run_finished(job, outcome, duration);
+    let failed = outcome != Outcome::Succeeded;
+    let outcome = outcome.as_str();
     let duration_ms = ms(duration);
     // The same fields under two names and levels: tracing needs each
     // level at its call site.
@@ -296,7 +303,7 @@ pub fn job_finished(end: &JobEnd<'_>) {
         };
     }
     job_end!(info, "job_finished", "job finished");
-    if outcome != Outcome::Succeeded.as_str() {
+    if failed {
         job_end!(warn, "job_failed", "job did not succeed");
     }
 }

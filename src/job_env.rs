@@ -43,6 +43,10 @@ pub const STORE_VAR: &str = "FENCECRON_STORE";
 /// The variable naming the private file a job reads its store URL from.
 pub const STORE_FILE_VAR: &str = "FENCECRON_STORE_FILE";
 
+/// The daemon's own variables from systemd (its notification socket and
+/// watchdog): a job or hook must not report readiness or pings for it.
+pub const DAEMON_ONLY: [&str; 3] = ["NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"];
+
 /// The environment changes applied to every job, on top of what it
 /// inherits: first `remove`, then the job's own `env`, then `set`.
 #[derive(Clone, Default)]

@@ -26,6 +26,7 @@ use prometheus_client::registry::{Registry, Unit};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use crate::events::Outcome;
 use crate::names::Name;
 use crate::store::{
     AcquireOutcome, AcquireRequest, Backend, EpochInfo, LeaseInfo, NewStaleRecord, PutOutcome,
@@ -214,18 +215,18 @@ impl Metrics {
         }
     }
 
-    fn run_finished(&self, name: &str, outcome: &str, took: Duration) {
+    fn run_finished(&self, name: &str, outcome: Outcome, took: Duration) {
         self.running.get_or_create(&job(name)).dec();
         self.runs
             .get_or_create(&JobOutcome {
                 job: name.to_string(),
-                outcome: outcome.to_string(),
+                outcome: outcome.as_str().to_string(),
             })
             .inc();
         self.duration
             .get_or_create(&job(name))
             .observe(took.as_secs_f64());
-        if outcome == "succeeded" {
+        if outcome == Outcome::Succeeded {
             let now = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .unwrap_or_default();
@@ -264,7 +265,7 @@ pub fn run_started(name: &str, lateness: Option<Duration>) {
 }
 
 /// A run ended with `outcome` after `took`.
-pub fn run_finished(name: &str, outcome: &str, took: Duration) {
+pub fn run_finished(name: &str, outcome: Outcome, took: Duration) {
     global().run_finished(name, outcome, took);
 }
 
@@ -308,7 +309,7 @@ pub fn cost_per_occurrence(rounds: u32) -> Duration {
         m.run_started(name, Some(Duration::from_millis(3)));
         m.store_call("renew", Duration::from_micros(200), true);
         m.store_call("renew", Duration::from_micros(200), true);
-        m.run_finished(name, "succeeded", Duration::from_millis(40));
+        m.run_finished(name, Outcome::Succeeded, Duration::from_millis(40));
         m.store_call("release", Duration::from_micros(200), true);
         m.occurrence_skipped(name, "held");
     }

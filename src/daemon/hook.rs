@@ -6,6 +6,7 @@
 //! environment (the store's credentials kept out of it), a time limit, and
 //! no retry: its failure is logged (`on_failure_failed`) and that is all.
 
+use std::collections::BTreeMap;
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -38,7 +39,7 @@ pub(super) struct Failure {
 pub(super) async fn on_failure(
     argv: Vec<String>,
     env: ChildEnv,
-    job_env: Vec<(String, String)>,
+    job_env: BTreeMap<String, String>,
     failure: Failure,
 ) {
     let mut cmd = Command::new(&argv[0]);
@@ -57,13 +58,13 @@ pub(super) async fn on_failure(
         .env("FENCECRON_RUN_ID", &failure.run_id)
         .env_remove("FENCECRON_EXIT_CODE")
         .env_remove("FENCECRON_SIGNAL")
-        .env_remove("NOTIFY_SOCKET")
-        .env_remove("WATCHDOG_USEC")
-        .env_remove("WATCHDOG_PID")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .kill_on_drop(true);
+    for name in crate::job_env::DAEMON_ONLY {
+        cmd.env_remove(name);
+    }
     if let Some(code) = failure.exit_code {
         cmd.env("FENCECRON_EXIT_CODE", code.to_string());
     }

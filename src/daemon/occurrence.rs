@@ -305,16 +305,10 @@ impl Occurrence {
                 scheduled_at: rfc3339(self.at),
                 run_id,
             };
-            let env = self
-                .job
-                .env
-                .iter()
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect();
             self.shared.tracker.spawn(hook::on_failure(
                 argv.clone(),
                 self.shared.hook_env.clone(),
-                env,
+                self.job.env.clone(),
                 failure,
             ));
         }

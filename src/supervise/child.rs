@@ -170,11 +170,6 @@ impl Launch for ShimLauncher {
             .env("FENCECRON_EXPIRES_AT", lease.expires_at.rfc3339())
             .env("FENCECRON_JOB", &spec.job)
             .env("FENCECRON_NODE", node)
-            // systemd's notification socket and watchdog are the daemon's:
-            // a job must not report readiness or pings for it.
-            .env_remove("NOTIFY_SOCKET")
-            .env_remove("WATCHDOG_USEC")
-            .env_remove("WATCHDOG_PID")
             // Its own group: a signal meant for the daemon's group (a
             // terminal's Ctrl-C, a stop) does not reach the watchdog.
             .process_group(0)
@@ -182,6 +177,10 @@ impl Launch for ShimLauncher {
             // watchdog sees its control pipe close and terminates the job
             // with a grace; killing it outright would orphan grandchildren.
             .kill_on_drop(false);
+        // Not even from the job's own `env`.
+        for name in crate::job_env::DAEMON_ONLY {
+            cmd.env_remove(name);
+        }
         match spec.scheduled_at {
             Some(at) => cmd.env("FENCECRON_SCHEDULED_AT", rfc3339(at)),
             None => cmd.env_remove("FENCECRON_SCHEDULED_AT"),

@@ -287,7 +287,7 @@ impl Supervisor {
             spec.resource.as_str(),
             lease.token,
             Some(job.pid()),
-            &scheduled,
+            spec.scheduled_at,
         );
         job.forward_output(&spec.job, lease.token);
 

@@ -366,6 +366,16 @@ fn a_stale_put_inside_a_job_is_a_daemon_event_sqlite() {
     );
 }
 
+/// Adds `[http] listen = "127.0.0.1:PORT"` to the config file.
+fn serve_http(config: &Path, port: u16) {
+    let text = std::fs::read_to_string(config).unwrap();
+    std::fs::write(
+        config,
+        format!("[http]\nlisten = \"127.0.0.1:{port}\"\n{text}"),
+    )
+    .unwrap();
+}
+
 /// One HTTP/1.1 GET on 127.0.0.1:`port`: (status, body).
 fn http_get(port: u16, path: &str) -> (u16, String) {
     use std::io::{Read, Write};
@@ -413,7 +423,7 @@ fn metrics_and_health_endpoints_postgres() {
     };
     let (proxy, proxied) = Proxy::for_url(&store.url, 5432);
     let dir = tempfile::tempdir().expect("temp dir");
-    let port = free_port();
+    let port = common::free_port();
     let good = unique("mgood");
     let bad = unique("mbad");
     let forger = unique("mforger");
@@ -432,12 +442,7 @@ fn metrics_and_health_endpoints_postgres() {
             ),
         ],
     );
-    let text = std::fs::read_to_string(&config).unwrap();
-    std::fs::write(
-        &config,
-        format!("[http]\nlisten = \"127.0.0.1:{port}\"\n{text}"),
-    )
-    .unwrap();
+    serve_http(&config, port);
     let mut d = Daemon::spawn(DaemonOpts::new("metrics", &config, &proxied));
     let finished = |job: &str| {
         let job = job.to_string();
@@ -574,15 +579,6 @@ fn eventually<T>(probe: impl Fn() -> T, done: impl Fn(&T) -> bool, timeout: Dura
     }
 }
 
-/// A free loopback port.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// Three daemons on one PostgreSQL, each serving `/metrics`: runs that
 /// succeed and fail, occurrences skipped because another host holds the
 /// lease, and a lease lost on the daemon whose store connection goes dark
@@ -603,17 +599,16 @@ fn metrics_across_three_daemons_follow_their_events_postgres() {
         job_toml(&bad, "* * * * * *", &sh("exit 3"), ""),
         job_toml(&long, "*/2 * * * * *", &sh("exec sleep 60"), ""),
     ];
-    let ports = [free_port(), free_port(), free_port()];
+    let ports = [
+        common::free_port(),
+        common::free_port(),
+        common::free_port(),
+    ];
     let spawn = |i: usize, url: &str| {
         let sub = dir.path().join(format!("n{i}"));
         std::fs::create_dir(&sub).unwrap();
         let config = write_config(&sub, "lease = \"5s\"", &jobs);
-        let text = std::fs::read_to_string(&config).unwrap();
-        std::fs::write(
-            &config,
-            format!("[http]\nlisten = \"127.0.0.1:{}\"\n{text}", ports[i]),
-        )
-        .unwrap();
+        serve_http(&config, ports[i]);
         Daemon::spawn(DaemonOpts::new(&format!("fleet{i}"), &config, url))
     };
     let of = |event: &'static str, job: &str| {

@@ -30,7 +30,7 @@
 use crate::common;
 
 use std::collections::HashMap;
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::Arc;
@@ -85,14 +85,6 @@ fn unavailable() -> Option<String> {
         return Some("there is no `postgres` OS user".into());
     }
     None
-}
-
-/// A loopback port nothing listens on right now.
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("free port")
-        .port()
 }
 
 /// Runs a PostgreSQL program as the `postgres` OS user; panics with its
@@ -198,7 +190,7 @@ impl Cluster {
             bindir: bindir.clone(),
             data: dir.path().join(name),
             sockets: dir.path().to_path_buf(),
-            port: free_port(),
+            port: common::free_port(),
         };
         let primary = instance("primary");
         let standby = instance("standby");

@@ -5,7 +5,7 @@ use crate::common;
 
 use std::process::{Child, Stdio};
 
-use common::fresh::with_fresh_database;
+use common::fresh::{with_database, with_fresh_database};
 use common::harness::fencecron;
 use common::{unique, Backend, TestStore};
 use sqlx::Executor;
@@ -49,13 +49,6 @@ fn race(url: &str, n: usize) {
 fn sqlite_fresh_file_many_processes() {
     let ts = TestStore::new(Backend::Sqlite, "sqlite_fresh_file_many_processes").expect("sqlite");
     race(&ts.url, 8);
-}
-
-/// The URL of `base` with its database name replaced.
-fn with_database(base: &str, db: &str) -> String {
-    let mut u = url::Url::parse(base).expect("test URL parses");
-    u.set_path(&format!("/{db}"));
-    u.to_string()
 }
 
 #[tokio::test]
