@@ -923,11 +923,20 @@ fn unit_syscall_filter_allows_the_daemon_and_the_example_jobs() {
     assert_eq!(config.matches("*/2 * * * * *").count(), 3, "{config}");
     std::fs::write(d.join("jobs.toml"), config).unwrap();
 
+    // The daemon runs as `nobody` when the test runs as root, so its binary
+    // must be reachable by that user wherever the checkout is (a checkout
+    // in a private `mktemp -d` is not): a copy in the test's own directory,
+    // with the run watchdog beside it as installed.
+    let bin = d.join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    for name in ["fencecron", "fencecron-shim"] {
+        std::fs::copy(common::bin().with_file_name(name), bin.join(name)).unwrap();
+    }
     let trace = d.join("trace.txt");
     let mut cmd = clean(Command::new("strace"), d);
     cmd.args(["-f", "-qq", "-o"])
         .arg(&trace)
-        .arg(common::bin())
+        .arg(bin.join("fencecron"))
         .args(["run", "--config", "jobs.toml", "--log-format", "json"])
         .env("STATE_DIRECTORY", d)
         .env("RUNTIME_DIRECTORY", d)
