@@ -92,6 +92,23 @@ pub enum Command {
     Bench(BenchArgs),
     /// Show the epoch of fencing tokens, or advance it (in failover hooks).
     Epoch(EpochArgs),
+    /// List the fleet's runs, newest first, from the run history.
+    Runs(RunsArgs),
+    /// Show each job of the config: schedule, next instant, paused, running, last run.
+    Status {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Ask the fleet to run JOB once, now, under its lease (a new token).
+    Trigger(TriggerArgs),
+    /// Pause JOB fleet-wide: no daemon runs its instants until it is resumed.
+    Pause(PauseArgs),
+    /// Resume a paused JOB fleet-wide.
+    Resume {
+        /// The job, as named in the config.
+        job: String,
+    },
     /// Print shell completions for SHELL (bash, zsh, fish, elvish, powershell).
     Completions {
         #[arg(value_enum)]
@@ -235,6 +252,50 @@ pub struct StaleArgs {
     /// Only records newer than this (e.g. 1h).
     #[arg(long, value_name = "D")]
     pub since: Option<HumanDuration>,
+}
+
+/// `fencecron runs`.
+#[derive(Debug, Args)]
+pub struct RunsArgs {
+    /// Only this job's runs.
+    pub job: Option<String>,
+    /// Only runs started within this long (e.g. 1h), by the store's clock.
+    #[arg(long, value_name = "D")]
+    pub since: Option<HumanDuration>,
+    /// At most this many runs (1..=1000).
+    #[arg(long, value_name = "N", default_value_t = 20)]
+    pub limit: u32,
+    /// Print a JSON array.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `fencecron trigger`.
+#[derive(Debug, Args)]
+pub struct TriggerArgs {
+    /// The job, as named in the config.
+    pub job: String,
+    /// Wait for the run to end and exit with its exit code (128 + signal
+    /// when it was killed).
+    #[arg(long)]
+    pub wait: bool,
+    /// How long to wait for a daemon to take the request before giving up
+    /// (exit 1).
+    #[arg(long, value_name = "D", default_value = "15s")]
+    pub timeout: HumanDuration,
+}
+
+/// `fencecron pause`.
+#[derive(Debug, Args)]
+pub struct PauseArgs {
+    /// The job, as named in the config.
+    pub job: String,
+    /// Why (shown by `status` and logged with each skipped instant).
+    #[arg(long, value_name = "TEXT")]
+    pub note: Option<String>,
+    /// Resume by itself after this long (e.g. 2h).
+    #[arg(long = "for", value_name = "D")]
+    pub for_: Option<HumanDuration>,
 }
 
 /// `fencecron bench`.

@@ -55,8 +55,34 @@ pub struct Config {
     /// `[http] listen`: where the daemon serves `/metrics`, `/livez` and
     /// `/readyz`; `None` (the default) serves nothing.
     pub http_listen: Option<std::net::SocketAddr>,
+    /// `[history]`: how much run history the fleet keeps.
+    pub history: History,
     /// The jobs, in file order.
     pub jobs: Vec<Job>,
+}
+
+/// `[history]`: the run history's retention, per job, and how much output
+/// each run keeps. Pruned by every daemon's housekeeping (hourly), never on
+/// a run's path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct History {
+    /// `keep`: the newest runs kept per job (default 100).
+    pub keep: u32,
+    /// `max_age`: runs older than this go (default 30 days).
+    pub max_age: Duration,
+    /// `output`: bytes of each run's last output kept (default 4096; 0
+    /// keeps none).
+    pub output: usize,
+}
+
+impl Default for History {
+    fn default() -> Self {
+        History {
+            keep: 100,
+            max_age: Duration::from_secs(30 * 24 * 3600),
+            output: 4096,
+        }
+    }
 }
 
 /// One validated job.
@@ -173,6 +199,7 @@ struct RawConfig {
     store: Option<Spanned<RawStore>>,
     node: Option<RawNode>,
     http: Option<RawHttp>,
+    history: Option<RawHistory>,
     defaults: Option<RawDefaults>,
     #[serde(default)]
     job: Vec<Spanned<RawJob>>,
@@ -190,6 +217,14 @@ struct RawStore {
 #[serde(deny_unknown_fields)]
 struct RawHttp {
     listen: Spanned<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawHistory {
+    keep: Option<Spanned<i64>>,
+    max_age: Option<Spanned<String>>,
+    output: Option<Spanned<i64>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -428,6 +463,10 @@ impl Parser<'_> {
             .as_ref()
             .and_then(|s| s.get_ref().url_env.as_ref())
             .map(|v| v.get_ref().clone());
+        let history = match &raw.history {
+            Some(h) => self.history(h)?,
+            None => History::default(),
+        };
         Ok(Config {
             path: self.path.to_path_buf(),
             store,
@@ -435,8 +474,55 @@ impl Parser<'_> {
             store_max_connections,
             node_id,
             http_listen,
+            history,
             jobs,
         })
+    }
+
+    /// `[history]`, checked.
+    fn history(&self, raw: &RawHistory) -> Result<History, ConfigError> {
+        let mut h = History::default();
+        if let Some(keep) = &raw.keep {
+            h.keep = u32::try_from(*keep.get_ref())
+                .ok()
+                .filter(|k| (1..=1_000_000).contains(k))
+                .ok_or_else(|| {
+                    self.at(
+                        keep.span(),
+                        "history.keep",
+                        format!(
+                            "{} is not between 1 and 1000000 (the newest runs kept per job)",
+                            keep.get_ref()
+                        ),
+                    )
+                })?;
+        }
+        if let Some(age) = &raw.max_age {
+            h.max_age = self.duration(age, "history.max_age")?;
+            if h.max_age < Duration::from_secs(60) {
+                return Err(self.at(
+                    age.span(),
+                    "history.max_age",
+                    "keep runs for at least 1m (for example \"30d\")",
+                ));
+            }
+        }
+        if let Some(out) = &raw.output {
+            h.output = usize::try_from(*out.get_ref())
+                .ok()
+                .filter(|o| *o <= 65_536)
+                .ok_or_else(|| {
+                    self.at(
+                        out.span(),
+                        "history.output",
+                        format!(
+                            "{} is not between 0 and 65536 (bytes of each run's last output kept; 0 keeps none)",
+                            out.get_ref()
+                        ),
+                    )
+                })?;
+        }
+        Ok(h)
     }
 
     /// The dotted key a TOML error at `offset` is about, such as

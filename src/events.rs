@@ -350,6 +350,90 @@ pub fn occurrence_skipped(job: &str, scheduled_at: &str, reason: &str, detail: &
     );
 }
 
+/// `fencecron pause` stored a pause.
+pub fn job_paused(p: &crate::store::PauseInfo) {
+    let until = p.until.map(|u| u.rfc3339());
+    info!(
+        event = "job_paused",
+        job = p.job.as_str(),
+        note = p.note.as_deref(),
+        until = until.as_deref(),
+        paused_by = p.paused_by.as_str(),
+        "job paused fleet-wide"
+    );
+}
+
+/// `fencecron resume` ended a pause (`was_paused` false: there was none).
+pub fn job_resumed(job: &str, was_paused: bool) {
+    info!(
+        event = "job_resumed",
+        job, was_paused, "job resumed fleet-wide"
+    );
+}
+
+/// A daemon claimed a trigger (`fencecron trigger`) and started the job
+/// under a new token.
+pub fn trigger_started(job: &str, trigger_id: &str, requested_by: &str, token: Token) {
+    info!(
+        event = "trigger_started",
+        job, trigger_id, requested_by, token, "manual run started"
+    );
+}
+
+/// A daemon claimed a trigger but could not run the job (it is running, or
+/// the store failed).
+pub fn trigger_refused(job: &str, trigger_id: &str, detail: &str) {
+    warn!(
+        event = "trigger_refused",
+        job, trigger_id, detail, "manual run refused"
+    );
+}
+
+/// The daemon's housekeeping pruned the run history (`runs` rows) and old
+/// triggers and ended pauses (`other` rows). DEBUG: routine.
+pub fn history_pruned(runs: u64, other: u64) {
+    debug!(event = "history_pruned", runs, other, "run history pruned");
+}
+
+/// A paused job's instant (`fencecron pause`): skipped with reason
+/// `paused`. Logged at INFO by the one daemon that noted the skip in the
+/// store (`first`), at DEBUG by every other, so a fleet logs it once.
+pub fn occurrence_paused(
+    job: &str,
+    scheduled_at: &str,
+    note: Option<&str>,
+    until: Option<StoreTime>,
+    first: bool,
+) {
+    crate::metrics::occurrence_skipped(job, "paused");
+    let until = until.map(|u| u.rfc3339());
+    let until = until.as_deref();
+    let detail = "the job is paused fleet-wide; `fencecron resume` runs it again";
+    if first {
+        info!(
+            event = "occurrence_skipped",
+            job,
+            scheduled_at,
+            reason = "paused",
+            note,
+            until,
+            detail,
+            "occurrence skipped"
+        );
+    } else {
+        debug!(
+            event = "occurrence_skipped",
+            job,
+            scheduled_at,
+            reason = "paused",
+            note,
+            until,
+            detail,
+            "occurrence skipped"
+        );
+    }
+}
+
 /// An occurrence skipped because this host's clock disagrees with the
 /// store's: `clock_ahead` or `clock_behind`. WARN: the host's time
 /// synchronisation needs fixing. `offset_ms` is this host's clock minus the

@@ -29,9 +29,9 @@ use tokio_util::sync::CancellationToken;
 use crate::events::Outcome;
 use crate::names::Name;
 use crate::store::{
-    AcquireOutcome, AcquireRequest, Backend, EpochInfo, LeaseInfo, NewStaleRecord, PutOutcome,
-    PutRequest, ReleaseOutcome, RenewOutcome, StaleRecord, Store, StoreError, StoreTime, StoreUrl,
-    StoredValue, Token,
+    AcquireOutcome, AcquireRequest, Backend, EpochInfo, LeaseInfo, NewStaleRecord, PauseInfo,
+    PutOutcome, PutRequest, ReleaseOutcome, RenewOutcome, RunEnd, RunInfo, RunQuery, StaleRecord,
+    Store, StoreError, StoreTime, StoreUrl, StoredValue, Token, TriggerInfo,
 };
 
 /// How long the scheduler loop may go without turning before `/livez` says
@@ -507,5 +507,67 @@ impl Store for Observed {
 
     async fn advance_epoch(&self) -> Result<EpochInfo, StoreError> {
         observe("advance_epoch", self.inner.advance_epoch()).await
+    }
+
+    async fn finish_run(&self, end: &RunEnd<'_>) -> Result<bool, StoreError> {
+        observe("finish_run", self.inner.finish_run(end)).await
+    }
+
+    async fn runs(&self, q: &RunQuery<'_>) -> Result<Vec<RunInfo>, StoreError> {
+        observe("runs", self.inner.runs(q)).await
+    }
+
+    async fn prune_runs(&self, job: &str, keep: u32, before: StoreTime) -> Result<u64, StoreError> {
+        observe("prune_runs", self.inner.prune_runs(job, keep, before)).await
+    }
+
+    async fn pause(&self, pause: &PauseInfo) -> Result<(), StoreError> {
+        observe("pause", self.inner.pause(pause)).await
+    }
+
+    async fn resume(&self, job: &str) -> Result<bool, StoreError> {
+        observe("resume", self.inner.resume(job)).await
+    }
+
+    async fn pauses(&self, now: StoreTime) -> Result<Vec<PauseInfo>, StoreError> {
+        observe("pauses", self.inner.pauses(now)).await
+    }
+
+    async fn request_trigger(&self, trigger: &TriggerInfo) -> Result<(), StoreError> {
+        observe("request_trigger", self.inner.request_trigger(trigger)).await
+    }
+
+    async fn trigger(&self, id: &str) -> Result<Option<TriggerInfo>, StoreError> {
+        observe("trigger", self.inner.trigger(id)).await
+    }
+
+    async fn pending_triggers(&self) -> Result<Vec<TriggerInfo>, StoreError> {
+        observe("pending_triggers", self.inner.pending_triggers()).await
+    }
+
+    async fn claim_trigger(&self, id: &str, node: &str) -> Result<bool, StoreError> {
+        observe("claim_trigger", self.inner.claim_trigger(id, node)).await
+    }
+
+    async fn settle_trigger(
+        &self,
+        id: &str,
+        state: &str,
+        token: Option<Token>,
+        detail: Option<&str>,
+    ) -> Result<(), StoreError> {
+        observe(
+            "settle_trigger",
+            self.inner.settle_trigger(id, state, token, detail),
+        )
+        .await
+    }
+
+    async fn cancel_trigger(&self, id: &str) -> Result<bool, StoreError> {
+        observe("cancel_trigger", self.inner.cancel_trigger(id)).await
+    }
+
+    async fn prune_fleet(&self, before: StoreTime) -> Result<u64, StoreError> {
+        observe("prune_fleet", self.inner.prune_fleet(before)).await
     }
 }

@@ -259,7 +259,8 @@ async fn client_loop(
                     }
                     AcquireOutcome::OccurrenceTaken { .. }
                     | AcquireOutcome::NotYetDue { .. }
-                    | AcquireOutcome::Superseded { .. } => None,
+                    | AcquireOutcome::Superseded { .. }
+                    | AcquireOutcome::Paused { .. } => None,
                 }
             }
             (Path::Fencecron, RawOp::Renew) => {
@@ -312,6 +313,7 @@ fn request(resource: &Name, lease: Duration) -> AcquireRequest<'_> {
         occurrence: None,
         next_occurrence: None,
         owner_id: crate::store::fresh_owner(),
+        run: None,
     }
 }
 

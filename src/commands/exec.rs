@@ -48,6 +48,7 @@ pub async fn run(cli: &Cli, args: &ExecArgs) -> Result<Exit> {
             occurrence: None,
             next_occurrence: None,
             owner_id: crate::store::fresh_owner(),
+            run: None,
         })
         .await?;
     let lease = match outcome {
@@ -68,6 +69,7 @@ pub async fn run(cli: &Cli, args: &ExecArgs) -> Result<Exit> {
         stale_exit_code: None,
         scheduled_at: None,
         inherit_stdio: true,
+        history: None,
     };
     let resource_name = spec.resource.to_string();
     let supervisor = Supervisor::new(store, ctx.node.clone(), child_env);

@@ -33,6 +33,7 @@ pub async fn run(cli: &Cli, cmd: &LeaseCommand) -> Result<Exit> {
                     occurrence: None,
                     next_occurrence: None,
                     owner_id: crate::store::fresh_owner(),
+                    run: None,
                 })
                 .await?;
             match outcome {
@@ -189,6 +190,10 @@ pub(crate) fn held_error(resource: &Name, outcome: &AcquireOutcome) -> Error {
         )),
         AcquireOutcome::Superseded { store_now } => Error::Held(format!(
             "occurrence of {resource} is already superseded by the store's clock ({store_now}); this host's clock runs behind"
+        )),
+        AcquireOutcome::Paused { note, .. } => Error::Held(format!(
+            "{resource} is paused{}; run `fencecron resume` to run it again",
+            note.as_deref().map(|n| format!(" ({n})")).unwrap_or_default()
         )),
         AcquireOutcome::Acquired(_) => Error::Runtime("internal: acquired is not an error".into()),
     }

@@ -7,6 +7,7 @@ mod check;
 mod epoch;
 mod exec;
 mod fenced;
+mod fleet;
 mod generate;
 mod lease;
 mod run;
@@ -204,6 +205,11 @@ pub async fn dispatch(cli: Cli) -> Result<Exit> {
         Command::Stale(args) => fenced::stale(&cli, args).await,
         Command::Bench(args) => bench::run(&cli, args).await,
         Command::Epoch(args) => epoch::run(&cli, args).await,
+        Command::Runs(args) => fleet::runs(&cli, args).await,
+        Command::Status { json } => fleet::status(&cli, *json).await,
+        Command::Trigger(args) => fleet::trigger(&cli, args).await,
+        Command::Pause(args) => fleet::pause(&cli, args).await,
+        Command::Resume { job } => fleet::resume(&cli, job).await,
         Command::Completions { shell } => generate::completions(*shell),
         Command::Man { dir } => generate::man_pages(dir),
     }

@@ -65,6 +65,7 @@ pub async fn run(cli: &Cli, node_flag: Option<String>) -> Result<Exit> {
     };
     let settings = Settings {
         node,
+        history: config.history,
         jobs: config.jobs,
         store,
         child_env,

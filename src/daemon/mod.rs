@@ -13,6 +13,7 @@
 //! says what the daemon waits for), RELOADING, STATUS, STOPPING and, with
 //! `WatchdogSec=`, WATCHDOG pings from the scheduler loop itself.
 
+mod fleet;
 mod hook;
 mod occurrence;
 mod scheduler;
@@ -29,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::clock::Clock;
-use crate::config::Job;
+use crate::config::{History, Job};
 use crate::events;
 use crate::job_env::ChildEnv;
 use crate::runs::{self, RunRecords};
@@ -78,6 +79,8 @@ pub struct Settings {
     /// How often to ping systemd's watchdog (half of `WatchdogSec=`); `None`
     /// without one. The scheduler loop pings, so a stuck loop stops pinging.
     pub watchdog: Option<Duration>,
+    /// `[history]`: retention and output kept per run.
+    pub history: History,
 }
 
 /// The first wait before retrying a store that did not answer at start-up;
@@ -126,6 +129,7 @@ async fn serve(
         config_display,
         watchdog,
         child_env,
+        history,
     } = settings;
     let shutdown = CancellationToken::new();
     let tracker = TaskTracker::new();
@@ -164,6 +168,7 @@ async fn serve(
         clock,
         watchdog,
         hook_env: child_env,
+        history,
     });
     let job_count = jobs.len();
     tracker.spawn(scheduler.run(jobs, reload_rx));
@@ -272,4 +277,6 @@ struct Shared {
     watchdog: Option<Duration>,
     /// The environment changes `on_failure` hooks get (the jobs' own).
     hook_env: ChildEnv,
+    /// `[history]`.
+    history: History,
 }

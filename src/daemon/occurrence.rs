@@ -35,8 +35,8 @@ use crate::config::Job;
 use crate::events::{self, Outcome};
 use crate::fence;
 use crate::store::{
-    self, rfc3339, AcquireOutcome, AcquireRequest, Lease, ReleaseOutcome, Store, StoreError,
-    StoreTime,
+    self, rfc3339, AcquireOutcome, AcquireRequest, Lease, ReleaseOutcome, RunStart, StartedBy,
+    Store, StoreError, StoreTime,
 };
 use crate::supervise::{RunSpec, SuperviseError};
 
@@ -69,9 +69,9 @@ pub(super) struct Occurrence {
 }
 
 /// Removes a resource from the node's running set when the run ends.
-struct RunningGuard {
-    running: Arc<Mutex<HashSet<String>>>,
-    resource: String,
+pub(super) struct RunningGuard {
+    pub(super) running: Arc<Mutex<HashSet<String>>>,
+    pub(super) resource: String,
 }
 
 impl Drop for RunningGuard {
@@ -263,62 +263,19 @@ impl Occurrence {
 
     /// This node won: runs the job under the lease.
     async fn run_won(&self, lease: Lease, sent: Instant) -> Ending {
-        let name = self.name();
-        events::lease_acquired(Some(name), &lease, self.node());
-        fence::taken_over(self.store(), Some(name), &lease, self.node());
-        let spec = spec_for(&self.job, self.at);
-        let shutdown = self.shared.shutdown.clone();
-        let (token, run_id) = (lease.token, spec.run_id(&lease));
-        let failed = match self
-            .shared
-            .supervisor
-            .run(&spec, lease, sent, shutdown)
-            .await
-        {
-            Ok(result) => match result.outcome() {
-                Outcome::Succeeded | Outcome::Shutdown => None,
-                outcome => Some((outcome, result.exit_code, result.signal)),
-            },
-            Err(SuperviseError::AcquiredTooLate) => {
-                events::occurrence_skipped(
-                    name,
-                    &rfc3339(self.at),
-                    "acquired_too_late",
-                    "the store answered too late to run the job safely within the lease",
-                );
-                None
-            }
-            // Already logged as job_spawn_failed.
-            Err(SuperviseError::Spawn { .. } | SuperviseError::Workdir { .. }) => {
-                Some((Outcome::SpawnFailed, None, None))
-            }
-        };
-        if let (Some((outcome, exit_code, signal)), Some(argv)) = (failed, &self.job.on_failure) {
-            let failure = hook::Failure {
-                job: name.to_string(),
-                resource: self.job.resource.to_string(),
-                node: self.node().to_string(),
-                token,
-                outcome: outcome.as_str(),
-                exit_code,
-                signal,
-                scheduled_at: rfc3339(self.at),
-                run_id,
-            };
-            self.shared.tracker.spawn(hook::on_failure(
-                argv.clone(),
-                self.shared.hook_env.clone(),
-                self.job.env.clone(),
-                failure,
-            ));
-        }
+        run_under_lease(&self.shared, &self.job, lease, sent, Some(self.at)).await;
         Ending::Won
     }
 
-    /// Another owner holds the lease or took the occurrence.
+    /// Another owner holds the lease or took the occurrence, or the job is
+    /// paused.
     fn lost(&self, outcome: AcquireOutcome) -> Ending {
         let (name, at) = (self.name(), rfc3339(self.at));
         match outcome {
+            AcquireOutcome::Paused { note, until, first } => {
+                events::occurrence_paused(name, &at, note.as_deref(), until, first);
+                Ending::Skipped("paused")
+            }
             AcquireOutcome::Held {
                 owner_id: Some(owner),
                 node,
@@ -502,6 +459,10 @@ async fn acquire_attempt(
             owner_id,
             occurrence: Some(StoreTime::from_utc(at)),
             next_occurrence: next.map(StoreTime::from_utc),
+            run: Some(RunStart {
+                job: job.name.as_str(),
+                started_by: StartedBy::Schedule,
+            }),
         })
         .await
 }
@@ -527,8 +488,66 @@ async fn give_back_unused(store: &dyn Store, job: &Job, lease: &Lease, at: DateT
     }
 }
 
-/// The supervisor's view of a job occurrence.
-fn spec_for(job: &Job, at: DateTime<Utc>) -> RunSpec {
+/// Runs `job` under `lease` (won by a call sent at `sent`) for the
+/// scheduled instant `at` (`None`: a manual run), then its `on_failure`
+/// hook if it failed. Shared by scheduled and triggered runs.
+pub(super) async fn run_under_lease(
+    shared: &Shared,
+    job: &Arc<Job>,
+    lease: Lease,
+    sent: Instant,
+    at: Option<DateTime<Utc>>,
+) {
+    let name = job.name.as_str();
+    let (store, node) = (shared.supervisor.store(), shared.supervisor.node());
+    events::lease_acquired(Some(name), &lease, node);
+    fence::taken_over(store, Some(name), &lease, node);
+    let spec = spec_for(job, at, shared.history.output);
+    let shutdown = shared.shutdown.clone();
+    let (token, run_id) = (lease.token, spec.run_id(&lease));
+    let failed = match shared.supervisor.run(&spec, lease, sent, shutdown).await {
+        Ok(result) => match result.outcome() {
+            Outcome::Succeeded | Outcome::Shutdown => None,
+            outcome => Some((outcome, result.exit_code, result.signal)),
+        },
+        Err(SuperviseError::AcquiredTooLate) => {
+            events::occurrence_skipped(
+                name,
+                &at.map(rfc3339).unwrap_or_default(),
+                "acquired_too_late",
+                "the store answered too late to run the job safely within the lease",
+            );
+            None
+        }
+        // Already logged as job_spawn_failed.
+        Err(SuperviseError::Spawn { .. } | SuperviseError::Workdir { .. }) => {
+            Some((Outcome::SpawnFailed, None, None))
+        }
+    };
+    if let (Some((outcome, exit_code, signal)), Some(argv)) = (failed, &job.on_failure) {
+        let failure = hook::Failure {
+            job: name.to_string(),
+            resource: job.resource.to_string(),
+            node: node.to_string(),
+            token,
+            outcome: outcome.as_str(),
+            exit_code,
+            signal,
+            scheduled_at: at.map(rfc3339).unwrap_or_default(),
+            run_id,
+        };
+        shared.tracker.spawn(hook::on_failure(
+            argv.clone(),
+            shared.hook_env.clone(),
+            job.env.clone(),
+            failure,
+        ));
+    }
+}
+
+/// The supervisor's view of a job run (`at`: its scheduled instant, `None`
+/// for a manual one), keeping `output` bytes of its output for the history.
+fn spec_for(job: &Job, at: Option<DateTime<Utc>>, output: usize) -> RunSpec {
     RunSpec {
         job: job.name.to_string(),
         resource: job.resource.clone(),
@@ -538,7 +557,8 @@ fn spec_for(job: &Job, at: DateTime<Utc>) -> RunSpec {
         timing: job.timing,
         timeout: job.timeout,
         stale_exit_code: job.stale_exit_code,
-        scheduled_at: Some(at),
+        scheduled_at: at,
         inherit_stdio: false,
+        history: Some(output),
     }
 }

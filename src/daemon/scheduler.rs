@@ -11,12 +11,14 @@
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use tokio::sync::mpsc;
 
+use super::fleet;
 use super::occurrence::Occurrence;
 use super::Shared;
 use crate::config::{Catchup, Job, CATCHUP_TOLERANCE};
@@ -61,7 +63,14 @@ impl Scheduler {
     /// `reloads` replaces the current one.
     pub(super) async fn run(mut self, jobs: Vec<Job>, mut reloads: mpsc::Receiver<Vec<Job>>) {
         self.apply(jobs, false);
-        let mut next_ping = tokio::time::Instant::now();
+        let start = tokio::time::Instant::now();
+        let mut next_ping = start;
+        let mut next_poll = start + fleet::TRIGGER_POLL;
+        let mut next_prune = start + fleet::FIRST_PRUNE;
+        // One trigger poll and one prune at a time: a slow store delays
+        // them instead of piling them up.
+        let polling = Arc::new(AtomicBool::new(false));
+        let pruning = Arc::new(AtomicBool::new(false));
         loop {
             crate::metrics::loop_turned();
             let now = self.shared.clock.now();
@@ -81,6 +90,20 @@ impl Scheduler {
                 }
                 sleep_for = sleep_for.min(next_ping - t);
             }
+            let t = tokio::time::Instant::now();
+            if t >= next_poll {
+                next_poll = t + fleet::TRIGGER_POLL;
+                self.spawn_once(&polling, |shared, jobs| {
+                    fleet::poll_triggers(shared, jobs.into_iter().collect())
+                });
+            }
+            if t >= next_prune {
+                next_prune = t + fleet::PRUNE_EVERY;
+                self.spawn_once(&pruning, |shared, jobs| {
+                    fleet::prune(shared, jobs.into_iter().map(|(name, _)| name).collect())
+                });
+            }
+            sleep_for = sleep_for.min(next_poll.min(next_prune) - t);
             tokio::select! {
                 biased;
                 _ = self.shared.shutdown.cancelled() => return,
@@ -88,6 +111,29 @@ impl Scheduler {
                 _ = tokio::time::sleep(sleep_for) => self.fire_due(),
             }
         }
+    }
+
+    /// Spawns `task` on the current jobs unless the previous one of its
+    /// kind (`busy`) still runs.
+    fn spawn_once<F, T>(&self, busy: &Arc<AtomicBool>, task: T)
+    where
+        T: FnOnce(Shared, Vec<(String, Arc<Job>)>) -> F,
+        F: std::future::Future<Output = ()> + Send + 'static,
+    {
+        if busy.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let jobs = self
+            .jobs
+            .iter()
+            .map(|(name, e)| (name.clone(), e.job.clone()))
+            .collect();
+        let work = task(self.shared.clone(), jobs);
+        let busy = busy.clone();
+        self.shared.tracker.spawn(async move {
+            work.await;
+            busy.store(false, Ordering::Release);
+        });
     }
 
     /// Installs a job list: unchanged jobs keep their timers, changed and

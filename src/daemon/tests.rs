@@ -6,7 +6,7 @@
 //! The job fires every minute with a 10 s lease: an occurrence is given up
 //! 10 s after its instant (a lease length; the next instant is 60 s away).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -22,7 +22,10 @@ use crate::clock::Clock;
 use crate::config::Job;
 use crate::names::Name;
 use crate::schedule::Schedule;
-use crate::store::{AcquireOutcome, AcquireRequest, Store, StoreTime};
+use crate::store::{
+    trigger_state, AcquireOutcome, AcquireRequest, PauseInfo, RunStart, StartedBy, Store,
+    StoreTime, TriggerInfo,
+};
 use crate::supervise::{LeaseTiming, Supervisor};
 use crate::testing::epoch_wall;
 use crate::testing::job::{FakeLauncher, Script};
@@ -74,6 +77,7 @@ impl Rig {
             clock,
             watchdog: None,
             hook_env: Default::default(),
+            history: Default::default(),
         };
         let job = Job {
             name: Name::parse("job", "job").unwrap(),
@@ -148,6 +152,7 @@ impl Rig {
                 owner_id: Uuid::new_v4(),
                 occurrence,
                 next_occurrence: None,
+                run: None,
             })
             .await
             .unwrap()
@@ -470,6 +475,7 @@ async fn the_daemon_runs_in_process_from_settings_and_a_control_stream() {
         store_display: "memory".into(),
         config_display: "none".into(),
         watchdog: None,
+        history: Default::default(),
     };
     let (tx, rx) = tokio::sync::mpsc::channel(4);
     let daemon = tokio::spawn(super::serve(
@@ -563,4 +569,166 @@ async fn the_store_is_retried_with_back_off_until_it_answers() {
         .map(|w| w[1].at - w[0].at)
         .collect();
     assert_eq!(&gaps[..6], [1, 2, 4, 8, 16, 30].map(|s| ms(s * 1_000)));
+}
+
+/// A run is in the history from its winning acquire on (the same atomic
+/// operation) and ends with one `finish_run` before the release: outcome,
+/// exit code, duration, and `finished_at` the store's start plus the time
+/// since the acquire. A losing acquire records nothing.
+#[tokio::test(start_paused = true)]
+async fn a_run_is_recorded_by_its_acquire_and_finished_before_its_release() {
+    let rig = Rig::with(
+        Script {
+            runs_for: Some(ms(2_000)),
+            exit_code: 3,
+            ..Script::default()
+        },
+        |s| s,
+    );
+    assert_eq!(rig.run().await, Ending::Won);
+    rig.settle().await;
+    let rows = rig.store.run_rows();
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    let r = &rows[0];
+    assert_eq!((r.job.as_str(), r.trigger.as_str()), ("job", "schedule"));
+    assert_eq!((r.scheduled_at, r.token), (Some(at()), 1));
+    assert_eq!(r.owner_id, rig.launcher.started()[0].owner_id.to_string());
+    assert_eq!((r.outcome.as_str(), r.exit_code), ("failed", Some(3)));
+    assert_eq!(r.duration_ms, Some(2_000));
+    assert_eq!(r.started_at, at());
+    assert_eq!(r.finished_at, Some(StoreTime(at().0 + 2_000)));
+    assert_eq!(rig.log(Op::FinishRun), log(&[(2_000, "finished 1")]));
+    assert_eq!(rig.log(Op::Release), log(&[(2_000, "released 1")]));
+    let finished = rig.store.entries(Op::FinishRun)[0].at;
+    assert!(finished <= rig.store.entries(Op::Release)[0].at);
+
+    // Another node holds the next instant's lease: this node's losing
+    // acquire adds no row.
+    let rig = Rig::new();
+    assert!(matches!(
+        rig.acquire_elsewhere(None).await,
+        AcquireOutcome::Acquired(_)
+    ));
+    assert_eq!(rig.run().await, Ending::Skipped("held"));
+    assert!(rig.store.run_rows().is_empty());
+}
+
+/// A paused job's instant wins nothing on any node; exactly one node (the
+/// first to ask) is told it noted the skip, so the fleet logs it once.
+/// Resumed, the same instant runs; a pause `--for` ends by itself.
+#[tokio::test(start_paused = true)]
+async fn a_paused_job_skips_its_instants_until_resumed_or_its_pause_ends() {
+    let rig = Rig::new();
+    let pause = PauseInfo {
+        job: "job".into(),
+        note: Some("maintenance".into()),
+        since: at(),
+        until: None,
+        paused_by: "ops@host".into(),
+    };
+    rig.store.pause(&pause).await.unwrap();
+    assert_eq!(rig.run().await, Ending::Skipped("paused"));
+    let elsewhere = rig
+        .store
+        .acquire(&AcquireRequest {
+            resource: &rig.job.resource,
+            lease: rig.job.timing.lease,
+            node: "node-b",
+            owner_id: Uuid::new_v4(),
+            occurrence: Some(at()),
+            next_occurrence: None,
+            run: Some(RunStart {
+                job: "job",
+                started_by: StartedBy::Schedule,
+            }),
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        elsewhere,
+        AcquireOutcome::Paused {
+            note: Some("maintenance".into()),
+            until: None,
+            first: false
+        }
+    );
+    assert_eq!(
+        rig.log(Op::Acquire),
+        log(&[(0, "paused first"), (0, "paused")])
+    );
+    assert!(rig.runs().is_empty() && rig.store.run_rows().is_empty());
+    assert!(rig.store.resume("job").await.unwrap());
+    assert_eq!(rig.run().await, Ending::Won);
+    rig.settle().await;
+
+    let rig = Rig::new();
+    let until = StoreTime(at().0 + 3_000);
+    rig.store
+        .pause(&PauseInfo {
+            until: Some(until),
+            ..pause
+        })
+        .await
+        .unwrap();
+    assert_eq!(rig.run().await, Ending::Skipped("paused"));
+    tokio::time::sleep(ms(3_000)).await;
+    assert_eq!(rig.run().await, Ending::Won, "the pause ended at its until");
+    rig.settle().await;
+    assert_eq!(rig.runs(), [(ms(3_000), 1)]);
+}
+
+/// `fencecron trigger`: a pending request is claimed by one daemon and runs
+/// the job under a new token, recorded as `manual`; while the job's lease
+/// is held elsewhere, the claim ends `refused`, naming the holder.
+#[tokio::test(start_paused = true)]
+async fn a_trigger_is_claimed_once_and_runs_the_job_as_manual() {
+    let rig = Rig::new();
+    let request = |id: &str| TriggerInfo {
+        id: id.into(),
+        job: "job".into(),
+        requested_at: at(),
+        requested_by: "ops@host".into(),
+        state: trigger_state::PENDING.into(),
+        node: None,
+        token: None,
+        detail: None,
+    };
+    rig.store.request_trigger(&request("t1")).await.unwrap();
+    let jobs: HashMap<String, Arc<Job>> = [("job".to_string(), rig.job.clone())].into();
+    super::fleet::poll_triggers(rig.shared.clone(), jobs.clone()).await;
+    // A second daemon polling now finds nothing pending.
+    super::fleet::poll_triggers(rig.shared.clone(), jobs.clone()).await;
+    rig.settle().await;
+    let t = rig.store.trigger("t1").await.unwrap().unwrap();
+    assert_eq!(
+        (t.state.as_str(), t.node.as_deref(), t.token),
+        (trigger_state::STARTED, Some("node-a"), Some(1))
+    );
+    assert_eq!(rig.runs(), [(ms(0), 1)]);
+    let rows = rig.store.run_rows();
+    assert_eq!(rows.len(), 1);
+    assert_eq!(
+        (
+            rows[0].trigger.as_str(),
+            rows[0].scheduled_at,
+            rows[0].outcome.as_str()
+        ),
+        ("manual", None, "succeeded")
+    );
+
+    let rig = Rig::new();
+    assert!(matches!(
+        rig.acquire_elsewhere(None).await,
+        AcquireOutcome::Acquired(_)
+    ));
+    rig.store.request_trigger(&request("t2")).await.unwrap();
+    super::fleet::poll_triggers(rig.shared.clone(), jobs).await;
+    rig.settle().await;
+    let t = rig.store.trigger("t2").await.unwrap().unwrap();
+    assert_eq!(t.state, trigger_state::REFUSED);
+    assert!(
+        t.detail.as_deref().is_some_and(|d| d.contains("node-b")),
+        "{t:?}"
+    );
+    assert!(rig.runs().is_empty() && rig.store.run_rows().is_empty());
 }

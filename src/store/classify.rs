@@ -3,8 +3,8 @@
 //! test store) report the same ones.
 
 use super::{
-    AcquireOutcome, AcquireRequest, NewStaleRecord, PutRequest, Refusal, RejectReason, StaleKind,
-    StoreTime, Token,
+    AcquireOutcome, AcquireRequest, NewStaleRecord, PauseSeen, PutRequest, Refusal, RejectReason,
+    StaleKind, StartedBy, StoreTime, Token,
 };
 
 /// Classifies a losing acquisition from the row as the caller's snapshot saw
@@ -47,6 +47,41 @@ pub(crate) fn classify_loss(row: LossRow, req: &AcquireRequest<'_>) -> AcquireOu
             token: row.fence,
             expires_at: None,
         }
+    }
+}
+
+/// A scheduled acquire that found its job paused: `Paused`, unless the
+/// occurrence is not due yet, or already superseded, by the store's clock
+/// (then as any other losing acquire, so a host whose clock runs ahead
+/// waits for the instant and one running behind skips it as such).
+pub(crate) fn classify_paused(
+    pause: PauseSeen,
+    req: &AcquireRequest<'_>,
+    now: i64,
+) -> AcquireOutcome {
+    if req.occurrence.is_some_and(|occ| occ.0 > now) {
+        return AcquireOutcome::NotYetDue {
+            store_now: StoreTime(now),
+        };
+    }
+    if req.next_occurrence.is_some_and(|next| next.0 <= now) {
+        return AcquireOutcome::Superseded {
+            store_now: StoreTime(now),
+        };
+    }
+    AcquireOutcome::Paused {
+        note: pause.note,
+        until: pause.until.map(StoreTime),
+        first: pause.first,
+    }
+}
+
+/// What an acquire binds for its run ([`AcquireRequest::run`]): the job
+/// (`None`: no run, no pause) and how the run was started.
+pub(crate) fn run_binds<'a>(req: &AcquireRequest<'a>) -> (Option<&'a str>, &'static str) {
+    match req.run {
+        Some(run) => (Some(run.job), run.started_by.as_str()),
+        None => (None, StartedBy::Schedule.as_str()),
     }
 }
 

@@ -29,6 +29,7 @@ mod bench;
 mod classify;
 mod diagnose;
 mod error;
+mod fleet;
 mod migrator;
 mod mysql;
 mod postgres;
@@ -47,7 +48,8 @@ use crate::names::Name;
 
 pub use bench::{open_bench, BenchStore, RawOp};
 pub(crate) use classify::{
-    classify_loss, classify_refusal, classify_rejection, LeaseRow, LossRow, Rejection,
+    classify_loss, classify_paused, classify_refusal, classify_rejection, run_binds, LeaseRow,
+    LossRow, Rejection,
 };
 pub use error::StoreError;
 pub(crate) use error::{migrate_error, timed, unavailable};
@@ -151,6 +153,60 @@ pub trait Store: Send + Sync + 'static {
     /// greater than every token this store, or a primary it replicated from,
     /// could have issued before. For failover hooks.
     async fn advance_epoch(&self) -> Result<EpochInfo, StoreError>;
+
+    // Operating the fleet: run history, pauses, triggers (`fleet` module).
+    // None of these is on a losing acquire's path; a run adds exactly one
+    // statement, `finish_run` (the winning acquire inserts the row).
+
+    /// Writes how a run ended into the row its winning acquire inserted
+    /// (matched by resource and token, once). False if no unfinished row
+    /// matched.
+    async fn finish_run(&self, end: &RunEnd<'_>) -> Result<bool, StoreError>;
+
+    /// Runs of the history, newest first, each with its state derived from
+    /// its lease when it has not ended ([`RUNNING`], [`UNKNOWN`]).
+    async fn runs(&self, q: &RunQuery<'_>) -> Result<Vec<RunInfo>, StoreError>;
+
+    /// Deletes a job's runs started before `before`, and all but its newest
+    /// `keep`; how many went. Off the hot path (the daemon's housekeeping).
+    async fn prune_runs(&self, job: &str, keep: u32, before: StoreTime) -> Result<u64, StoreError>;
+
+    /// Pauses a job fleet-wide (replacing an earlier pause of it).
+    async fn pause(&self, pause: &PauseInfo) -> Result<(), StoreError>;
+
+    /// Ends a job's pause; false if it had none.
+    async fn resume(&self, job: &str) -> Result<bool, StoreError>;
+
+    /// The pauses still in force at `now` (store time), by job.
+    async fn pauses(&self, now: StoreTime) -> Result<Vec<PauseInfo>, StoreError>;
+
+    /// Stores a new pending trigger.
+    async fn request_trigger(&self, trigger: &TriggerInfo) -> Result<(), StoreError>;
+
+    /// One trigger by id.
+    async fn trigger(&self, id: &str) -> Result<Option<TriggerInfo>, StoreError>;
+
+    /// The pending triggers, oldest first.
+    async fn pending_triggers(&self) -> Result<Vec<TriggerInfo>, StoreError>;
+
+    /// Claims a pending trigger for `node`: true for exactly one caller.
+    async fn claim_trigger(&self, id: &str, node: &str) -> Result<bool, StoreError>;
+
+    /// Settles a claimed trigger: started (with the run's token) or refused.
+    async fn settle_trigger(
+        &self,
+        id: &str,
+        state: &str,
+        token: Option<Token>,
+        detail: Option<&str>,
+    ) -> Result<(), StoreError>;
+
+    /// Withdraws a trigger nobody claimed; false if a daemon claimed it.
+    async fn cancel_trigger(&self, id: &str) -> Result<bool, StoreError>;
+
+    /// Deletes triggers requested before `before` and pauses that ended
+    /// before it; how many rows went.
+    async fn prune_fleet(&self, before: StoreTime) -> Result<u64, StoreError>;
 }
 
 /// Options for opening a store.

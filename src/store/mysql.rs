@@ -37,7 +37,7 @@ macro_rules! now_ms {
 /// The acquisition: the procedure of migration 0004 (0003's with adoption
 /// of this occurrence's own win and the next instant's refusal), which
 /// holds the conditional `UPDATE`.
-const CALL_ACQUIRE: &str = "CALL fencecron_acquire_v2(?, ?, ?, ?, ?, ?)";
+const CALL_ACQUIRE: &str = "CALL fencecron_acquire_v3(?, ?, ?, ?, ?, ?, ?, ?)";
 
 const RENEW: &str = concat!(
     "UPDATE fencecron_leases SET expires_at_ms = LAST_INSERT_ID(",
@@ -149,10 +149,10 @@ impl MySqlStore {
         let connect: MySqlConnectOptions =
             url.expose().parse().map_err(|e| unavailable(&url, e))?;
         let connect = connect.timezone(Some("+00:00".to_string()));
-        Ok(SqlStore {
-            db: Db::connect_lazy(url, opts, connect, |pool| pool),
-            dialect: My,
-        })
+        Ok(SqlStore::new(
+            Db::connect_lazy(url, opts, connect, |pool| pool),
+            My,
+        ))
     }
 }
 
@@ -221,12 +221,14 @@ impl Dialect for My {
         .await
     }
 
-    /// One `CALL fencecron_acquire_v2(…)` (migration 0004): the conditional
+    /// One `CALL fencecron_acquire_v3(…)` (migration 0005): the pause check,
+    /// the conditional
     /// `UPDATE` (or the first `INSERT` of the row) and the read of the
-    /// row after it run on the server, so a winner learns its expiry and a
-    /// loser learns who holds the lease in one round trip.
+    /// row after it, and a winner's run row, run on the server, so a winner
+    /// learns its expiry and a loser who holds the lease in one round trip.
     async fn acquire(&self, db: &Db<MySql>, req: &AcquireRequest<'_>) -> Sql<AcquireOutcome> {
         let owner = req.owner_id;
+        let (job, started_by) = run_binds(req);
         let row = sqlx::query(CALL_ACQUIRE)
             .bind(req.resource.as_str())
             .bind(owner.to_string())
@@ -234,6 +236,8 @@ impl Dialect for My {
             .bind(millis(req.lease))
             .bind(req.occurrence.map(|o| o.0))
             .bind(req.next_occurrence.map(|o| o.0))
+            .bind(job)
+            .bind(started_by)
             .fetch_one(&db.pool)
             .await?;
         // Read by position: sqlx describes a CALL without its result's
@@ -246,6 +250,14 @@ impl Dialect for My {
         let last_occurrence: Option<i64> = row.try_get(5)?;
         let now: i64 = row.try_get(6)?;
         let taken_over = rows::takeover(&row, [7, 8, 9, 10])?;
+        if won == 0 && row.try_get::<i64, _>(11)? == 1 {
+            let pause = PauseSeen {
+                note: row.try_get(12)?,
+                until: row.try_get(14)?,
+                first: row.try_get::<i64, _>(15)? == 1,
+            };
+            return Ok(classify_paused(pause, req, now));
+        }
         let (Some(fence), Some(owner_id), Some(node), Some(expires_at)) =
             (fence, owner_id, node, expires_at)
         else {
@@ -484,6 +496,8 @@ impl RawDialect for My {
                     .bind(lease)
                     .bind(None::<i64>)
                     .bind(None::<i64>)
+                    .bind(None::<&str>)
+                    .bind(StartedBy::Schedule.as_str())
                     .fetch_one(&db.pool)
                     .await?;
                 let won: i64 = row.try_get(0)?;

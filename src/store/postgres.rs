@@ -72,6 +72,24 @@ macro_rules! adopt {
     };
 }
 
+/// The run a winning acquire records, from its CTE `$won` (fence and
+/// acquired_at_ms): `$7` the job (NULL: no run), `$8` how it was started.
+/// A retry that adopts its own win finds the row already there.
+macro_rules! insert_run {
+    ($won:literal) => {
+        concat!(
+            "INSERT INTO fencecron_runs
+               (job, resource, scheduled_at_ms, started_by, node, owner_id, token, started_at_ms)
+             SELECT $7, $1, CASE WHEN $8::text = 'manual' THEN NULL ELSE $5 END, $8, $3, $2,
+                    fence, acquired_at_ms
+               FROM ",
+            $won,
+            " WHERE $7::text IS NOT NULL
+             ON CONFLICT (resource, token) DO NOTHING"
+        )
+    };
+}
+
 /// The winning path assigns `prev_*` from the row as it was (PostgreSQL's
 /// `SET` expressions all see the old row) when the previous generation was
 /// not released, and `RETURNING` hands them back with the new fence.
@@ -89,7 +107,26 @@ macro_rules! adopt {
 /// Either way only while the occurrence is due and its successor (`$6`,
 /// the job's next instant) is not, by the store's clock.
 const ACQUIRE: &str = concat!(
-    "WITH won AS (
+    "WITH paused AS (
+       SELECT note, until_ms FROM fencecron_pauses
+        WHERE $5::bigint IS NOT NULL AND job = $7::text
+          AND (until_ms IS NULL OR until_ms > ",
+    now_ms!(),
+    ")),
+     noted AS (
+       UPDATE fencecron_pauses SET last_skipped_ms = $5
+        WHERE $5::bigint IS NOT NULL AND job = $7::text
+          AND (until_ms IS NULL OR until_ms > ",
+    now_ms!(),
+    ")
+          AND $5 <= ",
+    now_ms!(),
+    " AND ($6::bigint IS NULL OR $6 > ",
+    now_ms!(),
+    ")
+          AND (last_skipped_ms IS NULL OR last_skipped_ms < $5)
+       RETURNING 1),
+     won AS (
        UPDATE fencecron_leases
           SET prev_owner_id = CASE WHEN ",
     adopt!(),
@@ -135,7 +172,17 @@ const ACQUIRE: &str = concat!(
           AND ($6::bigint IS NULL OR $6 > ",
     now_ms!(),
     ")
-    RETURNING fence, expires_at_ms, prev_owner_id, prev_node, prev_fence, prev_expires_at_ms)
+          AND NOT EXISTS (SELECT 1 FROM paused)
+    RETURNING fence, expires_at_ms, acquired_at_ms,
+              prev_owner_id, prev_node, prev_fence, prev_expires_at_ms),
+     run AS (",
+    insert_run!("won"),
+    ")
+     SELECT x.*, EXISTS (SELECT 1 FROM paused) AS paused,
+            (SELECT note FROM paused) AS pause_note,
+            (SELECT until_ms FROM paused) AS pause_until_ms,
+            EXISTS (SELECT 1 FROM noted) AS pause_first
+       FROM (
      SELECT TRUE AS won, fence, expires_at_ms, ''::text AS owner_id, ''::text AS node,
             NULL::bigint AS last_occurrence_ms, 0::bigint AS now_ms,
             prev_owner_id, prev_node, prev_fence, prev_expires_at_ms
@@ -145,11 +192,21 @@ const ACQUIRE: &str = concat!(
     now_ms!(),
     ", NULL::text, NULL::text, NULL::bigint, NULL::bigint
        FROM fencecron_leases
-      WHERE resource = $1 AND NOT EXISTS (SELECT 1 FROM won)"
+      WHERE resource = $1 AND NOT EXISTS (SELECT 1 FROM won)
+     UNION ALL
+     SELECT FALSE, NULL::bigint, NULL::bigint, NULL::text, NULL::text, NULL::bigint, ",
+    now_ms!(),
+    ", NULL::text, NULL::text, NULL::bigint, NULL::bigint
+      WHERE EXISTS (SELECT 1 FROM paused)
+        AND NOT EXISTS (SELECT 1 FROM won)
+        AND NOT EXISTS (SELECT 1 FROM fencecron_leases WHERE resource = $1)) x"
 );
 
+/// The first acquisition of a resource: creates its row (unless a
+/// concurrent first acquisition did, or the job is paused), with the run.
 const CREATE: &str = concat!(
-    "INSERT INTO fencecron_leases
+    "WITH created AS (
+     INSERT INTO fencecron_leases
        (resource, fence, owner_id, node, acquired_at_ms, expires_at_ms, last_occurrence_ms,
         released)
      SELECT $1, ",
@@ -163,8 +220,17 @@ const CREATE: &str = concat!(
     ") AND ($6::bigint IS NULL OR $6 > ",
     now_ms!(),
     ")
+       AND NOT EXISTS (SELECT 1 FROM fencecron_pauses
+                        WHERE $5::bigint IS NOT NULL AND job = $7::text
+                          AND (until_ms IS NULL OR until_ms > ",
+    now_ms!(),
+    "))
      ON CONFLICT (resource) DO NOTHING
-     RETURNING fence, expires_at_ms"
+     RETURNING fence, expires_at_ms, acquired_at_ms),
+     run AS (",
+    insert_run!("created"),
+    ")
+     SELECT fence, expires_at_ms FROM created"
 );
 
 const RENEW: &str = concat!(
@@ -284,10 +350,10 @@ impl PostgresStore {
     pub fn open(url: StoreUrl, opts: &OpenOptions) -> Result<Self, StoreError> {
         let connect: PgConnectOptions = url.expose().parse().map_err(|e| unavailable(&url, e))?;
         let connect = connect.application_name("fencecron");
-        Ok(SqlStore {
-            db: Db::connect_lazy(url, opts, connect, |pool| pool),
-            dialect: Pg,
-        })
+        Ok(SqlStore::new(
+            Db::connect_lazy(url, opts, connect, |pool| pool),
+            Pg,
+        ))
     }
 }
 
@@ -375,6 +441,7 @@ impl Dialect for Pg {
         let next = req.next_occurrence.map(|o| o.0);
         // Bounded: the row is created at most once, so the second round
         // always finds it.
+        let (job, started_by) = run_binds(req);
         for _ in 0..3 {
             let rows = sqlx::query(ACQUIRE)
                 .bind(req.resource.as_str())
@@ -383,10 +450,20 @@ impl Dialect for Pg {
                 .bind(lease)
                 .bind(occ)
                 .bind(next)
+                .bind(job)
+                .bind(started_by)
                 .fetch_all(&db.pool)
                 .await?;
             if let Some(row) = rows.first() {
                 let won: bool = row.try_get("won")?;
+                if !won && row.try_get::<bool, _>("paused")? {
+                    let pause = PauseSeen {
+                        note: row.try_get("pause_note")?,
+                        until: row.try_get("pause_until_ms")?,
+                        first: row.try_get("pause_first")?,
+                    };
+                    return Ok(classify_paused(pause, req, row.try_get("now_ms")?));
+                }
                 let fence: i64 = row.try_get("fence")?;
                 let expires_at: i64 = row.try_get("expires_at_ms")?;
                 if won {
@@ -416,6 +493,8 @@ impl Dialect for Pg {
                 .bind(lease)
                 .bind(occ)
                 .bind(next)
+                .bind(job)
+                .bind(started_by)
                 .fetch_optional(&db.pool)
                 .await?;
             if let Some(row) = created {

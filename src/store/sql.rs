@@ -15,11 +15,13 @@ use sqlx::{
     Transaction, Type,
 };
 
+use super::fleet::{FleetDb, FleetSql};
 use super::{
     rows, timed, unavailable, AcquireOutcome, AcquireRequest, Backend, EpochInfo, LeaseInfo,
     LeaseRow, NewStaleRecord, OpenOptions, PutOutcome, PutRequest, ReleaseOutcome, RenewOutcome,
     StaleRecord, Store, StoreError, StoreTime, StoreUrl, StoredValue, Token,
 };
+use super::{PauseInfo, RunEnd, RunInfo, RunQuery, TriggerInfo};
 use crate::names::Name;
 
 /// How a store call failed before it was given its public form: a driver
@@ -361,7 +363,7 @@ impl Affected for sqlx::sqlite::SqliteQueryResult {
 /// the call's time limit and names its driver error ([`Dialect::error`]).
 #[async_trait]
 pub(super) trait Dialect: Send + Sync + 'static {
-    type DB: SqlDb;
+    type DB: SqlDb + FleetDb;
     const BACKEND: Backend;
     /// `get` ([`SqlDb::get`]).
     const GET: &'static str;
@@ -447,9 +449,20 @@ pub(super) trait Dialect: Send + Sync + 'static {
 pub(super) struct SqlStore<D: Dialect> {
     pub(super) db: Db<D::DB>,
     pub(super) dialect: D,
+    /// The run history, pause and trigger statements in this backend's
+    /// placeholders.
+    fleet: FleetSql,
 }
 
 impl<D: Dialect> SqlStore<D> {
+    pub(super) fn new(db: Db<D::DB>, dialect: D) -> Self {
+        SqlStore {
+            db,
+            dialect,
+            fleet: FleetSql::new(D::BACKEND),
+        }
+    }
+
     /// Runs one operation under the per-call time limit and names its
     /// error.
     pub(super) async fn call<T>(
@@ -528,11 +541,24 @@ impl<D: Dialect> Store for SqlStore<D> {
         token: Option<Token>,
         occurrence: StoreTime,
     ) -> Result<ReleaseOutcome, StoreError> {
-        self.call(
-            self.dialect
-                .release(&self.db, resource, owner_id, token, Some(occurrence)),
-        )
-        .await
+        let outcome = self
+            .call(
+                self.dialect
+                    .release(&self.db, resource, owner_id, token, Some(occurrence)),
+            )
+            .await?;
+        if outcome == ReleaseOutcome::Released {
+            // Nothing ran under the lease: its run row goes too. Rare (a win
+            // whose answer came too late), so a statement of its own.
+            self.call(async {
+                Ok(
+                    D::DB::forget_unrun(&self.db.pool, &self.fleet, resource.as_str(), owner_id)
+                        .await?,
+                )
+            })
+            .await?;
+        }
+        Ok(outcome)
     }
 
     async fn list(&self) -> Result<Vec<LeaseInfo>, StoreError> {
@@ -574,6 +600,82 @@ impl<D: Dialect> Store for SqlStore<D> {
 
     async fn advance_epoch(&self) -> Result<EpochInfo, StoreError> {
         self.call(self.dialect.advance_epoch(&self.db)).await
+    }
+
+    async fn finish_run(&self, end: &RunEnd<'_>) -> Result<bool, StoreError> {
+        self.call(async { Ok(D::DB::finish_run(&self.db.pool, &self.fleet, end).await?) })
+            .await
+    }
+
+    async fn runs(&self, q: &RunQuery<'_>) -> Result<Vec<RunInfo>, StoreError> {
+        let now = self.now().await?;
+        self.call(async { Ok(D::DB::runs(&self.db.pool, &self.fleet, q, now).await?) })
+            .await
+    }
+
+    async fn prune_runs(&self, job: &str, keep: u32, before: StoreTime) -> Result<u64, StoreError> {
+        self.call(async {
+            Ok(D::DB::prune_runs(&self.db.pool, &self.fleet, job, keep, before).await?)
+        })
+        .await
+    }
+
+    async fn pause(&self, pause: &PauseInfo) -> Result<(), StoreError> {
+        self.call(async { Ok(D::DB::pause(&self.db.pool, &self.fleet, pause).await?) })
+            .await
+    }
+
+    async fn resume(&self, job: &str) -> Result<bool, StoreError> {
+        self.call(async { Ok(D::DB::resume(&self.db.pool, &self.fleet, job).await?) })
+            .await
+    }
+
+    async fn pauses(&self, now: StoreTime) -> Result<Vec<PauseInfo>, StoreError> {
+        self.call(async { Ok(D::DB::pauses(&self.db.pool, &self.fleet, now).await?) })
+            .await
+    }
+
+    async fn request_trigger(&self, trigger: &TriggerInfo) -> Result<(), StoreError> {
+        self.call(async { Ok(D::DB::request_trigger(&self.db.pool, &self.fleet, trigger).await?) })
+            .await
+    }
+
+    async fn trigger(&self, id: &str) -> Result<Option<TriggerInfo>, StoreError> {
+        self.call(async { Ok(D::DB::trigger(&self.db.pool, &self.fleet, id).await?) })
+            .await
+    }
+
+    async fn pending_triggers(&self) -> Result<Vec<TriggerInfo>, StoreError> {
+        self.call(async { Ok(D::DB::pending_triggers(&self.db.pool, &self.fleet).await?) })
+            .await
+    }
+
+    async fn claim_trigger(&self, id: &str, node: &str) -> Result<bool, StoreError> {
+        self.call(async { Ok(D::DB::claim_trigger(&self.db.pool, &self.fleet, id, node).await?) })
+            .await
+    }
+
+    async fn settle_trigger(
+        &self,
+        id: &str,
+        state: &str,
+        token: Option<Token>,
+        detail: Option<&str>,
+    ) -> Result<(), StoreError> {
+        self.call(async {
+            Ok(D::DB::settle_trigger(&self.db.pool, &self.fleet, id, state, token, detail).await?)
+        })
+        .await
+    }
+
+    async fn cancel_trigger(&self, id: &str) -> Result<bool, StoreError> {
+        self.call(async { Ok(D::DB::cancel_trigger(&self.db.pool, &self.fleet, id).await?) })
+            .await
+    }
+
+    async fn prune_fleet(&self, before: StoreTime) -> Result<u64, StoreError> {
+        self.call(async { Ok(D::DB::prune_fleet(&self.db.pool, &self.fleet, before).await?) })
+            .await
     }
 }
 

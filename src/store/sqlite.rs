@@ -123,6 +123,22 @@ const ACQUIRE: &str = concat!(
 RETURNING fence, expires_at_ms, prev_owner_id, prev_node, prev_fence, prev_expires_at_ms"
 );
 
+/// A scheduled acquire's pause check (`?1` the job, `?2` now), in the
+/// acquire's transaction.
+const PAUSED: &str = "SELECT note, until_ms FROM fencecron_pauses
+  WHERE job = ?1 AND (until_ms IS NULL OR until_ms > ?2)";
+
+/// The one acquire per paused instant that notes the skip (and logs it).
+const NOTE_PAUSED_SKIP: &str = "UPDATE fencecron_pauses SET last_skipped_ms = ?2
+  WHERE job = ?1 AND (last_skipped_ms IS NULL OR last_skipped_ms < ?2)";
+
+/// The run a winning acquire records, in its transaction; a retry that
+/// adopts its own win finds the row already there.
+const INSERT_RUN: &str = "INSERT INTO fencecron_runs
+   (job, resource, scheduled_at_ms, started_by, node, owner_id, token, started_at_ms)
+ VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
+ ON CONFLICT (resource, token) DO NOTHING";
+
 /// The first acquisition of a resource.
 const CREATE: &str = concat!(
     "INSERT INTO fencecron_leases
@@ -228,10 +244,7 @@ impl SqliteStore {
         let db = Db::connect_lazy(url, opts, connect, |pool| {
             pool.after_release(|conn, _| Box::pin(left_clean(conn)))
         });
-        Ok(SqlStore {
-            db,
-            dialect: Lite { path, in_memory },
-        })
+        Ok(SqlStore::new(db, Lite { path, in_memory }))
     }
 }
 
@@ -341,8 +354,34 @@ impl Dialect for Lite {
         let lease = millis(req.lease);
         let occ = req.occurrence.map(|o| o.0);
         let next = req.next_occurrence.map(|o| o.0);
+        let (job, started_by) = run_binds(req);
         let mut tx = self.begin(db).await?;
         let now = kernel_now_ms();
+        if let (Some(job), Some(occ)) = (job, occ) {
+            let paused = sqlx::query(PAUSED)
+                .bind(job)
+                .bind(now)
+                .fetch_optional(&mut *tx)
+                .await?;
+            if let Some(p) = paused {
+                let due = occ <= now && next.is_none_or(|n| n > now);
+                let first = due
+                    && sqlx::query(NOTE_PAUSED_SKIP)
+                        .bind(job)
+                        .bind(occ)
+                        .execute(&mut *tx)
+                        .await?
+                        .rows_affected()
+                        == 1;
+                let pause = PauseSeen {
+                    note: p.try_get("note")?,
+                    until: p.try_get("until_ms")?,
+                    first,
+                };
+                tx.commit().await?;
+                return Ok(classify_paused(pause, req, now));
+            }
+        }
         let won = sqlx::query(ACQUIRE)
             .bind(req.resource.as_str())
             .bind(&owner_s)
@@ -401,6 +440,19 @@ impl Dialect for Lite {
         let token: i64 = row.try_get("fence")?;
         let expires_at: i64 = row.try_get("expires_at_ms")?;
         let taken_over = rows::takeover(&row, rows::PREV)?;
+        if let Some(job) = job {
+            sqlx::query(INSERT_RUN)
+                .bind(job)
+                .bind(req.resource.as_str())
+                .bind(occ.filter(|_| started_by != StartedBy::Manual.as_str()))
+                .bind(started_by)
+                .bind(req.node)
+                .bind(&owner_s)
+                .bind(token)
+                .bind(now)
+                .execute(&mut *tx)
+                .await?;
+        }
         tx.commit().await?;
         Ok(AcquireOutcome::Acquired(Lease {
             resource: req.resource.to_string(),

@@ -107,6 +107,41 @@ pub struct AcquireRequest<'a> {
     /// store's clock, so a node whose clock runs behind cannot take (and
     /// hold) an instant the fleet has already moved past.
     pub next_occurrence: Option<StoreTime>,
+    /// The job run this acquisition is for, if any: a winning acquire
+    /// records it in the run history in the same atomic operation (a losing
+    /// one writes nothing), and a scheduled acquire (`occurrence` set) of a
+    /// paused job wins nothing ([`AcquireOutcome::Paused`]). `None` for
+    /// ad-hoc leases.
+    pub run: Option<RunStart<'a>>,
+}
+
+/// The run a winning acquire records ([`AcquireRequest::run`]).
+#[derive(Debug, Clone, Copy)]
+pub struct RunStart<'a> {
+    pub job: &'a str,
+    pub started_by: StartedBy,
+}
+
+/// How a run was started, as run history names it (`trigger`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StartedBy {
+    /// The job's schedule.
+    Schedule,
+    /// `fencecron trigger`.
+    Manual,
+    /// A retry of a failed scheduled run.
+    Retry,
+}
+
+impl StartedBy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StartedBy::Schedule => "schedule",
+            StartedBy::Manual => "manual",
+            StartedBy::Retry => "retry",
+        }
+    }
 }
 
 /// A lease that this caller holds.
@@ -217,6 +252,22 @@ pub enum AcquireOutcome {
     /// the store's (by at least `store_now − next_occurrence`). Nothing was
     /// written.
     Superseded { store_now: StoreTime },
+    /// The job is paused fleet-wide (`fencecron pause`): nothing was won.
+    /// `first` is true for exactly one caller per paused instant (the one
+    /// that noted the skip in the store), so the skip is logged once.
+    Paused {
+        note: Option<String>,
+        until: Option<StoreTime>,
+        first: bool,
+    },
+}
+
+/// The pause a scheduled acquire found, as the acquiring statement read it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct PauseSeen {
+    pub note: Option<String>,
+    pub until: Option<i64>,
+    pub first: bool,
 }
 
 /// Why a renew or release was refused.
@@ -427,6 +478,106 @@ impl NewStaleRecord<'_> {
             operation_id: self.operation_id.to_string(),
         }
     }
+}
+
+/// How a run ended, for the run history: one `UPDATE` of the row the
+/// winning acquire inserted (matched by resource and token).
+#[derive(Debug, Clone)]
+pub struct RunEnd<'a> {
+    pub resource: &'a str,
+    pub token: Token,
+    /// `succeeded`, `failed`, `timed_out`, `lease_lost`, `shutdown`,
+    /// `spawn_failed`.
+    pub outcome: &'a str,
+    pub exit_code: Option<i32>,
+    /// The signal's name (`SIGKILL`).
+    pub signal: Option<&'a str>,
+    /// From the start of the job to its end.
+    pub duration_ms: i64,
+    /// From the acquisition to the end: the row's `finished_at` is its
+    /// `started_at` (the store's clock at the acquisition) plus this, so the
+    /// store stamps no second time and needs no clock of its own here.
+    pub elapsed_ms: i64,
+    /// The last bytes of the job's output (stdout and stderr as they came).
+    pub output: &'a str,
+}
+
+/// Which runs `runs` lists: newest first.
+#[derive(Debug, Clone, Default)]
+pub struct RunQuery<'a> {
+    pub job: Option<&'a str>,
+    /// Only finished runs with this outcome (`succeeded`, …).
+    pub outcome: Option<&'a str>,
+    /// Runs started at or after this store time.
+    pub since: Option<StoreTime>,
+    pub limit: u32,
+}
+
+/// A run's state as the history shows it: a row's own outcome once it
+/// ended; else `running` while its lease is held under its token, and
+/// `unknown` once it is not (its node died or lost the store mid-run and
+/// never wrote the end).
+pub const RUNNING: &str = "running";
+/// See [`RUNNING`].
+pub const UNKNOWN: &str = "unknown";
+
+/// One run of the history, as `fencecron runs` shows it. The keys follow
+/// the events' names.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RunInfo {
+    pub job: String,
+    pub resource: String,
+    pub scheduled_at: Option<StoreTime>,
+    pub trigger: String,
+    pub node: String,
+    pub owner_id: String,
+    pub token: Token,
+    pub started_at: StoreTime,
+    pub finished_at: Option<StoreTime>,
+    /// A finished run's outcome, or [`RUNNING`] / [`UNKNOWN`].
+    pub outcome: String,
+    pub exit_code: Option<i64>,
+    pub signal: Option<String>,
+    pub duration_ms: Option<i64>,
+    pub output: Option<String>,
+}
+
+/// A job paused fleet-wide.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PauseInfo {
+    pub job: String,
+    pub note: Option<String>,
+    pub since: StoreTime,
+    /// When it resumes by itself (`pause --for`).
+    pub until: Option<StoreTime>,
+    /// Who paused it (`user@host`).
+    pub paused_by: String,
+}
+
+/// A request to run a job now (`fencecron trigger`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct TriggerInfo {
+    /// A UUID the requesting CLI made up.
+    pub id: String,
+    pub job: String,
+    pub requested_at: StoreTime,
+    pub requested_by: String,
+    /// `pending`, `claimed`, `started` or `refused`.
+    pub state: String,
+    /// The daemon that claimed it.
+    pub node: Option<String>,
+    /// The run's token once started.
+    pub token: Option<Token>,
+    /// Why it was refused (the holder), or why it failed to start.
+    pub detail: Option<String>,
+}
+
+/// The states of a trigger.
+pub mod trigger_state {
+    pub const PENDING: &str = "pending";
+    pub const CLAIMED: &str = "claimed";
+    pub const STARTED: &str = "started";
+    pub const REFUSED: &str = "refused";
 }
 
 /// A new owner id for one acquisition (or one occurrence on one node).

@@ -10,6 +10,7 @@ use std::io::Write;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::PathBuf;
 use std::process::{ExitStatus, Stdio};
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use nix::sys::signal::{killpg, Signal};
@@ -50,8 +51,13 @@ pub(crate) trait JobProcess: Send {
     fn pid(&self) -> u32;
     /// The pid of the run's watchdog, for the run record.
     fn watchdog_pid(&self) -> Option<u32>;
-    /// Starts logging the job's output lines (after `job_started`).
-    fn forward_output(&mut self, job: &str, token: Token);
+    /// Starts logging the job's output lines (after `job_started`), keeping
+    /// the last `tail` bytes of them for the run history.
+    fn forward_output(&mut self, job: &str, token: Token, tail: usize);
+    /// The last bytes of the output, once `reap` returned.
+    fn output_tail(&self) -> String {
+        String::new()
+    }
     /// Sends `sig` to the job's process group.
     fn signal(&mut self, sig: Signal);
     /// Hands newly confirmed deadlines to the watchdog, which enforces them
@@ -233,6 +239,7 @@ impl Launch for ShimLauncher {
                             pid,
                             ctl,
                             forwarders: Vec::new(),
+                            tail: OutputTail::new(0),
                         }))
                     }
                     Err(_) => format!("the run watchdog reported `{}`", line.trim_end()),
@@ -261,6 +268,8 @@ struct ShimJob {
     ctl: std::fs::File,
     /// The tasks logging the job's output.
     forwarders: Vec<JoinHandle<()>>,
+    /// The last bytes of its output, for the run history.
+    tail: OutputTail,
 }
 
 #[async_trait]
@@ -273,13 +282,15 @@ impl JobProcess for ShimJob {
         self.child.id()
     }
 
-    fn forward_output(&mut self, job: &str, token: Token) {
+    fn forward_output(&mut self, job: &str, token: Token, tail: usize) {
+        self.tail = OutputTail::new(tail);
         if let Some(out) = self.child.stdout.take() {
             self.forwarders.push(tokio::spawn(forward_lines(
                 out,
                 job.to_string(),
                 token,
                 "stdout",
+                self.tail.clone(),
             )));
         }
         if let Some(err) = self.child.stderr.take() {
@@ -288,8 +299,13 @@ impl JobProcess for ShimJob {
                 job.to_string(),
                 token,
                 "stderr",
+                self.tail.clone(),
             )));
         }
+    }
+
+    fn output_tail(&self) -> String {
+        self.tail.text()
     }
 
     fn signal(&mut self, sig: Signal) {
@@ -361,6 +377,7 @@ async fn forward_lines(
     job: String,
     token: i64,
     name: &'static str,
+    tail: OutputTail,
 ) {
     const LIMIT: u64 = 64 * 1024;
     let mut reader = BufReader::new(stream);
@@ -374,11 +391,71 @@ async fn forward_lines(
                     buf.pop();
                 }
                 let line = String::from_utf8_lossy(&buf);
+                tail.push_line(&line);
                 match crate::fence::parse_job_report(&line, &job) {
                     Some(rec) => events::stale_write_rejected(&rec),
                     None => events::job_output(&job, token, name, &line),
                 }
             }
         }
+    }
+}
+
+/// The last bytes of a job's output lines (stdout and stderr as they came),
+/// bounded: older bytes fall off the front.
+#[derive(Clone)]
+pub(crate) struct OutputTail {
+    limit: usize,
+    bytes: Arc<std::sync::Mutex<std::collections::VecDeque<u8>>>,
+}
+
+impl OutputTail {
+    pub(crate) fn new(limit: usize) -> OutputTail {
+        OutputTail {
+            limit,
+            bytes: Arc::default(),
+        }
+    }
+
+    pub(crate) fn push_line(&self, line: &str) {
+        if self.limit == 0 {
+            return;
+        }
+        let mut b = self.bytes.lock().unwrap_or_else(|p| p.into_inner());
+        b.extend(line.as_bytes());
+        b.push_back(b'\n');
+        let excess = b.len().saturating_sub(self.limit);
+        b.drain(..excess);
+    }
+
+    /// The kept text; a character cut in two at the front is dropped.
+    pub(crate) fn text(&self) -> String {
+        let b = self.bytes.lock().unwrap_or_else(|p| p.into_inner());
+        let (front, back) = b.as_slices();
+        let mut all = Vec::with_capacity(b.len());
+        all.extend_from_slice(front);
+        all.extend_from_slice(back);
+        let start = all
+            .iter()
+            .position(|c| (*c as i8) >= -0x40)
+            .unwrap_or(all.len());
+        String::from_utf8_lossy(&all[start..]).into_owned()
+    }
+}
+
+#[cfg(test)]
+mod tail_tests {
+    use super::OutputTail;
+
+    #[test]
+    fn the_tail_keeps_the_last_bytes_of_whole_characters() {
+        let tail = OutputTail::new(8);
+        tail.push_line("first line");
+        tail.push_line("äbc");
+        assert_eq!(tail.text(), "ne\näbc\n");
+        tail.push_line("xyz");
+        // "bc\nxyz\n" is 7 bytes; the byte before is half of "ä".
+        assert_eq!(tail.text(), "bc\nxyz\n");
+        assert_eq!(OutputTail::new(0).text(), "");
     }
 }

@@ -35,7 +35,7 @@ use crate::fence;
 use crate::job_env::ChildEnv;
 use crate::names::Name;
 use crate::runs::{RunRecord, RunRecords};
-use crate::store::{rfc3339, Lease, NewStaleRecord, StaleKind, Store};
+use crate::store::{millis, rfc3339, Lease, NewStaleRecord, RunEnd, StaleKind, Store};
 
 pub use crate::timing::{LeaseTiming, TimingError, DEFAULT_LEASE};
 use child::ShimLauncher;
@@ -82,6 +82,10 @@ pub struct RunSpec {
     pub scheduled_at: Option<DateTime<Utc>>,
     /// `exec` passes its terminal through; the daemon logs each line.
     pub inherit_stdio: bool,
+    /// A daemon's run, recorded in the run history by its acquire: the
+    /// supervisor writes how it ended, with up to this many bytes of its
+    /// last output. `None` for `exec`.
+    pub history: Option<usize>,
 }
 
 impl RunSpec {
@@ -252,7 +256,7 @@ impl Supervisor {
                 problem,
             };
             events::job_spawn_failed(&spec.job, lease.token, &err.to_string());
-            self.release(spec, &lease).await;
+            self.spawn_failed(spec, &lease, &err).await;
             return Err(err);
         }
         let kill_at = sent_at + timing.kill_by();
@@ -275,7 +279,7 @@ impl Supervisor {
                     error,
                 };
                 events::job_spawn_failed(&spec.job, lease.token, &err.to_string());
-                self.release(spec, &lease).await;
+                self.spawn_failed(spec, &lease, &err).await;
                 return Err(err);
             }
         };
@@ -289,7 +293,7 @@ impl Supervisor {
             Some(job.pid()),
             spec.scheduled_at,
         );
-        job.forward_output(&spec.job, lease.token);
+        job.forward_output(&spec.job, lease.token, spec.history.unwrap_or(0));
 
         let mut watch = Watch::new(self, spec, &lease, sent_at, started);
         let status = watch.supervise(job.as_mut(), &shutdown).await;
@@ -302,17 +306,34 @@ impl Supervisor {
             Err(_) => (None, None),
         };
         let cancelled = watch.cancel_reason();
+        let outcome = outcome_of(exit_code, cancelled, watch.lost());
+        let duration = started.elapsed();
         events::job_finished(&events::JobEnd {
             job: &spec.job,
             resource: spec.resource.as_str(),
             node: &self.node,
             token: lease.token,
             scheduled_at: (!scheduled.is_empty()).then_some(scheduled.as_str()),
-            outcome: outcome_of(exit_code, cancelled, watch.lost()),
+            outcome,
             exit_code,
             signal,
-            duration: started.elapsed(),
+            duration,
         });
+        let signal_name = signal.map(events::signal_name);
+        self.finish_run(
+            spec,
+            &RunEnd {
+                resource: spec.resource.as_str(),
+                token: lease.token,
+                outcome: outcome.as_str(),
+                exit_code,
+                signal: signal_name.as_deref(),
+                duration_ms: millis(duration),
+                elapsed_ms: millis(sent_at.elapsed()),
+                output: &job.output_tail(),
+            },
+        )
+        .await;
 
         if let (Some(code), Some(stale_code)) = (exit_code, spec.stale_exit_code) {
             if code == stale_code {
@@ -354,6 +375,48 @@ impl Supervisor {
                 None
             }
         }
+    }
+
+    /// Writes how a daemon's run ended into its history row: one statement,
+    /// tried twice; a store that cannot take it leaves the row to read as
+    /// `unknown` once the lease is gone.
+    async fn finish_run(&self, spec: &RunSpec, end: &RunEnd<'_>) {
+        if spec.history.is_none() {
+            return;
+        }
+        for attempt in 0..2 {
+            match self.store.finish_run(end).await {
+                Ok(_) => return,
+                Err(e) => {
+                    let retry = (attempt == 0).then_some(Duration::from_millis(200));
+                    events::store_unavailable("finish_run", Some(&spec.job), &e.to_string(), retry);
+                    if let Some(d) = retry {
+                        tokio::time::sleep(d).await;
+                    }
+                }
+            }
+        }
+    }
+
+    /// The job could not be started: its history says so, and the lease
+    /// goes back.
+    async fn spawn_failed(&self, spec: &RunSpec, lease: &Lease, err: &SuperviseError) {
+        let output = err.to_string();
+        self.finish_run(
+            spec,
+            &RunEnd {
+                resource: spec.resource.as_str(),
+                token: lease.token,
+                outcome: events::Outcome::SpawnFailed.as_str(),
+                exit_code: None,
+                signal: None,
+                duration_ms: 0,
+                elapsed_ms: 0,
+                output: &output,
+            },
+        )
+        .await;
+        self.release(spec, lease).await;
     }
 
     /// Logs each stdout/stderr line of the child with the job's fields.

@@ -56,6 +56,7 @@ impl Rig {
             stale_exit_code: None,
             scheduled_at: None,
             inherit_stdio: false,
+            history: None,
         };
         Rig {
             store,
@@ -78,6 +79,7 @@ impl Rig {
                 owner_id: Uuid::new_v4(),
                 occurrence: self.spec.scheduled_at.map(StoreTime::from_utc),
                 next_occurrence: None,
+                run: None,
             })
             .await
             .unwrap();

@@ -150,7 +150,7 @@ impl JobProcess for FakeJob {
         None
     }
 
-    fn forward_output(&mut self, _job: &str, _token: Token) {}
+    fn forward_output(&mut self, _job: &str, _token: Token, _tail: usize) {}
 
     fn signal(&mut self, sig: Signal) {
         self.handle.lock().signals.push((Instant::now(), sig));

@@ -33,10 +33,12 @@ use uuid::Uuid;
 use crate::clock::Clock;
 use crate::names::Name;
 use crate::store::{
-    classify_loss, classify_refusal, classify_rejection, first_token_of, AcquireOutcome,
-    AcquireRequest, Backend, EpochInfo, Lease, LeaseInfo, LeaseRow, LossRow, NewStaleRecord,
-    PutOutcome, PutRequest, ReleaseOutcome, RenewOutcome, StaleKind, StaleRecord, Store,
-    StoreError, StoreTime, StoreUrl, StoredValue, Takeover, Token, EPOCH_SHIFT,
+    classify_loss, classify_paused, classify_refusal, classify_rejection, first_token_of,
+    trigger_state, AcquireOutcome, AcquireRequest, Backend, EpochInfo, Lease, LeaseInfo, LeaseRow,
+    LossRow, NewStaleRecord, PauseInfo, PauseSeen, PutOutcome, PutRequest, ReleaseOutcome,
+    RenewOutcome, RunEnd, RunInfo, RunQuery, RunStart, StaleKind, StaleRecord, StartedBy, Store,
+    StoreError, StoreTime, StoreUrl, StoredValue, Takeover, Token, TriggerInfo, EPOCH_SHIFT,
+    RUNNING, UNKNOWN,
 };
 
 /// The operations faults can be aimed at.
@@ -49,6 +51,10 @@ pub(crate) enum Op {
     GiveBack,
     Put,
     RecordStale,
+    /// `finish_run`.
+    FinishRun,
+    /// Every other fleet operation (runs, pauses, triggers).
+    Fleet,
 }
 
 /// When a hung call's statement takes effect.
@@ -128,6 +134,12 @@ struct State {
     stale: Vec<StaleRecord>,
     faults: HashMap<Op, VecDeque<Fault>>,
     history: Vec<Entry>,
+    /// Run history rows; an unfinished row has no `finished_at` (its
+    /// `outcome` is derived when read).
+    runs: Vec<RunInfo>,
+    /// Pauses by job, with the instant last noted as skipped.
+    pauses: BTreeMap<String, (PauseInfo, Option<i64>)>,
+    triggers: Vec<TriggerInfo>,
 }
 
 impl State {
@@ -314,12 +326,67 @@ fn millis(d: Duration) -> i64 {
 
 /// `acquire` on the state, as the SQL statements do it.
 fn acquire(s: &mut State, now: i64, req: &OwnedAcquire) -> AcquireOutcome {
+    let occ = req.occurrence.map(|o| o.0);
+    let next = req.next_occurrence.map(|o| o.0);
+    let floor = first_token_of(s.epoch);
+    let due = occ.is_none_or(|o| o <= now) && next.is_none_or(|n| n > now);
+    if let (Some((job, _)), Some(occ)) = (&req.run, occ) {
+        if let Some((pause, last_skipped)) = s.pauses.get_mut(job) {
+            if pause.until.is_none_or(|u| u.0 > now) {
+                let first = due && last_skipped.is_none_or(|l| l < occ);
+                if first {
+                    *last_skipped = Some(occ);
+                }
+                let seen = PauseSeen {
+                    note: pause.note.clone(),
+                    until: pause.until.map(|u| u.0),
+                    first,
+                };
+                return classify_paused(seen, &req.borrowed(), now);
+            }
+        }
+    }
+    let out = acquire_lease(s, now, req, floor, due);
+    if let (AcquireOutcome::Acquired(lease), Some((job, by))) = (&out, &req.run) {
+        let exists = s
+            .runs
+            .iter()
+            .any(|r| r.resource == req.resource && r.token == lease.token);
+        if !exists {
+            let started_at = s.leases.get(&req.resource).map_or(now, |r| r.acquired_at);
+            s.runs.push(RunInfo {
+                job: job.clone(),
+                resource: req.resource.clone(),
+                scheduled_at: req.occurrence.filter(|_| *by != StartedBy::Manual),
+                trigger: by.as_str().to_string(),
+                node: req.node.clone(),
+                owner_id: req.owner_id.to_string(),
+                token: lease.token,
+                started_at: StoreTime(started_at),
+                finished_at: None,
+                outcome: String::new(),
+                exit_code: None,
+                signal: None,
+                duration_ms: None,
+                output: None,
+            });
+        }
+    }
+    out
+}
+
+/// The lease part of `acquire`.
+fn acquire_lease(
+    s: &mut State,
+    now: i64,
+    req: &OwnedAcquire,
+    floor: Token,
+    due: bool,
+) -> AcquireOutcome {
     let owner = req.owner_id.to_string();
     let occ = req.occurrence.map(|o| o.0);
     let next = req.next_occurrence.map(|o| o.0);
     let lease = millis(req.lease);
-    let floor = first_token_of(s.epoch);
-    let due = occ.is_none_or(|o| o <= now) && next.is_none_or(|n| n > now);
     let Some(row) = s.leases.get_mut(&req.resource) else {
         if occ.is_some_and(|o| o > now) {
             return AcquireOutcome::NotYetDue {
@@ -399,6 +466,7 @@ struct OwnedAcquire {
     owner_id: Uuid,
     occurrence: Option<StoreTime>,
     next_occurrence: Option<StoreTime>,
+    run: Option<(String, StartedBy)>,
 }
 
 impl OwnedAcquire {
@@ -410,6 +478,10 @@ impl OwnedAcquire {
             owner_id: self.owner_id,
             occurrence: self.occurrence,
             next_occurrence: self.next_occurrence,
+            run: self.run.as_ref().map(|(job, by)| RunStart {
+                job,
+                started_by: *by,
+            }),
         }
     }
 }
@@ -422,6 +494,8 @@ fn describe_acquire(out: &AcquireOutcome, adopted: bool) -> String {
         AcquireOutcome::OccurrenceTaken { .. } => "taken".to_string(),
         AcquireOutcome::NotYetDue { .. } => "not_yet_due".to_string(),
         AcquireOutcome::Superseded { .. } => "superseded".to_string(),
+        AcquireOutcome::Paused { first: true, .. } => "paused first".to_string(),
+        AcquireOutcome::Paused { .. } => "paused".to_string(),
     }
 }
 
@@ -456,6 +530,7 @@ impl Store for MemoryStore {
             owner_id: req.owner_id,
             occurrence: req.occurrence,
             next_occurrence: req.next_occurrence,
+            run: req.run.map(|r| (r.job.to_string(), r.started_by)),
         };
         self.call(Op::Acquire, move |s, now| {
             let before = s.leases.get(&req.resource).cloned();
@@ -569,6 +644,11 @@ impl Store for MemoryStore {
                     if r.last_occurrence == Some(occ) {
                         r.last_occurrence = Some(occ - 1);
                     }
+                    s.runs.retain(|run| {
+                        !(run.resource == resource
+                            && run.owner_id == owner_id
+                            && run.finished_at.is_none())
+                    });
                     ReleaseOutcome::Released
                 }
                 _ => ReleaseOutcome::Refused(classify_refusal(
@@ -719,5 +799,196 @@ impl Store for MemoryStore {
         let highest = s.leases.values().map(|r| r.fence).max();
         s.epoch = s.epoch.max(highest.unwrap_or(0) >> EPOCH_SHIFT) + 1;
         Ok(EpochInfo::new(s.epoch, None, highest))
+    }
+
+    async fn finish_run(&self, end: &RunEnd<'_>) -> Result<bool, StoreError> {
+        let (resource, token) = (end.resource.to_string(), end.token);
+        let (outcome, signal) = (end.outcome.to_string(), end.signal.map(str::to_string));
+        let (exit_code, duration_ms) = (end.exit_code.map(i64::from), end.duration_ms);
+        let (elapsed, output) = (end.elapsed_ms, end.output.to_string());
+        self.call(Op::FinishRun, move |s, _| {
+            let run = s
+                .runs
+                .iter_mut()
+                .find(|r| r.resource == resource && r.token == token && r.finished_at.is_none());
+            let Some(run) = run else { return false };
+            run.finished_at = Some(StoreTime(run.started_at.0 + elapsed));
+            run.outcome = outcome;
+            run.exit_code = exit_code;
+            run.signal = signal;
+            run.duration_ms = Some(duration_ms);
+            run.output = Some(output);
+            s.note(Op::FinishRun, format!("finished {token}"));
+            true
+        })
+        .await
+    }
+
+    async fn runs(&self, q: &RunQuery<'_>) -> Result<Vec<RunInfo>, StoreError> {
+        let job = q.job.map(str::to_string);
+        let outcome = q.outcome.map(str::to_string);
+        let (since, limit) = (q.since.map_or(i64::MIN, |t| t.0), q.limit as usize);
+        self.call(Op::Fleet, move |s, now| {
+            let mut found: Vec<RunInfo> = s
+                .runs
+                .iter()
+                .filter(|r| job.as_ref().is_none_or(|j| &r.job == j) && r.started_at.0 >= since)
+                .filter(|r| outcome.as_ref().is_none_or(|o| &r.outcome == o))
+                .cloned()
+                .collect();
+            found.reverse();
+            found.sort_by_key(|r| std::cmp::Reverse(r.started_at));
+            found.truncate(limit);
+            for r in &mut found {
+                if r.finished_at.is_none() {
+                    let lease = s.leases.get(&r.resource);
+                    let held = lease.is_some_and(|l| {
+                        l.fence == r.token && l.owner_id == r.owner_id && l.expires_at > now
+                    });
+                    r.outcome = if held { RUNNING } else { UNKNOWN }.to_string();
+                }
+            }
+            found
+        })
+        .await
+    }
+
+    async fn prune_runs(&self, job: &str, keep: u32, before: StoreTime) -> Result<u64, StoreError> {
+        let job = job.to_string();
+        self.call(Op::Fleet, move |s, _| {
+            let count = s.runs.len();
+            let mut newer = 0u32;
+            let mut keep_flags = vec![true; count];
+            for (i, r) in s.runs.iter().enumerate().rev() {
+                if r.job != job {
+                    continue;
+                }
+                newer += 1;
+                keep_flags[i] = newer <= keep.max(1) && r.started_at >= before;
+            }
+            let mut flags = keep_flags.into_iter();
+            s.runs.retain(|_| flags.next().unwrap_or(true));
+            (count - s.runs.len()) as u64
+        })
+        .await
+    }
+
+    async fn pause(&self, pause: &PauseInfo) -> Result<(), StoreError> {
+        let pause = pause.clone();
+        self.call(Op::Fleet, move |s, _| {
+            let last = s.pauses.get(&pause.job).and_then(|p| p.1);
+            s.pauses.insert(pause.job.clone(), (pause, last));
+        })
+        .await
+    }
+
+    async fn resume(&self, job: &str) -> Result<bool, StoreError> {
+        let job = job.to_string();
+        self.call(Op::Fleet, move |s, _| s.pauses.remove(&job).is_some())
+            .await
+    }
+
+    async fn pauses(&self, now: StoreTime) -> Result<Vec<PauseInfo>, StoreError> {
+        self.call(Op::Fleet, move |s, _| {
+            s.pauses
+                .values()
+                .filter(|(p, _)| p.until.is_none_or(|u| u > now))
+                .map(|(p, _)| p.clone())
+                .collect()
+        })
+        .await
+    }
+
+    async fn request_trigger(&self, trigger: &TriggerInfo) -> Result<(), StoreError> {
+        let trigger = trigger.clone();
+        self.call(Op::Fleet, move |s, _| s.triggers.push(trigger))
+            .await
+    }
+
+    async fn trigger(&self, id: &str) -> Result<Option<TriggerInfo>, StoreError> {
+        let id = id.to_string();
+        self.call(Op::Fleet, move |s, _| {
+            s.triggers.iter().find(|t| t.id == id).cloned()
+        })
+        .await
+    }
+
+    async fn pending_triggers(&self) -> Result<Vec<TriggerInfo>, StoreError> {
+        self.call(Op::Fleet, |s, _| {
+            s.triggers
+                .iter()
+                .filter(|t| t.state == trigger_state::PENDING)
+                .cloned()
+                .collect()
+        })
+        .await
+    }
+
+    async fn claim_trigger(&self, id: &str, node: &str) -> Result<bool, StoreError> {
+        let (id, node) = (id.to_string(), node.to_string());
+        self.call(Op::Fleet, move |s, _| {
+            match s
+                .triggers
+                .iter_mut()
+                .find(|t| t.id == id && t.state == trigger_state::PENDING)
+            {
+                Some(t) => {
+                    t.state = trigger_state::CLAIMED.to_string();
+                    t.node = Some(node);
+                    true
+                }
+                None => false,
+            }
+        })
+        .await
+    }
+
+    async fn settle_trigger(
+        &self,
+        id: &str,
+        state: &str,
+        token: Option<Token>,
+        detail: Option<&str>,
+    ) -> Result<(), StoreError> {
+        let (id, state) = (id.to_string(), state.to_string());
+        let detail = detail.map(str::to_string);
+        self.call(Op::Fleet, move |s, _| {
+            if let Some(t) = s.triggers.iter_mut().find(|t| t.id == id) {
+                t.state = state;
+                t.token = token;
+                t.detail = detail;
+            }
+        })
+        .await
+    }
+
+    async fn cancel_trigger(&self, id: &str) -> Result<bool, StoreError> {
+        let id = id.to_string();
+        self.call(Op::Fleet, move |s, _| {
+            let before = s.triggers.len();
+            s.triggers
+                .retain(|t| !(t.id == id && t.state == trigger_state::PENDING));
+            s.triggers.len() < before
+        })
+        .await
+    }
+
+    async fn prune_fleet(&self, before: StoreTime) -> Result<u64, StoreError> {
+        self.call(Op::Fleet, move |s, _| {
+            let n = s.triggers.len() + s.pauses.len();
+            s.triggers.retain(|t| t.requested_at >= before);
+            s.pauses
+                .retain(|_, (p, _)| p.until.is_none_or(|u| u >= before));
+            (n - s.triggers.len() - s.pauses.len()) as u64
+        })
+        .await
+    }
+}
+
+impl MemoryStore {
+    /// The run history rows as stored (unfinished ones with an empty
+    /// outcome).
+    pub(crate) fn run_rows(&self) -> Vec<RunInfo> {
+        self.lock().runs.clone()
     }
 }

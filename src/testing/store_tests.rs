@@ -41,6 +41,7 @@ async fn acquire(
         owner_id: owner,
         occurrence: occ,
         next_occurrence: next,
+        run: None,
     })
     .await
     .expect("the store answers")
@@ -371,6 +372,7 @@ async fn injected_faults() {
                 owner_id: Uuid::new_v4(),
                 occurrence: None,
                 next_occurrence: None,
+                run: None,
             })
             .await
             .unwrap_err();
@@ -392,6 +394,7 @@ async fn injected_faults() {
             owner_id: me,
             occurrence: Some(t),
             next_occurrence: None,
+            run: None,
         })
         .await
         .unwrap_err();
@@ -467,6 +470,7 @@ async fn adhoc_err(s: &MemoryStore, r: &Name) -> bool {
         owner_id: Uuid::new_v4(),
         occurrence: None,
         next_occurrence: None,
+        run: None,
     })
     .await
     .is_err()

@@ -284,6 +284,7 @@ async fn generation(store: &dyn Store, r: &str) -> Lease {
             occurrence: None,
             next_occurrence: None,
             owner_id: fencecron::store::fresh_owner(),
+            run: None,
         })
         .await
         .expect("acquire reaches the store")

@@ -574,6 +574,7 @@ async fn mysql_value_over_max_allowed_packet_names_the_setting() {
             occurrence: None,
             next_occurrence: None,
             owner_id: fencecron::store::fresh_owner(),
+            run: None,
         })
         .await
         .unwrap()

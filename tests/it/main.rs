@@ -24,6 +24,7 @@ mod daemon_faults;
 mod disk_full;
 mod failover;
 mod fencing;
+mod fleet;
 mod hardening;
 mod job_credentials;
 mod migrate;

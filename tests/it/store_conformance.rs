@@ -15,9 +15,9 @@ use std::time::Duration;
 
 use fencecron::names::Name;
 use fencecron::store::{
-    first_token_of, AcquireOutcome, AcquireRequest, Lease, LeaseInfo, NewStaleRecord, PutOutcome,
-    PutRequest, Refusal, ReleaseOutcome, RenewOutcome, StaleKind, StaleRecord, Store, StoreTime,
-    Takeover, Token,
+    first_token_of, AcquireOutcome, AcquireRequest, Lease, LeaseInfo, NewStaleRecord, PauseInfo,
+    PutOutcome, PutRequest, Refusal, ReleaseOutcome, RenewOutcome, RunEnd, RunInfo, RunQuery,
+    RunStart, StaleKind, StaleRecord, StartedBy, Store, StoreTime, Takeover, Token, TriggerInfo,
 };
 use tokio::sync::Barrier;
 use uuid::Uuid;
@@ -53,6 +53,7 @@ async fn acquire_at(
             owner_id: Uuid::new_v4(),
             occurrence,
             next_occurrence: None,
+            run: None,
         })
         .await
         .expect("acquire reaches the store")
@@ -1432,6 +1433,7 @@ async fn attempt(
         owner_id,
         occurrence: Some(occ),
         next_occurrence: Some(next),
+        run: None,
     })
     .await
     .expect("acquire reaches the store")
@@ -1680,6 +1682,7 @@ async fn acquire_as(
         owner_id: Uuid::new_v4(),
         occurrence,
         next_occurrence: None,
+        run: None,
     })
     .await
     .expect("acquire reaches the store")
@@ -1948,6 +1951,372 @@ async fn mysql_losing_acquire_reads_no_epoch_and_writes_nothing() {
     pool.close().await;
 }
 
+// ------------------------------------------ operating the fleet (issue 10)
+
+/// A scheduled acquire for `job` as a new owner.
+async fn acquire_run(
+    s: &dyn Store,
+    r: &Name,
+    job: &str,
+    owner_id: Uuid,
+    occurrence: Option<StoreTime>,
+    started_by: StartedBy,
+) -> AcquireOutcome {
+    s.acquire(&AcquireRequest {
+        resource: r,
+        lease: LEASE,
+        node: NODE,
+        owner_id,
+        occurrence,
+        next_occurrence: None,
+        run: Some(RunStart { job, started_by }),
+    })
+    .await
+    .expect("acquire reaches the store")
+}
+
+async fn runs_of(s: &dyn Store, job: &str) -> Vec<RunInfo> {
+    s.runs(&RunQuery {
+        job: Some(job),
+        limit: 100,
+        ..RunQuery::default()
+    })
+    .await
+    .expect("runs reaches the store")
+}
+
+fn end(l: &Lease, outcome: &'static str, output: &'static str) -> RunEnd<'static> {
+    RunEnd {
+        resource: Box::leak(l.resource.clone().into_boxed_str()),
+        token: l.token,
+        outcome,
+        exit_code: Some(3),
+        signal: None,
+        duration_ms: 1_500,
+        elapsed_ms: 1_600,
+        output,
+    }
+}
+
+/// The run history: a winning acquire records the run in the same
+/// operation (a loser, and a retry adopting its own win, add nothing); the
+/// run reads `running` while its lease is held, `unknown` once the lease is
+/// gone without an end, and its end once `finish_run` wrote it (once).
+/// A win given back unused leaves no run; manual runs have no instant.
+async fn case_run_history_records_winners_only(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let (r, job) = (resource("history"), unique("job"));
+    let t = StoreTime(s.now().await.unwrap().0 / 1000 * 1000 - 60_000);
+    let owner = Uuid::new_v4();
+    let a = acquired(
+        acquire_run(s, &r, &job, owner, Some(t), StartedBy::Schedule).await,
+        "a",
+    );
+    let lost = acquire_run(s, &r, &job, Uuid::new_v4(), Some(t), StartedBy::Schedule).await;
+    assert!(!matches!(lost, AcquireOutcome::Acquired(_)), "{lost:?}");
+    let adopted = acquired(
+        acquire_run(s, &r, &job, owner, Some(t), StartedBy::Schedule).await,
+        "retry",
+    );
+    assert_eq!(adopted.token, a.token);
+    let runs = runs_of(s, &job).await;
+    assert_eq!(runs.len(), 1, "one row per run: {runs:?}");
+    let run = &runs[0];
+    assert_eq!(
+        (
+            run.resource.as_str(),
+            run.scheduled_at,
+            run.trigger.as_str(),
+            run.node.as_str(),
+            run.owner_id.as_str(),
+            run.token,
+            run.outcome.as_str(),
+            run.finished_at,
+        ),
+        (
+            r.as_str(),
+            Some(t),
+            "schedule",
+            NODE,
+            owner.to_string().as_str(),
+            a.token,
+            "running",
+            None
+        )
+    );
+    let started = run.started_at;
+    assert!(s
+        .finish_run(&end(&a, "failed", "last\nlines\n"))
+        .await
+        .unwrap());
+    assert!(
+        !s.finish_run(&end(&a, "succeeded", "")).await.unwrap(),
+        "a run ends once"
+    );
+    must_release(s, &a).await;
+    let run = &runs_of(s, &job).await[0];
+    assert_eq!(
+        (
+            run.outcome.as_str(),
+            run.exit_code,
+            run.signal.as_deref(),
+            run.duration_ms,
+            run.finished_at,
+            run.output.as_deref()
+        ),
+        (
+            "failed",
+            Some(3),
+            None,
+            Some(1_500),
+            Some(StoreTime(started.0 + 1_600)),
+            Some("last\nlines\n")
+        )
+    );
+
+    // Released without an end (its node died and a successor gave the lease
+    // back): unknown, not running forever. Manual: no instant.
+    let m = acquired(
+        acquire_run(s, &r, &job, Uuid::new_v4(), None, StartedBy::Manual).await,
+        "manual",
+    );
+    assert_eq!(runs_of(s, &job).await[0].outcome, "running");
+    must_release(s, &m).await;
+    let newest = &runs_of(s, &job).await[0];
+    assert_eq!(
+        (
+            newest.token,
+            newest.trigger.as_str(),
+            newest.scheduled_at,
+            newest.outcome.as_str()
+        ),
+        (m.token, "manual", None, "unknown")
+    );
+
+    // Given back unused: no run.
+    let t2 = StoreTime(t.0 + 1_000);
+    let g = acquired(
+        acquire_run(s, &r, &job, Uuid::new_v4(), Some(t2), StartedBy::Schedule).await,
+        "given back",
+    );
+    let out = s
+        .give_back(&r, &g.owner_id.to_string(), Some(g.token), t2)
+        .await
+        .unwrap();
+    assert_eq!(out, ReleaseOutcome::Released);
+    let tokens: Vec<Token> = runs_of(s, &job).await.iter().map(|r| r.token).collect();
+    assert_eq!(
+        tokens,
+        [m.token, a.token],
+        "newest first, no given-back run"
+    );
+
+    // Filters: outcome, limit, since.
+    let failed = s
+        .runs(&RunQuery {
+            job: Some(&job),
+            outcome: Some("failed"),
+            limit: 10,
+            ..RunQuery::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        failed.iter().map(|r| r.token).collect::<Vec<_>>(),
+        [a.token]
+    );
+    let one = s
+        .runs(&RunQuery {
+            job: Some(&job),
+            limit: 1,
+            ..RunQuery::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(one.len(), 1);
+    let later = s
+        .runs(&RunQuery {
+            job: Some(&job),
+            since: Some(StoreTime(s.now().await.unwrap().0 + 60_000)),
+            limit: 10,
+            ..RunQuery::default()
+        })
+        .await
+        .unwrap();
+    assert!(later.is_empty(), "{later:?}");
+}
+
+/// Retention: the newest `keep` runs of a job stay, older ones (and those
+/// past the age limit) go; other jobs' runs are untouched.
+async fn case_run_history_prune_keeps_the_newest(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let (r, job, other) = (resource("prune"), unique("job"), unique("other"));
+    let mut tokens = Vec::new();
+    for _ in 0..5 {
+        let l = acquired(
+            acquire_run(s, &r, &job, Uuid::new_v4(), None, StartedBy::Manual).await,
+            "run",
+        );
+        s.finish_run(&end(&l, "succeeded", "")).await.unwrap();
+        must_release(s, &l).await;
+        tokens.push(l.token);
+    }
+    let o = acquired(
+        acquire_run(
+            s,
+            &resource("prune-other"),
+            &other,
+            Uuid::new_v4(),
+            None,
+            StartedBy::Manual,
+        )
+        .await,
+        "other",
+    );
+    let long_ago = StoreTime(0);
+    assert_eq!(s.prune_runs(&job, 2, long_ago).await.unwrap(), 3);
+    let kept: Vec<Token> = runs_of(s, &job).await.iter().map(|r| r.token).collect();
+    assert_eq!(kept, [tokens[4], tokens[3]]);
+    assert_eq!(s.prune_runs(&job, 2, long_ago).await.unwrap(), 0);
+    let future = StoreTime(s.now().await.unwrap().0 + 60_000);
+    assert_eq!(s.prune_runs(&job, 2, future).await.unwrap(), 2, "age");
+    assert!(runs_of(s, &job).await.is_empty());
+    assert_eq!(runs_of(s, &other).await.len(), 1, "another job's runs stay");
+    must_release(s, &o).await;
+}
+
+/// A pause is honoured by the scheduled acquire itself: every caller is
+/// refused, exactly one per instant is told it was first, nothing is
+/// written to the lease, also for a resource never leased; a manual run
+/// still wins; an expired pause and a resumed job are not honoured.
+async fn case_pause_is_honoured_by_the_acquire(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let (r, job) = (resource("paused"), unique("job"));
+    let now = s.now().await.unwrap();
+    let t = StoreTime(now.0 / 1000 * 1000 - 60_000);
+    let pause = PauseInfo {
+        job: job.clone(),
+        note: Some("maintenance window".into()),
+        since: now,
+        until: None,
+        paused_by: "ops@host".into(),
+    };
+    s.pause(&pause).await.unwrap();
+    assert!(s.pauses(now).await.unwrap().contains(&pause));
+    let first = acquire_run(s, &r, &job, Uuid::new_v4(), Some(t), StartedBy::Schedule).await;
+    assert_eq!(
+        first,
+        AcquireOutcome::Paused {
+            note: Some("maintenance window".into()),
+            until: None,
+            first: true
+        },
+        "a resource never leased"
+    );
+    let second = acquire_run(s, &r, &job, Uuid::new_v4(), Some(t), StartedBy::Schedule).await;
+    assert!(
+        matches!(second, AcquireOutcome::Paused { first: false, .. }),
+        "{second:?}"
+    );
+    assert!(runs_of(s, &job).await.is_empty());
+    // A manual run is not held back by the pause.
+    let m = acquired(
+        acquire_run(s, &r, &job, Uuid::new_v4(), None, StartedBy::Manual).await,
+        "manual",
+    );
+    must_release(s, &m).await;
+    let before = row(s, &r).await;
+    let t2 = StoreTime(t.0 + 1_000);
+    let next = acquire_run(s, &r, &job, Uuid::new_v4(), Some(t2), StartedBy::Schedule).await;
+    assert!(
+        matches!(next, AcquireOutcome::Paused { first: true, .. }),
+        "the next instant is noted once again: {next:?}"
+    );
+    assert_eq!(
+        row(s, &r).await,
+        before,
+        "a paused acquire leaves the lease alone"
+    );
+
+    assert!(s.resume(&job).await.unwrap());
+    assert!(!s.resume(&job).await.unwrap(), "resumed already");
+    acquired(
+        acquire_run(s, &r, &job, Uuid::new_v4(), Some(t2), StartedBy::Schedule).await,
+        "resumed",
+    );
+
+    // A pause that ended is neither listed nor honoured.
+    let (r3, job3) = (resource("pause-ended"), unique("job"));
+    let ended = PauseInfo {
+        job: job3.clone(),
+        until: Some(StoreTime(now.0 - 1)),
+        ..pause
+    };
+    s.pause(&ended).await.unwrap();
+    assert!(!s.pauses(now).await.unwrap().iter().any(|p| p.job == job3));
+    acquired(
+        acquire_run(s, &r3, &job3, Uuid::new_v4(), Some(t), StartedBy::Schedule).await,
+        "pause over",
+    );
+}
+
+/// Triggers: exactly one claim succeeds; a claimed trigger cannot be
+/// withdrawn, a pending one can; old ones are pruned.
+async fn case_triggers_are_claimed_once(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let now = s.now().await.unwrap();
+    let request = |id: &str| TriggerInfo {
+        id: id.to_string(),
+        job: "job".into(),
+        requested_at: now,
+        requested_by: "ops@host".into(),
+        state: "pending".into(),
+        node: None,
+        token: None,
+        detail: None,
+    };
+    let (a, b) = (unique("t"), unique("t"));
+    s.request_trigger(&request(&a)).await.unwrap();
+    s.request_trigger(&request(&b)).await.unwrap();
+    let pending = s.pending_triggers().await.unwrap();
+    assert!(pending.contains(&request(&a)) && pending.contains(&request(&b)));
+    assert!(s.claim_trigger(&a, "node-a").await.unwrap());
+    assert!(
+        !s.claim_trigger(&a, "node-b").await.unwrap(),
+        "claimed once"
+    );
+    assert!(
+        !s.cancel_trigger(&a).await.unwrap(),
+        "claimed: not withdrawn"
+    );
+    s.settle_trigger(&a, "started", Some(7), None)
+        .await
+        .unwrap();
+    let t = s.trigger(&a).await.unwrap().unwrap();
+    assert_eq!(
+        (t.state.as_str(), t.node.as_deref(), t.token),
+        ("started", Some("node-a"), Some(7))
+    );
+    assert!(!s
+        .pending_triggers()
+        .await
+        .unwrap()
+        .iter()
+        .any(|t| t.id == a));
+    assert!(s.cancel_trigger(&b).await.unwrap());
+    assert_eq!(s.trigger(&b).await.unwrap(), None);
+    let c = unique("t");
+    s.request_trigger(&TriggerInfo {
+        requested_at: StoreTime(1),
+        ..request(&c)
+    })
+    .await
+    .unwrap();
+    assert!(s.prune_fleet(StoreTime(2)).await.unwrap() >= 1);
+    assert_eq!(s.trigger(&c).await.unwrap(), None);
+    assert!(s.trigger(&a).await.unwrap().is_some(), "newer ones stay");
+}
+
 // --------------------------------------------------------------- the macro
 
 /// Opens the backend's store, migrates it, and runs one case under a time
@@ -2070,6 +2439,10 @@ conformance!(
     case_retry_adopts_an_expired_win,
     case_superseded_occurrence_is_refused,
     case_give_back_leaves_the_instant_runnable,
+    case_run_history_records_winners_only,
+    case_run_history_prune_keeps_the_newest,
+    case_pause_is_honoured_by_the_acquire,
+    case_triggers_are_claimed_once,
 );
 
 isolated_conformance!(case_epoch_advance);

@@ -1,0 +1,56 @@
+-- Operating the fleet from the store (issue 10): run history, pauses and
+-- manual triggers. Times are milliseconds since the Unix epoch by the
+-- database server's clock.
+
+-- One row per run the fleet started: inserted by the winning acquire itself
+-- (a losing acquire writes nothing), finished by one UPDATE when the run
+-- ends. A row with no finished_at_ms whose lease is no longer held by its
+-- token is a run whose node died: `fencecron runs` shows it as `unknown`.
+CREATE TABLE IF NOT EXISTS fencecron_runs (
+    id              INTEGER PRIMARY KEY AUTOINCREMENT,
+    job             TEXT NOT NULL,
+    resource        TEXT NOT NULL,
+    scheduled_at_ms BIGINT NULL,
+    started_by      TEXT NOT NULL,
+    node            TEXT NOT NULL,
+    owner_id        TEXT NOT NULL,
+    token           BIGINT NOT NULL,
+    started_at_ms   BIGINT NOT NULL,
+    finished_at_ms  BIGINT NULL,
+    outcome         TEXT NULL,
+    exit_code       BIGINT NULL,
+    signal_name     TEXT NULL,
+    duration_ms     BIGINT NULL,
+    output_tail     TEXT NULL,
+    -- A retry that adopts its own earlier win inserts nothing twice.
+    UNIQUE (resource, token)
+);
+CREATE INDEX IF NOT EXISTS fencecron_runs_job ON fencecron_runs (job, id);
+CREATE INDEX IF NOT EXISTS fencecron_runs_started ON fencecron_runs (started_at_ms);
+
+-- Paused jobs, fleet-wide. The scheduled acquire of a paused job wins
+-- nothing; the one acquire per instant that moves last_skipped_ms logs the
+-- skip at INFO, every other host at DEBUG.
+CREATE TABLE IF NOT EXISTS fencecron_pauses (
+    job             TEXT PRIMARY KEY,
+    note            TEXT NULL,
+    since_ms        BIGINT NOT NULL,
+    until_ms        BIGINT NULL,
+    paused_by       TEXT NOT NULL,
+    last_skipped_ms BIGINT NULL
+);
+
+-- Requests to run a job now (`fencecron trigger`), with an id the CLI
+-- makes up (a UUID): pending until one daemon claims the row, then started
+-- (with the run's token) or refused (with the holder).
+CREATE TABLE IF NOT EXISTS fencecron_triggers (
+    id              TEXT PRIMARY KEY,
+    job             TEXT NOT NULL,
+    requested_at_ms BIGINT NOT NULL,
+    requested_by    TEXT NOT NULL,
+    state           TEXT NOT NULL,
+    node            TEXT NULL,
+    token           BIGINT NULL,
+    detail          TEXT NULL
+);
+CREATE INDEX IF NOT EXISTS fencecron_triggers_state ON fencecron_triggers (state);

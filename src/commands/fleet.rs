@@ -1,0 +1,457 @@
+//! Operating the fleet from the store: `runs`, `status`, `trigger`, `pause`
+//! and `resume`. Each reads or writes the shared store only; the daemons
+//! act on what it says (see `daemon::fleet` and the acquire's pause check).
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use chrono::Utc;
+use serde::Serialize;
+
+use super::{hostname, print_json, Context};
+use crate::cli::{Cli, PauseArgs, RunsArgs, TriggerArgs};
+use crate::config::Job;
+use crate::error::{Error, Exit, Result};
+use crate::output::Out;
+use crate::store::{
+    millis, rfc3339, trigger_state, OpenOptions, PauseInfo, RunInfo, RunQuery, Store, StoreTime,
+    TriggerInfo, RUNNING, UNKNOWN,
+};
+
+/// Most runs one `runs` call lists.
+const MAX_LIMIT: u32 = 1000;
+
+/// How often `trigger` looks at its request and, with `--wait`, its run.
+const POLL: Duration = Duration::from_millis(200);
+
+/// `fencecron runs`.
+pub async fn runs(cli: &Cli, args: &RunsArgs) -> Result<Exit> {
+    if !(1..=MAX_LIMIT).contains(&args.limit) {
+        return Err(Error::Usage(format!(
+            "--limit {} is outside 1..={MAX_LIMIT}",
+            args.limit
+        )));
+    }
+    if let Some(job) = &args.job {
+        // Any valid name: a job that left the config keeps its history.
+        crate::names::Name::parse("job", job).map_err(Error::Usage)?;
+    }
+    let ctx = Context::load(cli, false)?;
+    let store = ctx.store(&OpenOptions::default()).await?;
+    let since = match args.since {
+        Some(d) => Some(StoreTime(store.now().await?.0 - millis(d.0))),
+        None => None,
+    };
+    let runs = store
+        .runs(&RunQuery {
+            job: args.job.as_deref(),
+            outcome: None,
+            since,
+            limit: args.limit,
+        })
+        .await?;
+    if args.json {
+        print_json(&runs)?;
+        return Ok(Exit::Success);
+    }
+    let mut out = Out::stdout();
+    writeln!(
+        out,
+        "{:<24} {:<20} {:<9} {:<16} {:>10} {:<12} {:>5} {:>10}  SCHEDULED",
+        "STARTED", "JOB", "TRIGGER", "NODE", "TOKEN", "OUTCOME", "EXIT", "DURATION"
+    )?;
+    for r in &runs {
+        writeln!(
+            out,
+            "{:<24} {:<20} {:<9} {:<16} {:>10} {:<12} {:>5} {:>10}  {}",
+            r.started_at.to_string(),
+            r.job,
+            r.trigger,
+            r.node,
+            r.token,
+            r.outcome,
+            exit_text(r),
+            r.duration_ms
+                .map_or_else(|| "-".to_string(), |d| format!("{d}ms")),
+            r.scheduled_at
+                .map_or_else(|| "-".to_string(), |s| s.to_string()),
+        )?;
+    }
+    Ok(Exit::Success)
+}
+
+/// A run's exit code, or its signal's name, or `-`.
+fn exit_text(r: &RunInfo) -> String {
+    match (&r.exit_code, &r.signal) {
+        (Some(c), _) => c.to_string(),
+        (None, Some(s)) => s.clone(),
+        (None, None) => "-".to_string(),
+    }
+}
+
+/// One job in `fencecron status`.
+#[derive(Debug, Serialize)]
+struct JobStatus {
+    job: String,
+    resource: String,
+    schedule: String,
+    timezone: String,
+    next_at: Option<String>,
+    paused: Option<PauseInfo>,
+    running: Option<Running>,
+    last_run: Option<LastRun>,
+    last_success: Option<LastRun>,
+}
+
+#[derive(Debug, Serialize)]
+struct Running {
+    node: String,
+    token: i64,
+    trigger: String,
+    since: StoreTime,
+}
+
+#[derive(Debug, Serialize)]
+struct LastRun {
+    outcome: String,
+    at: StoreTime,
+    node: String,
+    token: i64,
+}
+
+impl LastRun {
+    fn of(r: &RunInfo) -> LastRun {
+        LastRun {
+            outcome: r.outcome.clone(),
+            at: r.finished_at.unwrap_or(r.started_at),
+            node: r.node.clone(),
+            token: r.token,
+        }
+    }
+}
+
+/// `fencecron status`.
+pub async fn status(cli: &Cli, json: bool) -> Result<Exit> {
+    let ctx = Context::load(cli, true)?;
+    let store = ctx.store(&OpenOptions::default()).await?;
+    let jobs = &ctx.config.as_ref().expect("status loads the config").jobs;
+    let now = store.now().await?;
+    let pauses = store.pauses(now).await?;
+    let local_now = Utc::now();
+    let mut all = Vec::with_capacity(jobs.len());
+    for job in jobs {
+        let name = job.name.as_str();
+        // The newest runs: one in progress, if any, then the last one that
+        // ended (or whose node died).
+        let recent = store
+            .runs(&RunQuery {
+                job: Some(name),
+                limit: 2,
+                ..RunQuery::default()
+            })
+            .await?;
+        let running = recent.iter().find(|r| r.outcome == RUNNING);
+        let last = recent.iter().find(|r| r.outcome != RUNNING);
+        let success = store
+            .runs(&RunQuery {
+                job: Some(name),
+                outcome: Some("succeeded"),
+                limit: 1,
+                ..RunQuery::default()
+            })
+            .await?;
+        all.push(JobStatus {
+            job: name.to_string(),
+            resource: job.resource.to_string(),
+            schedule: job.schedule.expr().to_string(),
+            timezone: job.schedule.tz().name().to_string(),
+            next_at: job.schedule.next_after(local_now).map(rfc3339),
+            paused: pauses.iter().find(|p| p.job == name).cloned(),
+            running: running.map(|r| Running {
+                node: r.node.clone(),
+                token: r.token,
+                trigger: r.trigger.clone(),
+                since: r.started_at,
+            }),
+            last_run: last.map(LastRun::of),
+            last_success: success.first().map(LastRun::of),
+        });
+    }
+    if json {
+        print_json(&all)?;
+        return Ok(Exit::Success);
+    }
+    let mut out = Out::stdout();
+    writeln!(
+        out,
+        "{:<20} {:<22} {:<24} {:<28} {:<36} LAST SUCCESS",
+        "JOB", "SCHEDULE", "NEXT", "STATE", "LAST RUN"
+    )?;
+    for s in &all {
+        let state = match (&s.paused, &s.running) {
+            (_, Some(r)) => format!("running on {} (token {})", r.node, r.token),
+            (Some(p), None) => match p.until {
+                Some(u) => format!("paused until {u}"),
+                None => "paused".to_string(),
+            },
+            (None, None) => "idle".to_string(),
+        };
+        writeln!(
+            out,
+            "{:<20} {:<22} {:<24} {:<28} {:<36} {}",
+            s.job,
+            format!("{} {}", s.schedule, s.timezone),
+            s.next_at.as_deref().unwrap_or("-"),
+            state,
+            s.last_run
+                .as_ref()
+                .map_or_else(|| "-".to_string(), |l| format!("{} {}", l.outcome, l.at)),
+            s.last_success
+                .as_ref()
+                .map_or_else(|| "-".to_string(), |l| l.at.to_string()),
+        )?;
+        if let Some(note) = s.paused.as_ref().and_then(|p| p.note.as_deref()) {
+            writeln!(out, "{:<20} note: {note}", "")?;
+        }
+    }
+    Ok(Exit::Success)
+}
+
+/// The job named on the command line, from the config.
+fn job_of<'a>(ctx: &'a Context, name: &str) -> Result<&'a Job> {
+    let jobs = ctx
+        .config
+        .as_ref()
+        .map(|c| c.jobs.as_slice())
+        .unwrap_or_default();
+    jobs.iter().find(|j| j.name.as_str() == name).ok_or_else(|| {
+        let known: Vec<&str> = jobs.iter().map(|j| j.name.as_str()).collect();
+        Error::Usage(format!(
+            "there is no job `{name}` in {} (its jobs: {}); name a job of the config the daemons run",
+            ctx.config_path.display(),
+            if known.is_empty() {
+                "none".to_string()
+            } else {
+                known.join(", ")
+            }
+        ))
+    })
+}
+
+/// Who asked: `user@host`, for pauses and triggers.
+fn requester() -> String {
+    let user = std::env::var("USER")
+        .ok()
+        .filter(|u| !u.is_empty())
+        .unwrap_or_else(|| nix::unistd::getuid().to_string());
+    format!("{user}@{}", hostname())
+}
+
+/// `fencecron pause`.
+pub async fn pause(cli: &Cli, args: &PauseArgs) -> Result<Exit> {
+    let ctx = Context::load(cli, true)?;
+    let job = job_of(&ctx, &args.job)?;
+    if let Some(note) = &args.note {
+        if note.len() > 1000 || note.chars().any(char::is_control) {
+            return Err(Error::Usage(
+                "--note must be one line of at most 1000 bytes".to_string(),
+            ));
+        }
+    }
+    let store = ctx.store(&OpenOptions::default()).await?;
+    let now = store.now().await?;
+    let pause = PauseInfo {
+        job: job.name.to_string(),
+        note: args.note.clone(),
+        since: now,
+        until: args.for_.map(|d| StoreTime(now.0 + millis(d.0))),
+        paused_by: requester(),
+    };
+    store.pause(&pause).await?;
+    crate::events::job_paused(&pause);
+    let mut out = Out::stdout();
+    match pause.until {
+        Some(u) => writeln!(out, "paused {} fleet-wide until {u}", pause.job)?,
+        None => writeln!(
+            out,
+            "paused {} fleet-wide; `fencecron resume {}` runs it again",
+            pause.job, pause.job
+        )?,
+    }
+    Ok(Exit::Success)
+}
+
+/// `fencecron resume`.
+pub async fn resume(cli: &Cli, name: &str) -> Result<Exit> {
+    let ctx = Context::load(cli, true)?;
+    let job = job_of(&ctx, name)?;
+    let store = ctx.store(&OpenOptions::default()).await?;
+    let was = store.resume(job.name.as_str()).await?;
+    crate::events::job_resumed(job.name.as_str(), was);
+    let mut out = Out::stdout();
+    if was {
+        writeln!(out, "resumed {} fleet-wide", job.name)?;
+    } else {
+        writeln!(out, "{} was not paused", job.name)?;
+    }
+    Ok(Exit::Success)
+}
+
+/// `fencecron trigger`.
+pub async fn trigger(cli: &Cli, args: &TriggerArgs) -> Result<Exit> {
+    let ctx = Context::load(cli, true)?;
+    let job = job_of(&ctx, &args.job)?;
+    let store = ctx.store(&OpenOptions::default()).await?;
+    // Refused at once when the job holds its lease (the daemon that takes
+    // the request checks again, atomically, with its acquire).
+    if let Some(l) = store
+        .list()
+        .await?
+        .into_iter()
+        .find(|l| l.resource == job.resource.as_str() && l.held)
+    {
+        return Err(Error::Held(format!(
+            "{} is running: its lease is held by {} on {} with token {} until {}; trigger it again once it ended",
+            job.name, l.owner_id, l.node, l.token, l.expires_at
+        )));
+    }
+    let request = TriggerInfo {
+        id: uuid::Uuid::new_v4().to_string(),
+        job: job.name.to_string(),
+        requested_at: store.now().await?,
+        requested_by: requester(),
+        state: trigger_state::PENDING.to_string(),
+        node: None,
+        token: None,
+        detail: None,
+    };
+    store.request_trigger(&request).await?;
+    let taken = await_taken(store.as_ref(), &request, args.timeout.0).await?;
+    let (node, token) = (
+        taken.node.clone().unwrap_or_default(),
+        taken.token.unwrap_or_default(),
+    );
+    let mut out = Out::stdout();
+    writeln!(
+        out,
+        "{} started on {node} with token {token} (trigger {})",
+        job.name, request.id
+    )?;
+    if !args.wait {
+        return Ok(Exit::Success);
+    }
+    let run = await_end(store.as_ref(), job, token).await?;
+    writeln!(
+        out,
+        "{} ended on {node}: {} (exit {})",
+        job.name,
+        run.outcome,
+        exit_text(&run)
+    )?;
+    exit_of(&run)
+}
+
+/// Waits until a daemon took the request (started or refused). Nobody
+/// claiming it within `timeout` withdraws it: no daemon is running the job.
+async fn await_taken(
+    store: &dyn Store,
+    request: &TriggerInfo,
+    timeout: Duration,
+) -> Result<TriggerInfo> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut withdrawn_too_late = false;
+    loop {
+        let now = store.trigger(&request.id).await?;
+        let Some(t) = now else {
+            return Err(Error::Runtime(format!(
+                "the trigger {} vanished from the store before a daemon took it",
+                request.id
+            )));
+        };
+        match t.state.as_str() {
+            trigger_state::STARTED => return Ok(t),
+            trigger_state::REFUSED => {
+                return Err(Error::Held(format!(
+                    "{} was not started by {}: {}",
+                    request.job,
+                    t.node.as_deref().unwrap_or("a daemon"),
+                    t.detail.as_deref().unwrap_or("refused")
+                )))
+            }
+            _ => {}
+        }
+        if tokio::time::Instant::now() >= deadline {
+            if t.state == trigger_state::PENDING && store.cancel_trigger(&request.id).await? {
+                return Err(Error::Runtime(format!(
+                    "no live daemon took the trigger of {} within {}; is `fencecron run` running with this job on some host? (the request was withdrawn)",
+                    request.job,
+                    humantime::format_duration(timeout)
+                )));
+            }
+            // Claimed, but not started yet (or claimed just now): give the
+            // daemon one more period to say how it went.
+            if withdrawn_too_late {
+                return Err(Error::Runtime(format!(
+                    "{} claimed the trigger of {} but did not say within {} whether it started; check its log and `fencecron runs {}`",
+                    t.node.as_deref().unwrap_or("a daemon"),
+                    request.job,
+                    humantime::format_duration(timeout),
+                    request.job
+                )));
+            }
+            withdrawn_too_late = true;
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// Waits for the run under `token` to end.
+async fn await_end(store: &dyn Store, job: &Job, token: i64) -> Result<RunInfo> {
+    loop {
+        let runs = store
+            .runs(&RunQuery {
+                job: Some(job.name.as_str()),
+                limit: 20,
+                ..RunQuery::default()
+            })
+            .await?;
+        match runs.into_iter().find(|r| r.token == token) {
+            Some(r) if r.outcome != RUNNING => return Ok(r),
+            Some(_) => {}
+            None => {
+                return Err(Error::Runtime(format!(
+                    "the run of {} with token {token} is not in the run history",
+                    job.name
+                )))
+            }
+        }
+        tokio::time::sleep(POLL * 2).await;
+    }
+}
+
+/// `trigger --wait`'s exit: the job's exit code, or 128 + its signal; 127
+/// when it could not be started; 1 when its node died and nobody knows.
+fn exit_of(run: &RunInfo) -> Result<Exit> {
+    if let Some(code) = run.exit_code {
+        return Ok(Exit::Job(u8::try_from(code & 0xff).unwrap_or(1)));
+    }
+    if let Some(sig) = &run.signal {
+        let n = nix::sys::signal::Signal::from_str(sig)
+            .map(|s| s as i32)
+            .ok()
+            .or_else(|| sig.strip_prefix("SIG").and_then(|n| n.parse().ok()))
+            .unwrap_or(0);
+        return Ok(Exit::Job(u8::try_from(128 + n).unwrap_or(255)));
+    }
+    match run.outcome.as_str() {
+        "spawn_failed" => Ok(Exit::Job(127)),
+        UNKNOWN => Err(Error::Runtime(format!(
+            "the run of {} with token {} has no known outcome: its node stopped answering mid-run",
+            run.job, run.token
+        ))),
+        other => Err(Error::Runtime(format!(
+            "the run of {} ended {other} without an exit code",
+            run.job
+        ))),
+    }
+}

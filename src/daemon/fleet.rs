@@ -1,0 +1,216 @@
+//! The daemon's part in operating the fleet from the store: runs asked for
+//! with `fencecron trigger`, and the run history's retention.
+//!
+//! Triggers are polled: every [`TRIGGER_POLL`] the scheduler loop starts one
+//! `pending_triggers` read (never two at once), the idle cost of the
+//! feature: 30 statements a minute per daemon, one indexed read of a table
+//! that is empty unless a trigger waits. A pending trigger for one of this
+//! daemon's jobs is claimed (exactly one daemon's claim succeeds), then the
+//! job's lease is acquired like `exec` acquires one (no occurrence: a new
+//! token) with the run recorded as `manual`; the trigger then says
+//! `started` with that token, or `refused` with the holder when the job is
+//! running somewhere.
+//!
+//! Retention runs every [`PRUNE_EVERY`] (first a minute after start): per
+//! job of the config, runs beyond `history.keep` or older than
+//! `history.max_age` go, and triggers and ended pauses older than a day.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::occurrence::run_under_lease;
+use super::{ensure_ready, Shared};
+use crate::config::Job;
+use crate::events;
+use crate::store::{
+    self, millis, trigger_state, AcquireOutcome, AcquireRequest, RunStart, StartedBy, StoreTime,
+    TriggerInfo,
+};
+
+/// How often a daemon looks for triggers.
+pub(super) const TRIGGER_POLL: Duration = Duration::from_secs(2);
+
+/// How often a daemon prunes the run history.
+pub(super) const PRUNE_EVERY: Duration = Duration::from_secs(3600);
+
+/// The first prune after start.
+pub(super) const FIRST_PRUNE: Duration = Duration::from_secs(60);
+
+/// Triggers and ended pauses are kept this long.
+const TRIGGER_RETENTION: Duration = Duration::from_secs(24 * 3600);
+
+/// Looks for pending triggers of `jobs` and starts each one this daemon
+/// claims.
+pub(super) async fn poll_triggers(shared: Shared, jobs: HashMap<String, Arc<Job>>) {
+    let store = shared.supervisor.store().clone();
+    if ensure_ready(&shared.ready, store.as_ref()).await.is_err() {
+        return;
+    }
+    let pending = match store.pending_triggers().await {
+        Ok(p) => p,
+        Err(e) => {
+            events::store_unavailable("pending_triggers", None, &e.to_string(), Some(TRIGGER_POLL));
+            return;
+        }
+    };
+    for trigger in pending {
+        let Some(job) = jobs.get(&trigger.job) else {
+            continue;
+        };
+        match store
+            .claim_trigger(&trigger.id, shared.supervisor.node())
+            .await
+        {
+            Ok(true) => {
+                let (shared, job) = (shared.clone(), job.clone());
+                shared
+                    .tracker
+                    .clone()
+                    .spawn(async move { run_triggered(shared, job, trigger).await });
+            }
+            Ok(false) => {}
+            Err(e) => {
+                events::store_unavailable("claim_trigger", Some(&trigger.job), &e.to_string(), None)
+            }
+        }
+    }
+}
+
+/// Runs a trigger this daemon claimed: a manual run under a new token, or
+/// the refusal when the job holds its lease somewhere.
+async fn run_triggered(shared: Shared, job: Arc<Job>, trigger: TriggerInfo) {
+    let store = shared.supervisor.store().clone();
+    let name = job.name.as_str();
+    let resource = job.resource.to_string();
+    let fresh = shared
+        .running
+        .lock()
+        .map(|mut r| r.insert(resource.clone()))
+        .unwrap_or(false);
+    if !fresh {
+        let detail = format!(
+            "{name} is being acquired or run on {} already",
+            shared.supervisor.node()
+        );
+        settle(&store, &trigger, trigger_state::REFUSED, None, &detail).await;
+        events::trigger_refused(name, &trigger.id, &detail);
+        return;
+    }
+    let _running = super::occurrence::RunningGuard {
+        running: shared.running.clone(),
+        resource,
+    };
+    let sent = Instant::now();
+    let acquired = store
+        .acquire(&AcquireRequest {
+            resource: &job.resource,
+            lease: job.timing.lease,
+            node: shared.supervisor.node(),
+            owner_id: store::fresh_owner(),
+            occurrence: None,
+            next_occurrence: None,
+            run: Some(RunStart {
+                job: name,
+                started_by: StartedBy::Manual,
+            }),
+        })
+        .await;
+    match acquired {
+        Ok(AcquireOutcome::Acquired(lease)) => {
+            settle(
+                &store,
+                &trigger,
+                trigger_state::STARTED,
+                Some(lease.token),
+                "",
+            )
+            .await;
+            events::trigger_started(name, &trigger.id, &trigger.requested_by, lease.token);
+            run_under_lease(&shared, &job, lease, sent, None).await;
+        }
+        Ok(other) => {
+            let detail = refusal(&other);
+            settle(&store, &trigger, trigger_state::REFUSED, None, &detail).await;
+            events::trigger_refused(name, &trigger.id, &detail);
+        }
+        Err(e) => {
+            let detail = format!("the store failed to grant the lease: {e}");
+            settle(&store, &trigger, trigger_state::REFUSED, None, &detail).await;
+            events::trigger_refused(name, &trigger.id, &detail);
+        }
+    }
+}
+
+/// Why a manual run's acquire lost, for the trigger and its requester.
+fn refusal(outcome: &AcquireOutcome) -> String {
+    match outcome {
+        AcquireOutcome::Held {
+            owner_id: Some(owner),
+            node,
+            token,
+            expires_at,
+        } => format!(
+            "the job is running: its lease is held by {owner} on {} with token {token} until {}",
+            node.as_deref().unwrap_or("an unknown node"),
+            expires_at.map_or_else(|| "its expiry".to_string(), StoreTime::rfc3339)
+        ),
+        AcquireOutcome::Held { .. } => {
+            "the job's lease was just taken by another acquirer".to_string()
+        }
+        other => format!("the lease was not granted ({other:?})"),
+    }
+}
+
+/// Records how a claimed trigger went; a store that cannot take it leaves
+/// the trigger `claimed`, which the waiting `fencecron trigger` reports.
+async fn settle(
+    store: &Arc<dyn store::Store>,
+    trigger: &TriggerInfo,
+    state: &str,
+    token: Option<store::Token>,
+    detail: &str,
+) {
+    let detail = (!detail.is_empty()).then_some(detail);
+    if let Err(e) = store
+        .settle_trigger(&trigger.id, state, token, detail)
+        .await
+    {
+        events::store_unavailable("settle_trigger", Some(&trigger.job), &e.to_string(), None);
+    }
+}
+
+/// Applies the run history's retention to `jobs` (and drops old triggers
+/// and ended pauses).
+pub(super) async fn prune(shared: Shared, jobs: Vec<String>) {
+    let store = shared.supervisor.store().clone();
+    if ensure_ready(&shared.ready, store.as_ref()).await.is_err() {
+        return;
+    }
+    let now = match store.now().await {
+        Ok(now) => now,
+        Err(e) => {
+            events::store_unavailable("prune", None, &e.to_string(), None);
+            return;
+        }
+    };
+    let history = shared.history;
+    let before = StoreTime(now.0 - millis(history.max_age));
+    let mut removed = 0;
+    for job in &jobs {
+        match store.prune_runs(job, history.keep, before).await {
+            Ok(n) => removed += n,
+            Err(e) => {
+                events::store_unavailable("prune", Some(job), &e.to_string(), None);
+                return;
+            }
+        }
+    }
+    let old = StoreTime(now.0 - millis(TRIGGER_RETENTION));
+    match store.prune_fleet(old).await {
+        Ok(n) => events::history_pruned(removed, n),
+        Err(e) => events::store_unavailable("prune", None, &e.to_string(), None),
+    }
+}

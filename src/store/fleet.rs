@@ -1,0 +1,625 @@
+//! Operating the fleet from the store: run history, pauses and triggers,
+//! written once for every SQL backend.
+//!
+//! None of these statements reads a clock: every time they store or compare
+//! comes bound from the caller (the store's clock read by an earlier call,
+//! or a run's `started_at` plus the time it took), so one text serves all
+//! three backends. It is written with PostgreSQL's `$n` placeholders, each
+//! used once and in order, and rewritten at start-up for SQLite (`?n`) and
+//! MySQL (`?`). The statements on the acquire's path (inserting a run,
+//! honouring a pause) are part of each backend's acquire, not here.
+
+use async_trait::async_trait;
+use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Pool, Row, Type};
+
+use super::sql::Affected;
+use super::{
+    trigger_state, Backend, PauseInfo, RunEnd, RunInfo, RunQuery, StoreTime, TriggerInfo, RUNNING,
+    UNKNOWN,
+};
+
+const FINISH_RUN: &str = "UPDATE fencecron_runs
+    SET finished_at_ms = started_at_ms + $1, outcome = $2, exit_code = $3, signal_name = $4,
+        duration_ms = $5, output_tail = $6
+  WHERE resource = $7 AND token = $8 AND finished_at_ms IS NULL";
+
+/// A win given back unused ([`super::Store::give_back`]): no run happened.
+/// An occurrence's owner id is its own, so it names the row.
+const FORGET_UNRUN: &str = "DELETE FROM fencecron_runs
+ WHERE resource = $1 AND owner_id = $2 AND finished_at_ms IS NULL";
+
+/// Each run with its lease row, to tell a run in progress from one whose
+/// node died ([`run_state`]). `{resource}` is the run's resource as text
+/// (MySQL keeps names as bytes).
+const RUNS: &str = "SELECT r.job, {resource}, r.scheduled_at_ms, r.started_by, r.node, r.owner_id,
+       r.token, r.started_at_ms, r.finished_at_ms, r.outcome, r.exit_code, r.signal_name,
+       r.duration_ms, r.output_tail, l.fence AS lease_fence, l.owner_id AS lease_owner_id,
+       l.expires_at_ms AS lease_expires_at_ms
+  FROM fencecron_runs r LEFT JOIN fencecron_leases l ON l.resource = r.resource
+ WHERE ($1 = '' OR r.job = $2) AND r.started_at_ms >= $3 AND ($4 = '' OR r.outcome = $5)
+ ORDER BY r.started_at_ms DESC, r.id DESC
+ LIMIT $6";
+
+/// The derived table keeps MySQL from refusing a subquery on the table
+/// being deleted from.
+const PRUNE_RUNS: &str = "DELETE FROM fencecron_runs
+ WHERE job = $1
+   AND (started_at_ms < $2
+        OR id <= (SELECT k.id FROM (SELECT id FROM fencecron_runs WHERE job = $3
+                                     ORDER BY id DESC LIMIT 1 OFFSET $4) k))";
+
+const PAUSE: &str = "INSERT INTO fencecron_pauses (job, note, since_ms, until_ms, paused_by)
+ VALUES ($1, $2, $3, $4, $5)
+ ON CONFLICT (job) DO UPDATE
+    SET note = excluded.note, since_ms = excluded.since_ms, until_ms = excluded.until_ms,
+        paused_by = excluded.paused_by";
+
+const PAUSE_MYSQL: &str = "INSERT INTO fencecron_pauses (job, note, since_ms, until_ms, paused_by)
+ VALUES ($1, $2, $3, $4, $5)
+ ON DUPLICATE KEY UPDATE
+    note = VALUES(note), since_ms = VALUES(since_ms), until_ms = VALUES(until_ms),
+    paused_by = VALUES(paused_by)";
+
+const RESUME: &str = "DELETE FROM fencecron_pauses WHERE job = $1";
+
+const PAUSES: &str = "SELECT job, note, since_ms, until_ms, paused_by FROM fencecron_pauses
+ WHERE until_ms IS NULL OR until_ms > $1 ORDER BY job";
+
+const REQUEST_TRIGGER: &str = "INSERT INTO fencecron_triggers
+   (id, job, requested_at_ms, requested_by, state) VALUES ($1, $2, $3, $4, $5)";
+
+const TRIGGER: &str = "SELECT id, job, requested_at_ms, requested_by, state, node, token, detail
+  FROM fencecron_triggers WHERE id = $1";
+
+const PENDING_TRIGGERS: &str = "SELECT id, job, requested_at_ms, requested_by, state, node,
+       token, detail
+  FROM fencecron_triggers WHERE state = $1 ORDER BY requested_at_ms, id";
+
+const CLAIM_TRIGGER: &str =
+    "UPDATE fencecron_triggers SET state = $1, node = $2 WHERE id = $3 AND state = $4";
+
+const SETTLE_TRIGGER: &str =
+    "UPDATE fencecron_triggers SET state = $1, token = $2, detail = $3 WHERE id = $4";
+
+const CANCEL_TRIGGER: &str = "DELETE FROM fencecron_triggers WHERE id = $1 AND state = $2";
+
+const PRUNE_TRIGGERS: &str = "DELETE FROM fencecron_triggers WHERE requested_at_ms < $1";
+
+const PRUNE_PAUSES: &str = "DELETE FROM fencecron_pauses WHERE until_ms < $1";
+
+/// The fleet statements in one backend's placeholders.
+pub(super) struct FleetSql {
+    finish_run: String,
+    forget_unrun: String,
+    runs: String,
+    prune_runs: String,
+    pause: String,
+    resume: String,
+    pauses: String,
+    request_trigger: String,
+    trigger: String,
+    pending_triggers: String,
+    claim_trigger: String,
+    settle_trigger: String,
+    cancel_trigger: String,
+    prune_triggers: String,
+    prune_pauses: String,
+}
+
+impl FleetSql {
+    pub(super) fn new(backend: Backend) -> FleetSql {
+        let sql = |text: &str| placeholders(backend, text);
+        FleetSql {
+            finish_run: sql(FINISH_RUN),
+            forget_unrun: sql(FORGET_UNRUN),
+            runs: sql(&RUNS.replace(
+                "{resource}",
+                match backend {
+                    Backend::MySql => "CAST(r.resource AS CHAR CHARACTER SET utf8mb4) AS resource",
+                    _ => "r.resource",
+                },
+            )),
+            prune_runs: sql(PRUNE_RUNS),
+            pause: sql(match backend {
+                Backend::MySql => PAUSE_MYSQL,
+                _ => PAUSE,
+            }),
+            resume: sql(RESUME),
+            pauses: sql(PAUSES),
+            request_trigger: sql(REQUEST_TRIGGER),
+            trigger: sql(TRIGGER),
+            pending_triggers: sql(PENDING_TRIGGERS),
+            claim_trigger: sql(CLAIM_TRIGGER),
+            settle_trigger: sql(SETTLE_TRIGGER),
+            cancel_trigger: sql(CANCEL_TRIGGER),
+            prune_triggers: sql(PRUNE_TRIGGERS),
+            prune_pauses: sql(PRUNE_PAUSES),
+        }
+    }
+}
+
+/// `$n` as the backend spells a placeholder: `$n` (PostgreSQL), `?n`
+/// (SQLite), `?` (MySQL, positional: every statement here uses each
+/// parameter once, in order).
+fn placeholders(backend: Backend, text: &str) -> String {
+    if backend == Backend::Postgres {
+        return text.to_string();
+    }
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '$' && chars.peek().is_some_and(|d| d.is_ascii_digit()) {
+            let mut n = String::new();
+            while let Some(d) = chars.peek().copied().filter(char::is_ascii_digit) {
+                n.push(d);
+                chars.next();
+            }
+            out.push('?');
+            if backend == Backend::Sqlite {
+                out.push_str(&n);
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// What a run row says, read with its lease: its own outcome once it
+/// ended; else [`RUNNING`] while the lease is held by the run's owner under
+/// its token at `now`, [`UNKNOWN`] once it is not.
+pub(super) fn run_state(
+    outcome: Option<String>,
+    token: i64,
+    owner_id: &str,
+    lease: Option<(i64, &str, i64)>,
+    now: i64,
+) -> String {
+    if let Some(outcome) = outcome {
+        return outcome;
+    }
+    match lease {
+        Some((fence, owner, expires_at))
+            if fence == token && owner == owner_id && expires_at > now =>
+        {
+            RUNNING.to_string()
+        }
+        _ => UNKNOWN.to_string(),
+    }
+}
+
+/// The fleet statements on any sqlx database whose connections execute
+/// queries and whose rows give back text and integers (the bounds are stated
+/// once, on the one implementation, as for [`super::sql::SqlDb`]).
+#[async_trait]
+pub(super) trait FleetDb: Database {
+    async fn finish_run(
+        pool: &Pool<Self>,
+        sql: &FleetSql,
+        end: &RunEnd<'_>,
+    ) -> Result<bool, sqlx::Error>;
+
+    async fn forget_unrun(
+        pool: &Pool<Self>,
+        sql: &FleetSql,
+        resource: &str,
+        owner_id: &str,
+    ) -> Result<u64, sqlx::Error>;
+
+    async fn runs(
+        pool: &Pool<Self>,
+        sql: &FleetSql,
+        q: &RunQuery<'_>,
+        now: StoreTime,
+    ) -> Result<Vec<RunInfo>, sqlx::Error>;
+
+    async fn prune_runs(
+        pool: &Pool<Self>,
+        sql: &FleetSql,
+        job: &str,
+        keep: u32,
+        before: StoreTime,
+    ) -> Result<u64, sqlx::Error>;
+
+    async fn pause(pool: &Pool<Self>, sql: &FleetSql, p: &PauseInfo) -> Result<(), sqlx::Error>;
+
+    async fn resume(pool: &Pool<Self>, sql: &FleetSql, job: &str) -> Result<bool, sqlx::Error>;
+
+    async fn pauses(
+        pool: &Pool<Self>,
+        sql: &FleetSql,
+        now: StoreTime,
+    ) -> Result<Vec<PauseInfo>, sqlx::Error>;
+
+    async fn request_trigger(
+        pool: &Pool<Self>,
+        sql: &FleetSql,
+        t: &TriggerInfo,
+    ) -> Result<(), sqlx::Error>;
+
+    async fn trigger(
+        pool: &Pool<Self>,
+        sql: &FleetSql,
+        id: &str,
+    ) -> Result<Option<TriggerInfo>, sqlx::Error>;
+
+    async fn pending_triggers(
+        pool: &Pool<Self>,
+        sql: &FleetSql,
+    ) -> Result<Vec<TriggerInfo>, sqlx::Error>;
+
+    async fn claim_trigger(
+        pool: &Pool<Self>,
+        sql: &FleetSql,
+        id: &str,
+        node: &str,
+    ) -> Result<bool, sqlx::Error>;
+
+    async fn settle_trigger(
+        pool: &Pool<Self>,
+        sql: &FleetSql,
+        id: &str,
+        state: &str,
+        token: Option<i64>,
+        detail: Option<&str>,
+    ) -> Result<(), sqlx::Error>;
+
+    async fn cancel_trigger(
+        pool: &Pool<Self>,
+        sql: &FleetSql,
+        id: &str,
+    ) -> Result<bool, sqlx::Error>;
+
+    async fn prune_fleet(
+        pool: &Pool<Self>,
+        sql: &FleetSql,
+        before: StoreTime,
+    ) -> Result<u64, sqlx::Error>;
+}
+
+#[async_trait]
+impl<DB> FleetDb for DB
+where
+    DB: Database,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    for<'c> &'c Pool<DB>: Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
+    for<'q> &'q str: Encode<'q, DB> + Type<DB>,
+    for<'q> i64: Encode<'q, DB> + Type<DB>,
+    for<'q> Option<i64>: Encode<'q, DB>,
+    for<'q> Option<&'q str>: Encode<'q, DB>,
+    i64: for<'r> Decode<'r, DB>,
+    String: Type<DB> + for<'r> Decode<'r, DB>,
+    for<'c> &'c str: ColumnIndex<DB::Row>,
+    DB::QueryResult: Affected,
+{
+    async fn finish_run(
+        pool: &Pool<Self>,
+        sql: &FleetSql,
+        end: &RunEnd<'_>,
+    ) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query(&sql.finish_run)
+            .bind(end.elapsed_ms)
+            .bind(end.outcome)
+            .bind(end.exit_code.map(i64::from))
+            .bind(end.signal)
+            .bind(end.duration_ms)
+            .bind(end.output)
+            .bind(end.resource)
+            .bind(end.token)
+            .execute(pool)
+            .await?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    async fn forget_unrun(
+        pool: &Pool<Self>,
+        sql: &FleetSql,
+        resource: &str,
+        owner_id: &str,
+    ) -> Result<u64, sqlx::Error> {
+        let done = sqlx::query(&sql.forget_unrun)
+            .bind(resource)
+            .bind(owner_id)
+            .execute(pool)
+            .await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn runs(
+        pool: &Pool<Self>,
+        sql: &FleetSql,
+        q: &RunQuery<'_>,
+        now: StoreTime,
+    ) -> Result<Vec<RunInfo>, sqlx::Error> {
+        let job = q.job.unwrap_or("");
+        let outcome = q.outcome.unwrap_or("");
+        let found = sqlx::query(&sql.runs)
+            .bind(job)
+            .bind(job)
+            .bind(q.since.map_or(i64::MIN, |s| s.0))
+            .bind(outcome)
+            .bind(outcome)
+            .bind(i64::from(q.limit))
+            .fetch_all(pool)
+            .await?;
+        found
+            .iter()
+            .map(|r| {
+                let token: i64 = r.try_get("token")?;
+                let owner_id: String = r.try_get("owner_id")?;
+                let lease_fence: Option<i64> = r.try_get("lease_fence")?;
+                let lease_owner: Option<String> = r.try_get("lease_owner_id")?;
+                let lease_expires: Option<i64> = r.try_get("lease_expires_at_ms")?;
+                let lease = match (lease_fence, &lease_owner, lease_expires) {
+                    (Some(f), Some(o), Some(e)) => Some((f, o.as_str(), e)),
+                    _ => None,
+                };
+                let outcome = run_state(r.try_get("outcome")?, token, &owner_id, lease, now.0);
+                Ok(RunInfo {
+                    job: r.try_get("job")?,
+                    resource: r.try_get("resource")?,
+                    scheduled_at: r
+                        .try_get::<Option<i64>, _>("scheduled_at_ms")?
+                        .map(StoreTime),
+                    trigger: r.try_get("started_by")?,
+                    node: r.try_get("node")?,
+                    owner_id,
+                    token,
+                    started_at: StoreTime(r.try_get("started_at_ms")?),
+                    finished_at: r
+                        .try_get::<Option<i64>, _>("finished_at_ms")?
+                        .map(StoreTime),
+                    outcome,
+                    exit_code: r.try_get("exit_code")?,
+                    signal: r.try_get("signal_name")?,
+                    duration_ms: r.try_get("duration_ms")?,
+                    output: r.try_get("output_tail")?,
+                })
+            })
+            .collect()
+    }
+
+    async fn prune_runs(
+        pool: &Pool<Self>,
+        sql: &FleetSql,
+        job: &str,
+        keep: u32,
+        before: StoreTime,
+    ) -> Result<u64, sqlx::Error> {
+        // The newest row past the `keep` newest, and every older one, go.
+        // At least one is always kept: the run in progress is the newest.
+        let offset = i64::from(keep.max(1));
+        let done = sqlx::query(&sql.prune_runs)
+            .bind(job)
+            .bind(before.0)
+            .bind(job)
+            .bind(offset)
+            .execute(pool)
+            .await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn pause(pool: &Pool<Self>, sql: &FleetSql, p: &PauseInfo) -> Result<(), sqlx::Error> {
+        sqlx::query(&sql.pause)
+            .bind(p.job.as_str())
+            .bind(p.note.as_deref())
+            .bind(p.since.0)
+            .bind(p.until.map(|u| u.0))
+            .bind(p.paused_by.as_str())
+            .execute(pool)
+            .await?;
+        Ok(())
+    }
+
+    async fn resume(pool: &Pool<Self>, sql: &FleetSql, job: &str) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query(&sql.resume).bind(job).execute(pool).await?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    async fn pauses(
+        pool: &Pool<Self>,
+        sql: &FleetSql,
+        now: StoreTime,
+    ) -> Result<Vec<PauseInfo>, sqlx::Error> {
+        let found = sqlx::query(&sql.pauses).bind(now.0).fetch_all(pool).await?;
+        found
+            .iter()
+            .map(|r| {
+                Ok(PauseInfo {
+                    job: r.try_get("job")?,
+                    note: r.try_get("note")?,
+                    since: StoreTime(r.try_get("since_ms")?),
+                    until: r.try_get::<Option<i64>, _>("until_ms")?.map(StoreTime),
+                    paused_by: r.try_get("paused_by")?,
+                })
+            })
+            .collect()
+    }
+
+    async fn request_trigger(
+        pool: &Pool<Self>,
+        sql: &FleetSql,
+        t: &TriggerInfo,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query(&sql.request_trigger)
+            .bind(t.id.as_str())
+            .bind(t.job.as_str())
+            .bind(t.requested_at.0)
+            .bind(t.requested_by.as_str())
+            .bind(trigger_state::PENDING)
+            .execute(pool)
+            .await?;
+        Ok(())
+    }
+
+    async fn trigger(
+        pool: &Pool<Self>,
+        sql: &FleetSql,
+        id: &str,
+    ) -> Result<Option<TriggerInfo>, sqlx::Error> {
+        let row = sqlx::query(&sql.trigger)
+            .bind(id)
+            .fetch_optional(pool)
+            .await?;
+        row.as_ref().map(trigger_info).transpose()
+    }
+
+    async fn pending_triggers(
+        pool: &Pool<Self>,
+        sql: &FleetSql,
+    ) -> Result<Vec<TriggerInfo>, sqlx::Error> {
+        let found = sqlx::query(&sql.pending_triggers)
+            .bind(trigger_state::PENDING)
+            .fetch_all(pool)
+            .await?;
+        found.iter().map(trigger_info).collect()
+    }
+
+    async fn claim_trigger(
+        pool: &Pool<Self>,
+        sql: &FleetSql,
+        id: &str,
+        node: &str,
+    ) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query(&sql.claim_trigger)
+            .bind(trigger_state::CLAIMED)
+            .bind(node)
+            .bind(id)
+            .bind(trigger_state::PENDING)
+            .execute(pool)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn settle_trigger(
+        pool: &Pool<Self>,
+        sql: &FleetSql,
+        id: &str,
+        state: &str,
+        token: Option<i64>,
+        detail: Option<&str>,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query(&sql.settle_trigger)
+            .bind(state)
+            .bind(token)
+            .bind(detail)
+            .bind(id)
+            .execute(pool)
+            .await?;
+        Ok(())
+    }
+
+    async fn cancel_trigger(
+        pool: &Pool<Self>,
+        sql: &FleetSql,
+        id: &str,
+    ) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query(&sql.cancel_trigger)
+            .bind(id)
+            .bind(trigger_state::PENDING)
+            .execute(pool)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn prune_fleet(
+        pool: &Pool<Self>,
+        sql: &FleetSql,
+        before: StoreTime,
+    ) -> Result<u64, sqlx::Error> {
+        let t = sqlx::query(&sql.prune_triggers)
+            .bind(before.0)
+            .execute(pool)
+            .await?;
+        let p = sqlx::query(&sql.prune_pauses)
+            .bind(before.0)
+            .execute(pool)
+            .await?;
+        Ok(t.rows_affected() + p.rows_affected())
+    }
+}
+
+/// A trigger row.
+fn trigger_info<R>(r: &R) -> Result<TriggerInfo, sqlx::Error>
+where
+    R: Row,
+    for<'c> &'c str: ColumnIndex<R>,
+    i64: Type<R::Database> + for<'r> Decode<'r, R::Database>,
+    String: Type<R::Database> + for<'r> Decode<'r, R::Database>,
+{
+    Ok(TriggerInfo {
+        id: r.try_get("id")?,
+        job: r.try_get("job")?,
+        requested_at: StoreTime(r.try_get("requested_at_ms")?),
+        requested_by: r.try_get("requested_by")?,
+        state: r.try_get("state")?,
+        node: r.try_get("node")?,
+        token: r.try_get("token")?,
+        detail: r.try_get("detail")?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn placeholders_follow_the_backend() {
+        let text = "a = $1 AND b = $2 OR c = $10";
+        assert_eq!(placeholders(Backend::Postgres, text), text);
+        assert_eq!(
+            placeholders(Backend::Sqlite, text),
+            "a = ?1 AND b = ?2 OR c = ?10"
+        );
+        assert_eq!(
+            placeholders(Backend::MySql, text),
+            "a = ? AND b = ? OR c = ?"
+        );
+        // Every statement binds its parameters once each, in order, so that
+        // MySQL's positional `?` means the same.
+        for sql in [
+            FINISH_RUN,
+            FORGET_UNRUN,
+            RUNS,
+            PRUNE_RUNS,
+            PAUSE,
+            PAUSE_MYSQL,
+            RESUME,
+            PAUSES,
+            REQUEST_TRIGGER,
+            TRIGGER,
+            PENDING_TRIGGERS,
+            CLAIM_TRIGGER,
+            SETTLE_TRIGGER,
+            CANCEL_TRIGGER,
+            PRUNE_TRIGGERS,
+            PRUNE_PAUSES,
+        ] {
+            let mut expected = 1;
+            let mut rest = sql;
+            while let Some(i) = rest.find('$') {
+                let digits: String = rest[i + 1..]
+                    .chars()
+                    .take_while(char::is_ascii_digit)
+                    .collect();
+                assert_eq!(digits, expected.to_string(), "{sql}");
+                expected += 1;
+                rest = &rest[i + 1 + digits.len()..];
+            }
+        }
+    }
+
+    #[test]
+    fn an_unfinished_run_is_running_only_under_its_own_held_lease() {
+        let state = |lease| run_state(None, 7, "me", lease, 1000);
+        assert_eq!(state(Some((7, "me", 2000))), RUNNING);
+        assert_eq!(state(Some((7, "me", 1000))), UNKNOWN);
+        assert_eq!(state(Some((8, "other", 2000))), UNKNOWN);
+        assert_eq!(state(None), UNKNOWN);
+        assert_eq!(
+            run_state(Some("failed".into()), 7, "me", Some((7, "me", 2000)), 1000),
+            "failed"
+        );
+    }
+}

@@ -1,0 +1,476 @@
+//! Operating the fleet from the store (issue 10), through the real binary
+//! and real daemons: the run history of every outcome, `status`, `trigger`
+//! across three daemons, `pause`/`resume` across three daemons.
+//! The store operations themselves are in the conformance suite, on every
+//! backend.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::common::daemon::{
+    ev, i64_field, is, job_toml, secs, str_field, token_of, write_config, Daemon, DaemonOpts,
+};
+use crate::common::harness::{code, describe, fencecron, run};
+use crate::common::{unique, Backend, TestStore};
+
+/// `fencecron --store URL --config CONFIG ARGS…` in `dir`.
+fn cli(dir: &Path, store: &str, config: &Path, args: &[&str]) -> std::process::Output {
+    let mut cmd: Command = fencecron(dir);
+    cmd.args(["--store", store, "--config"])
+        .arg(config)
+        .args(args);
+    run(cmd, None)
+}
+
+/// The JSON a successful command printed.
+fn json_of(out: &std::process::Output) -> Value {
+    assert_eq!(code(out), 0, "{}", describe(out));
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", describe(out)))
+}
+
+/// Every run of the history.
+fn runs(dir: &Path, store: &str, config: &Path) -> Vec<Value> {
+    match json_of(&cli(
+        dir,
+        store,
+        config,
+        &["runs", "--json", "--limit", "1000"],
+    )) {
+        Value::Array(a) => a,
+        other => panic!("runs --json is not an array: {other}"),
+    }
+}
+
+fn sh(script: &str) -> Vec<String> {
+    vec!["sh".into(), "-c".into(), script.into()]
+}
+
+fn of_job<'a>(name: &'static str, job: &'a str) -> impl Fn(&Value) -> bool + 'a {
+    move |e| is(e, name) && str_field(e, "job") == Some(job)
+}
+
+/// One daemon; jobs that succeed, fail, time out, lose their lease (taken
+/// by hand mid-run) and are stopped by the daemon's shutdown: each run is in
+/// `runs --json` with every field, matching its events.
+fn history_records_every_outcome(backend: Backend, test: &str) {
+    let Some(store) = TestStore::new(backend, test) else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let [ok, fail, slow, lost, down] = ["ok", "fail", "slow", "lost", "down"].map(unique);
+    let config = write_config(
+        dir.path(),
+        "lease = \"5s\"",
+        &[
+            job_toml(&ok, "* * * * * *", &sh("echo out-ok"), ""),
+            job_toml(&fail, "* * * * * *", &sh("echo oops >&2; exit 4"), ""),
+            job_toml(
+                &slow,
+                "* * * * * *",
+                &sh("exec sleep 30"),
+                "timeout = \"1s\"",
+            ),
+            job_toml(&lost, "* * * * * *", &sh("exec sleep 60"), ""),
+            job_toml(&down, "0 0 1 1 *", &sh("exec sleep 60"), ""),
+        ],
+    );
+    let mut d = Daemon::spawn(DaemonOpts::new("history", &config, &store.url));
+    let ok_end = d.expect("ok ends", of_job("job_finished", &ok), secs(30));
+    let fail_end = d.expect("fail ends", of_job("job_finished", &fail), secs(30));
+    let slow_end = d.expect("slow times out", of_job("job_finished", &slow), secs(30));
+
+    // Lease loss: the lease is released and taken by hand under the run.
+    let won = d.expect("lost starts", of_job("lease_acquired", &lost), secs(30));
+    d.expect(
+        "lost runs",
+        |e| of_job("job_started", &lost)(e) && token_of(e) == token_of(&won),
+        secs(30),
+    );
+    let owner = str_field(&won, "owner_id").expect("owner_id").to_string();
+    let token = token_of(&won).to_string();
+    let out = cli(
+        dir.path(),
+        &store.url,
+        &config,
+        &[
+            "lease",
+            "release",
+            &lost,
+            "--owner-id",
+            &owner,
+            "--token",
+            &token,
+        ],
+    );
+    assert_eq!(code(&out), 0, "{}", describe(&out));
+    let out = cli(
+        dir.path(),
+        &store.url,
+        &config,
+        &["lease", "acquire", &lost, "--lease", "60s"],
+    );
+    assert_eq!(code(&out), 0, "{}", describe(&out));
+    let lost_end = d.expect(
+        "lost ends",
+        |e| of_job("job_finished", &lost)(e) && token_of(e) == token_of(&won),
+        secs(30),
+    );
+
+    // Shutdown: a manual run of `down` is in progress when the daemon stops;
+    // meanwhile `status` shows it running.
+    let out = cli(dir.path(), &store.url, &config, &["trigger", &down]);
+    assert_eq!(code(&out), 0, "{}", describe(&out));
+    let down_start = d.expect("down starts", of_job("job_started", &down), secs(30));
+    let status = json_of(&cli(dir.path(), &store.url, &config, &["status", "--json"]));
+    let down_status = status
+        .as_array()
+        .and_then(|a| {
+            a.iter()
+                .find(|s| str_field(s, "job") == Some(down.as_str()))
+        })
+        .unwrap_or_else(|| panic!("{status}"))
+        .clone();
+    assert_eq!(
+        i64_field(&down_status["running"], "token"),
+        Some(token_of(&down_start)),
+        "{down_status}"
+    );
+    assert_eq!(
+        str_field(&down_status["running"], "node"),
+        Some(d.node.as_str())
+    );
+    let ok_status = status
+        .as_array()
+        .and_then(|a| a.iter().find(|s| str_field(s, "job") == Some(ok.as_str())))
+        .unwrap_or_else(|| panic!("{status}"));
+    assert_eq!(
+        str_field(&ok_status["last_success"], "outcome"),
+        Some("succeeded"),
+        "{ok_status}"
+    );
+    assert!(ok_status["paused"].is_null(), "{ok_status}");
+    assert!(d.stop(secs(30)).is_some_and(|s| s.success()));
+    let down_end = d
+        .events("job_finished")
+        .into_iter()
+        .find(|e| token_of(e) == token_of(&down_start) && str_field(e, "job") == Some(&down))
+        .unwrap_or_else(|| panic!("no end of the stopped run: {}", d.summary()));
+
+    let history = runs(dir.path(), &store.url, &config);
+    let row_of = |end: &Value| -> Value {
+        let job = str_field(end, "job").unwrap();
+        history
+            .iter()
+            .find(|r| str_field(r, "job") == Some(job) && token_of(r) == token_of(end))
+            .unwrap_or_else(|| panic!("no run of {end} in {history:?}"))
+            .clone()
+    };
+    let acquired = d.events("lease_acquired");
+    for (end, outcome, exit_code, signal, output, trigger) in [
+        (
+            &ok_end,
+            "succeeded",
+            Some(0),
+            None,
+            Some("out-ok\n"),
+            "schedule",
+        ),
+        (
+            &fail_end,
+            "failed",
+            Some(4),
+            None,
+            Some("oops\n"),
+            "schedule",
+        ),
+        (
+            &slow_end,
+            "timed_out",
+            None,
+            Some("SIGTERM"),
+            None,
+            "schedule",
+        ),
+        (
+            &lost_end,
+            "lease_lost",
+            None,
+            Some("SIGTERM"),
+            None,
+            "schedule",
+        ),
+        (&down_end, "shutdown", None, Some("SIGTERM"), None, "manual"),
+    ] {
+        let row = row_of(end);
+        assert_eq!(str_field(&row, "outcome"), Some(outcome), "{row}");
+        assert_eq!(str_field(end, "outcome"), Some(outcome), "{end}");
+        assert_eq!(i64_field(&row, "exit_code"), exit_code, "{row}");
+        assert_eq!(str_field(&row, "signal"), signal, "{row}");
+        assert_eq!(str_field(&row, "trigger"), Some(trigger), "{row}");
+        assert_eq!(str_field(&row, "node"), Some(d.node.as_str()), "{row}");
+        assert_eq!(str_field(&row, "resource"), str_field(end, "job"), "{row}");
+        assert_eq!(
+            str_field(&row, "scheduled_at"),
+            str_field(end, "scheduled_at"),
+            "{row} / {end}"
+        );
+        let owner = acquired
+            .iter()
+            .find(|a| str_field(a, "job") == str_field(end, "job") && token_of(a) == token_of(end))
+            .and_then(|a| str_field(a, "owner_id"));
+        assert_eq!(str_field(&row, "owner_id"), owner, "{row}");
+        let (started, finished) = (
+            str_field(&row, "started_at").expect("started_at"),
+            str_field(&row, "finished_at").expect("finished_at"),
+        );
+        assert!(started <= finished, "{row}");
+        assert!(i64_field(&row, "duration_ms").is_some(), "{row}");
+        if let Some(output) = output {
+            assert_eq!(str_field(&row, "output"), Some(output), "{row}");
+        }
+    }
+}
+
+#[test]
+fn history_records_every_outcome_sqlite() {
+    history_records_every_outcome(Backend::Sqlite, "history_records_every_outcome_sqlite");
+}
+
+#[test]
+fn history_records_every_outcome_postgres() {
+    history_records_every_outcome(Backend::Postgres, "history_records_every_outcome_postgres");
+}
+
+/// Three daemons: `trigger --wait` runs the job exactly once and exits with
+/// its code; while it runs, another `trigger` is refused (75); with no
+/// daemon, the request is withdrawn after `--timeout` (1).
+fn trigger_runs_once_across_three_daemons(backend: Backend, test: &str) {
+    let Some(store) = TestStore::new(backend, test) else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let job = unique("manual");
+    let log = dir.path().join("ran");
+    let hold = dir.path().join("hold");
+    let script = format!(
+        "echo \"$FENCECRON_TOKEN $FENCECRON_NODE\" >> '{}'; if [ -e '{}' ]; then exec sleep 60; fi; exit 7",
+        log.display(),
+        hold.display()
+    );
+    let config = write_config(
+        dir.path(),
+        "lease = \"5s\"",
+        &[job_toml(&job, "0 0 1 1 *", &sh(&script), "")],
+    );
+    let nodes: Vec<Daemon> = (0..3)
+        .map(|i| Daemon::spawn(DaemonOpts::new(&format!("trig-{i}"), &config, &store.url)))
+        .collect();
+    for d in &nodes {
+        d.expect("daemon_started", ev("daemon_started"), secs(60));
+    }
+    let out = cli(
+        dir.path(),
+        &store.url,
+        &config,
+        &["trigger", &job, "--wait"],
+    );
+    assert_eq!(code(&out), 7, "the job's exit code: {}", describe(&out));
+    let lines = std::fs::read_to_string(&log).expect("the job ran");
+    assert_eq!(lines.lines().count(), 1, "exactly once: {lines}");
+    let started: Vec<Value> = nodes
+        .iter()
+        .flat_map(|d| d.events("trigger_started"))
+        .collect();
+    assert_eq!(started.len(), 1, "one daemon took it: {started:?}");
+    let history = runs(dir.path(), &store.url, &config);
+    let manual: Vec<&Value> = history
+        .iter()
+        .filter(|r| str_field(r, "job") == Some(job.as_str()))
+        .collect();
+    assert_eq!(manual.len(), 1, "{history:?}");
+    assert_eq!(str_field(manual[0], "trigger"), Some("manual"));
+    assert!(manual[0]["scheduled_at"].is_null(), "{}", manual[0]);
+    assert_eq!(i64_field(manual[0], "exit_code"), Some(7));
+
+    // Running: another trigger is refused, naming the holder.
+    std::fs::write(&hold, "").unwrap();
+    let out = cli(dir.path(), &store.url, &config, &["trigger", &job]);
+    assert_eq!(code(&out), 0, "{}", describe(&out));
+    let running_token = token_of(&started[0]) + 1;
+    let out = cli(dir.path(), &store.url, &config, &["trigger", &job]);
+    assert_eq!(code(&out), 75, "{}", describe(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&format!("token {running_token}")), "{err}");
+    for mut d in nodes {
+        assert!(
+            d.stop(secs(30)).is_some_and(|s| s.success()),
+            "{}",
+            d.summary()
+        );
+    }
+
+    // No daemon: withdrawn after the timeout.
+    let out = cli(
+        dir.path(),
+        &store.url,
+        &config,
+        &["trigger", &job, "--timeout", "2s"],
+    );
+    assert_eq!(code(&out), 1, "{}", describe(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("no live daemon"),
+        "{}",
+        describe(&out)
+    );
+    assert_eq!(
+        std::fs::read_to_string(&log).unwrap().lines().count(),
+        2,
+        "the withdrawn request never ran"
+    );
+}
+
+#[test]
+fn trigger_runs_once_across_three_daemons_sqlite() {
+    trigger_runs_once_across_three_daemons(Backend::Sqlite, "trigger_once_sqlite");
+}
+
+#[test]
+fn trigger_runs_once_across_three_daemons_postgres() {
+    trigger_runs_once_across_three_daemons(Backend::Postgres, "trigger_once_postgres");
+}
+
+/// The instant of a run or a skip.
+fn instant(e: &Value) -> String {
+    str_field(e, "scheduled_at")
+        .unwrap_or_else(|| panic!("no scheduled_at: {e}"))
+        .to_string()
+}
+
+/// Three daemons: a paused job runs on none of them, and each paused instant
+/// is logged once at INFO fleet-wide; `resume` brings it back; a pause
+/// `--for` ends by itself. `status` shows the pause and its note.
+fn pause_stops_every_daemon(backend: Backend, test: &str) {
+    let Some(store) = TestStore::new(backend, test) else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let job = unique("pausing");
+    let config = write_config(
+        dir.path(),
+        "lease = \"5s\"",
+        &[job_toml(&job, "* * * * * *", &sh("true"), "")],
+    );
+    let nodes: Vec<Daemon> = (0..3)
+        .map(|i| Daemon::spawn(DaemonOpts::new(&format!("pause-{i}"), &config, &store.url)))
+        .collect();
+    let any = |what: &str, pred: &dyn Fn(&Value) -> bool| -> Value {
+        let deadline = std::time::Instant::now() + secs(30);
+        loop {
+            if let Some(e) = nodes.iter().flat_map(|d| d.all()).find(|e| pred(e)) {
+                return e;
+            }
+            assert!(std::time::Instant::now() < deadline, "no {what}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    any("first run", &of_job("job_started", &job));
+
+    let out = cli(
+        dir.path(),
+        &store.url,
+        &config,
+        &["pause", &job, "--note", "db migration"],
+    );
+    assert_eq!(code(&out), 0, "{}", describe(&out));
+    let paused = |e: &Value| {
+        of_job("occurrence_skipped", &job)(e) && str_field(e, "reason") == Some("paused")
+    };
+    let first = instant(&any("a paused instant", &paused));
+    // Three more paused instants after the first.
+    let later = |n: i64| {
+        let first = first.clone();
+        move |e: &Value| {
+            paused(e) && instant(e) > first && {
+                let t = chrono::DateTime::parse_from_rfc3339(&instant(e)).unwrap();
+                let f = chrono::DateTime::parse_from_rfc3339(&first).unwrap();
+                (t - f).num_seconds() >= n
+            }
+        }
+    };
+    any("three paused instants", &later(3));
+    let status = json_of(&cli(dir.path(), &store.url, &config, &["status", "--json"]));
+    assert_eq!(
+        str_field(&status[0]["paused"], "note"),
+        Some("db migration"),
+        "{status}"
+    );
+    let out = cli(dir.path(), &store.url, &config, &["resume", &job]);
+    assert_eq!(code(&out), 0, "{}", describe(&out));
+    let resumed = any("a run after resume", &|e| {
+        of_job("job_started", &job)(e) && instant(e) > first
+    });
+    let resumed_at = instant(&resumed);
+
+    // Every instant after the first paused one until the resume (the first
+    // run after it): skipped, and logged once at INFO across the fleet.
+    let all: Vec<Value> = nodes.iter().flat_map(|d| d.all()).collect();
+    // (The first paused instant may also have run on a daemon whose acquire
+    // came before the pause; every later one saw it.)
+    let in_pause = |e: &Value| {
+        let t = instant(e);
+        t > first && t < resumed_at
+    };
+    let mut skips: Vec<String> = all
+        .iter()
+        .filter(|e| paused(e) && in_pause(e))
+        .map(instant)
+        .collect();
+    let count = skips.len();
+    skips.sort();
+    skips.dedup();
+    assert_eq!(
+        count,
+        skips.len(),
+        "an instant logged twice at INFO: {skips:?}"
+    );
+    assert!(skips.len() >= 3, "{skips:?}");
+    for s in &skips {
+        let e = all.iter().find(|e| paused(e) && &instant(e) == s).unwrap();
+        assert_eq!(str_field(e, "note"), Some("db migration"), "{e}");
+    }
+
+    // `--for`: resumes by itself.
+    let out = cli(
+        dir.path(),
+        &store.url,
+        &config,
+        &["pause", &job, "--for", "3s"],
+    );
+    assert_eq!(code(&out), 0, "{}", describe(&out));
+    let second = instant(&any("paused again", &|e| {
+        paused(e) && instant(e) > resumed_at
+    }));
+    any("a run after the pause ran out", &|e| {
+        of_job("job_started", &job)(e) && instant(e) > second
+    });
+    for mut d in nodes {
+        assert!(
+            d.stop(secs(30)).is_some_and(|s| s.success()),
+            "{}",
+            d.summary()
+        );
+    }
+}
+
+#[test]
+fn pause_stops_every_daemon_sqlite() {
+    pause_stops_every_daemon(Backend::Sqlite, "pause_sqlite");
+}
+
+#[test]
+fn pause_stops_every_daemon_postgres() {
+    pause_stops_every_daemon(Backend::Postgres, "pause_postgres");
+}
