@@ -47,9 +47,10 @@ CREATE TABLE IF NOT EXISTS fencecron_triggers (
 ) ENGINE = InnoDB;
 
 -- fencecron_acquire_v3 is fencecron_acquire_v2 (migration 0004) with:
--- - p_job and p_by: a winning call for a job inserts the run's row into
---   fencecron_runs in the same transaction (a losing call writes nothing);
---   p_by is how the run was started (schedule, manual, retry);
+-- - p_job, p_by, p_sched_ms: a winning call for a job inserts the run's
+--   row into fencecron_runs in the same transaction (a losing call writes
+--   nothing); p_by is how the run was started (schedule, manual, retry),
+--   p_sched_ms its instant (NULL for a manual run);
 -- - pauses: a scheduled call (p_occ_ms set) for a paused job wins nothing
 --   and reports the pause; the one call per instant that moves the pause's
 --   last_skipped_ms is told it was the first (pause_first = 1).
@@ -64,7 +65,8 @@ CREATE PROCEDURE fencecron_acquire_v3(
     IN p_occ_ms   BIGINT,
     IN p_next_ms  BIGINT,
     IN p_job      VARCHAR(200) CHARACTER SET utf8mb4,
-    IN p_by       VARCHAR(16)
+    IN p_by       VARCHAR(16),
+    IN p_sched_ms BIGINT
 )
     MODIFIES SQL DATA
     SQL SECURITY INVOKER
@@ -153,7 +155,7 @@ BEGIN
                 INSERT INTO fencecron_runs
                        (job, resource, scheduled_at_ms, started_by, node, owner_id, token,
                         started_at_ms)
-                SELECT p_job, resource, IF(p_by = 'manual', NULL, p_occ_ms), p_by, p_node,
+                SELECT p_job, resource, p_sched_ms, p_by, p_node,
                        owner_id, fence, acquired_at_ms
                   FROM fencecron_leases WHERE resource = p_resource
                 ON DUPLICATE KEY UPDATE id = id;
@@ -190,7 +192,7 @@ BEGIN
             INSERT INTO fencecron_runs
                    (job, resource, scheduled_at_ms, started_by, node, owner_id, token,
                     started_at_ms)
-            SELECT p_job, resource, IF(p_by = 'manual', NULL, p_occ_ms), p_by, p_node,
+            SELECT p_job, resource, p_sched_ms, p_by, p_node,
                    owner_id, fence, acquired_at_ms
               FROM fencecron_leases WHERE resource = p_resource;
         END IF;

@@ -462,6 +462,7 @@ async fn acquire_attempt(
             run: Some(RunStart {
                 job: job.name.as_str(),
                 started_by: StartedBy::Schedule,
+                scheduled_at: Some(StoreTime::from_utc(at)),
             }),
         })
         .await

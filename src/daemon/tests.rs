@@ -640,6 +640,7 @@ async fn a_paused_job_skips_its_instants_until_resumed_or_its_pause_ends() {
             run: Some(RunStart {
                 job: "job",
                 started_by: StartedBy::Schedule,
+                scheduled_at: Some(at()),
             }),
         })
         .await
@@ -657,6 +658,10 @@ async fn a_paused_job_skips_its_instants_until_resumed_or_its_pause_ends() {
         log(&[(0, "paused first"), (0, "paused")])
     );
     assert!(rig.runs().is_empty() && rig.store.run_rows().is_empty());
+    // A paused instant costs this node its acquire and nothing else.
+    for op in [Op::Release, Op::GiveBack, Op::FinishRun, Op::Renew] {
+        assert!(rig.log(op).is_empty(), "{op:?}: {:?}", rig.log(op));
+    }
     assert!(rig.store.resume("job").await.unwrap());
     assert_eq!(rig.run().await, Ending::Won);
     rig.settle().await;

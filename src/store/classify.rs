@@ -77,11 +77,17 @@ pub(crate) fn classify_paused(
 }
 
 /// What an acquire binds for its run ([`AcquireRequest::run`]): the job
-/// (`None`: no run, no pause) and how the run was started.
-pub(crate) fn run_binds<'a>(req: &AcquireRequest<'a>) -> (Option<&'a str>, &'static str) {
+/// (`None`: no run, no pause), how the run was started, and its instant.
+pub(crate) fn run_binds<'a>(
+    req: &AcquireRequest<'a>,
+) -> (Option<&'a str>, &'static str, Option<i64>) {
     match req.run {
-        Some(run) => (Some(run.job), run.started_by.as_str()),
-        None => (None, StartedBy::Schedule.as_str()),
+        Some(run) => (
+            Some(run.job),
+            run.started_by.as_str(),
+            run.scheduled_at.map(|t| t.0),
+        ),
+        None => (None, StartedBy::Schedule.as_str(), None),
     }
 }
 

@@ -37,7 +37,7 @@ macro_rules! now_ms {
 /// The acquisition: the procedure of migration 0004 (0003's with adoption
 /// of this occurrence's own win and the next instant's refusal), which
 /// holds the conditional `UPDATE`.
-const CALL_ACQUIRE: &str = "CALL fencecron_acquire_v3(?, ?, ?, ?, ?, ?, ?, ?)";
+const CALL_ACQUIRE: &str = "CALL fencecron_acquire_v3(?, ?, ?, ?, ?, ?, ?, ?, ?)";
 
 const RENEW: &str = concat!(
     "UPDATE fencecron_leases SET expires_at_ms = LAST_INSERT_ID(",
@@ -228,7 +228,7 @@ impl Dialect for My {
     /// learns its expiry and a loser who holds the lease in one round trip.
     async fn acquire(&self, db: &Db<MySql>, req: &AcquireRequest<'_>) -> Sql<AcquireOutcome> {
         let owner = req.owner_id;
-        let (job, started_by) = run_binds(req);
+        let (job, started_by, scheduled_at) = run_binds(req);
         let row = sqlx::query(CALL_ACQUIRE)
             .bind(req.resource.as_str())
             .bind(owner.to_string())
@@ -238,6 +238,7 @@ impl Dialect for My {
             .bind(req.next_occurrence.map(|o| o.0))
             .bind(job)
             .bind(started_by)
+            .bind(scheduled_at)
             .fetch_one(&db.pool)
             .await?;
         // Read by position: sqlx describes a CALL without its result's
@@ -498,6 +499,7 @@ impl RawDialect for My {
                     .bind(None::<i64>)
                     .bind(None::<&str>)
                     .bind(StartedBy::Schedule.as_str())
+                    .bind(None::<i64>)
                     .fetch_one(&db.pool)
                     .await?;
                 let won: i64 = row.try_get(0)?;

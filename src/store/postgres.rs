@@ -27,11 +27,13 @@
 //! out of a losing acquire's plan. A loser writes nothing and reads nothing
 //! more than before.
 
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sqlx::postgres::PgConnectOptions;
+use sqlx::postgres::{PgConnectOptions, PgListener};
 use sqlx::{Postgres, Row};
+use tokio::sync::Notify;
 
 use super::bench::{like_escape, RawDialect};
 use super::sql::{Db, Dialect, Sql, SqlDb, SqlStore};
@@ -73,15 +75,15 @@ macro_rules! adopt {
 }
 
 /// The run a winning acquire records, from its CTE `$won` (fence and
-/// acquired_at_ms): `$7` the job (NULL: no run), `$8` how it was started.
+/// acquired_at_ms): `$7` the job (NULL: no run), `$8` how it was started,
+/// `$9` its instant.
 /// A retry that adopts its own win finds the row already there.
 macro_rules! insert_run {
     ($won:literal) => {
         concat!(
             "INSERT INTO fencecron_runs
                (job, resource, scheduled_at_ms, started_by, node, owner_id, token, started_at_ms)
-             SELECT $7, $1, CASE WHEN $8::text = 'manual' THEN NULL ELSE $5 END, $8, $3, $2,
-                    fence, acquired_at_ms
+             SELECT $7, $1, $9::bigint, $8, $3, $2, fence, acquired_at_ms
                FROM ",
             $won,
             " WHERE $7::text IS NOT NULL
@@ -340,7 +342,35 @@ const STALE: &str = "SELECT at_ms, kind, reason, resource, key, owner_id, token,
                        FROM fencecron_stale WHERE at_ms >= $1 ORDER BY at_ms, id";
 
 /// The PostgreSQL dialect.
-pub(super) struct Pg;
+pub(super) struct Pg {
+    /// Notified for every trigger request (`fencecron trigger`), by a task
+    /// that LISTENs on a connection of its own; started by the first
+    /// [`Store::await_trigger`], i.e. only in a daemon.
+    triggers: OnceLock<Arc<Notify>>,
+}
+
+/// How long a daemon on PostgreSQL waits for a trigger notification before
+/// it looks anyway (a notification sent while its listening connection was
+/// being re-established is lost).
+const TRIGGER_FALLBACK_POLL: Duration = Duration::from_secs(60);
+
+/// Listens for trigger requests on a connection of its own, notifying
+/// `notify` for each, and once after every (re)connection (a request may
+/// have come while nobody listened). Reconnects after 5 s when the
+/// connection cannot be made; runs as long as the daemon.
+async fn listen_for_triggers(url: StoreUrl, notify: Arc<Notify>) {
+    loop {
+        if let Ok(mut listener) = PgListener::connect(url.expose()).await {
+            if listener.listen(super::fleet::TRIGGER_CHANNEL).await.is_ok() {
+                notify.notify_one();
+                while listener.recv().await.is_ok() {
+                    notify.notify_one();
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(5)).await;
+    }
+}
 
 /// The PostgreSQL store.
 pub(super) type PostgresStore = SqlStore<Pg>;
@@ -352,7 +382,9 @@ impl PostgresStore {
         let connect = connect.application_name("fencecron");
         Ok(SqlStore::new(
             Db::connect_lazy(url, opts, connect, |pool| pool),
-            Pg,
+            Pg {
+                triggers: OnceLock::new(),
+            },
         ))
     }
 }
@@ -404,6 +436,21 @@ impl Dialect for Pg {
     const EPOCH: &'static str = EPOCH;
     const ADVANCE_EPOCH: &'static str = ADVANCE_EPOCH;
 
+    /// Waits for a trigger's notification (`request_trigger` sends one
+    /// with the request), at most `max`.
+    async fn await_trigger(&self, db: &Db<Postgres>, max: Duration) {
+        let notify = self.triggers.get_or_init(|| {
+            let notify = Arc::new(Notify::new());
+            tokio::spawn(listen_for_triggers(db.url.clone(), notify.clone()));
+            notify
+        });
+        let _ = tokio::time::timeout(max, notify.notified()).await;
+    }
+
+    fn trigger_poll(&self) -> Duration {
+        TRIGGER_FALLBACK_POLL
+    }
+
     async fn migrate(&self, db: &Db<Postgres>) -> Result<(), StoreError> {
         // Under fencecron's advisory lock, so many instances starting at
         // once apply each migration exactly once.
@@ -441,7 +488,7 @@ impl Dialect for Pg {
         let next = req.next_occurrence.map(|o| o.0);
         // Bounded: the row is created at most once, so the second round
         // always finds it.
-        let (job, started_by) = run_binds(req);
+        let (job, started_by, scheduled_at) = run_binds(req);
         for _ in 0..3 {
             let rows = sqlx::query(ACQUIRE)
                 .bind(req.resource.as_str())
@@ -452,6 +499,7 @@ impl Dialect for Pg {
                 .bind(next)
                 .bind(job)
                 .bind(started_by)
+                .bind(scheduled_at)
                 .fetch_all(&db.pool)
                 .await?;
             if let Some(row) = rows.first() {
@@ -495,6 +543,7 @@ impl Dialect for Pg {
                 .bind(next)
                 .bind(job)
                 .bind(started_by)
+                .bind(scheduled_at)
                 .fetch_optional(&db.pool)
                 .await?;
             if let Some(row) = created {

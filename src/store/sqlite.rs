@@ -354,7 +354,7 @@ impl Dialect for Lite {
         let lease = millis(req.lease);
         let occ = req.occurrence.map(|o| o.0);
         let next = req.next_occurrence.map(|o| o.0);
-        let (job, started_by) = run_binds(req);
+        let (job, started_by, scheduled_at) = run_binds(req);
         let mut tx = self.begin(db).await?;
         let now = kernel_now_ms();
         if let (Some(job), Some(occ)) = (job, occ) {
@@ -444,7 +444,7 @@ impl Dialect for Lite {
             sqlx::query(INSERT_RUN)
                 .bind(job)
                 .bind(req.resource.as_str())
-                .bind(occ.filter(|_| started_by != StartedBy::Manual.as_str()))
+                .bind(scheduled_at)
                 .bind(started_by)
                 .bind(req.node)
                 .bind(&owner_s)

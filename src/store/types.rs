@@ -120,6 +120,9 @@ pub struct AcquireRequest<'a> {
 pub struct RunStart<'a> {
     pub job: &'a str,
     pub started_by: StartedBy,
+    /// The instant the run is for: the occurrence, also for its retries;
+    /// `None` for a manual run.
+    pub scheduled_at: Option<StoreTime>,
 }
 
 /// How a run was started, as run history names it (`trigger`).

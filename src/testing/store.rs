@@ -330,7 +330,7 @@ fn acquire(s: &mut State, now: i64, req: &OwnedAcquire) -> AcquireOutcome {
     let next = req.next_occurrence.map(|o| o.0);
     let floor = first_token_of(s.epoch);
     let due = occ.is_none_or(|o| o <= now) && next.is_none_or(|n| n > now);
-    if let (Some((job, _)), Some(occ)) = (&req.run, occ) {
+    if let (Some((job, _, _)), Some(occ)) = (&req.run, occ) {
         if let Some((pause, last_skipped)) = s.pauses.get_mut(job) {
             if pause.until.is_none_or(|u| u.0 > now) {
                 let first = due && last_skipped.is_none_or(|l| l < occ);
@@ -347,7 +347,7 @@ fn acquire(s: &mut State, now: i64, req: &OwnedAcquire) -> AcquireOutcome {
         }
     }
     let out = acquire_lease(s, now, req, floor, due);
-    if let (AcquireOutcome::Acquired(lease), Some((job, by))) = (&out, &req.run) {
+    if let (AcquireOutcome::Acquired(lease), Some((job, by, at))) = (&out, &req.run) {
         let exists = s
             .runs
             .iter()
@@ -357,7 +357,7 @@ fn acquire(s: &mut State, now: i64, req: &OwnedAcquire) -> AcquireOutcome {
             s.runs.push(RunInfo {
                 job: job.clone(),
                 resource: req.resource.clone(),
-                scheduled_at: req.occurrence.filter(|_| *by != StartedBy::Manual),
+                scheduled_at: *at,
                 trigger: by.as_str().to_string(),
                 node: req.node.clone(),
                 owner_id: req.owner_id.to_string(),
@@ -466,7 +466,7 @@ struct OwnedAcquire {
     owner_id: Uuid,
     occurrence: Option<StoreTime>,
     next_occurrence: Option<StoreTime>,
-    run: Option<(String, StartedBy)>,
+    run: Option<(String, StartedBy, Option<StoreTime>)>,
 }
 
 impl OwnedAcquire {
@@ -478,9 +478,10 @@ impl OwnedAcquire {
             owner_id: self.owner_id,
             occurrence: self.occurrence,
             next_occurrence: self.next_occurrence,
-            run: self.run.as_ref().map(|(job, by)| RunStart {
+            run: self.run.as_ref().map(|(job, by, at)| RunStart {
                 job,
                 started_by: *by,
+                scheduled_at: *at,
             }),
         }
     }
@@ -530,7 +531,9 @@ impl Store for MemoryStore {
             owner_id: req.owner_id,
             occurrence: req.occurrence,
             next_occurrence: req.next_occurrence,
-            run: req.run.map(|r| (r.job.to_string(), r.started_by)),
+            run: req
+                .run
+                .map(|r| (r.job.to_string(), r.started_by, r.scheduled_at)),
         };
         self.call(Op::Acquire, move |s, now| {
             let before = s.leases.get(&req.resource).cloned();

@@ -1969,7 +1969,11 @@ async fn acquire_run(
         owner_id,
         occurrence,
         next_occurrence: None,
-        run: Some(RunStart { job, started_by }),
+        run: Some(RunStart {
+            job,
+            started_by,
+            scheduled_at: occurrence.filter(|_| started_by != StartedBy::Manual),
+        }),
     })
     .await
     .expect("acquire reaches the store")
