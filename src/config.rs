@@ -85,6 +85,39 @@ impl Default for History {
     }
 }
 
+/// A job's retry policy: after a run that failed (non-zero exit, a signal
+/// fencecron did not send, `timeout`, or a command that could not start),
+/// up to `retries` new runs, each under a fresh acquire, the first
+/// `backoff` after the failure, doubling up to `backoff_max`; never one
+/// that would start after the job's next instant is due.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retry {
+    pub retries: u32,
+    pub backoff: Duration,
+    pub backoff_max: Duration,
+}
+
+impl Default for Retry {
+    fn default() -> Self {
+        Retry {
+            retries: 0,
+            backoff: Duration::from_secs(10),
+            backoff_max: Duration::from_secs(600),
+        }
+    }
+}
+
+impl Retry {
+    /// The wait before retry number `attempt` (1-based).
+    pub fn delay(&self, attempt: u32) -> Duration {
+        let doubled = self.backoff.saturating_mul(
+            1u32.checked_shl(attempt.saturating_sub(1))
+                .unwrap_or(u32::MAX),
+        );
+        doubled.min(self.backoff_max)
+    }
+}
+
 /// One validated job.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Job {
@@ -100,6 +133,9 @@ pub struct Job {
     /// When the job exits with this code, it is reporting a stale write
     /// rejected by its own storage: the daemon records and logs it.
     pub stale_exit_code: Option<i32>,
+    /// `retries`, `retry_backoff`, `retry_backoff_max`: how a failed run is
+    /// tried again.
+    pub retry: Retry,
     /// `starting_deadline`: an occurrence not started this long after its
     /// instant is skipped (`deadline`); `None`: until the next instant is
     /// due or a lease length has passed.
@@ -245,6 +281,9 @@ struct RawDefaults {
     catchup: Option<Spanned<String>>,
     on_failure: Option<Spanned<Vec<String>>>,
     stale_exit_code: Option<Spanned<i64>>,
+    retries: Option<Spanned<i64>>,
+    retry_backoff: Option<Spanned<String>>,
+    retry_backoff_max: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -266,6 +305,9 @@ struct RawJob {
     catchup: Option<Spanned<String>>,
     on_failure: Option<Spanned<Vec<String>>>,
     stale_exit_code: Option<Spanned<i64>>,
+    retries: Option<Spanned<i64>>,
+    retry_backoff: Option<Spanned<String>>,
+    retry_backoff_max: Option<Spanned<String>>,
 }
 
 /// Reads and validates a config file.
@@ -716,6 +758,7 @@ impl Parser<'_> {
                 ))
             }
         };
+        let retry = self.retry(raw, defaults, &key)?;
         let starting_deadline = match deadline_value {
             Some(d) => match self.duration(d, &deadline_key)? {
                 v if v.is_zero() => {
@@ -861,6 +904,7 @@ impl Parser<'_> {
             timing,
             stale_exit_code,
             starting_deadline,
+            retry,
             catchup,
             on_failure,
             place: Place {
@@ -871,6 +915,58 @@ impl Parser<'_> {
                     .map(|w| line_col(self.text, w.span().start)),
             },
         })
+    }
+
+    /// `retries`, `retry_backoff`, `retry_backoff_max` of a job (or
+    /// `[defaults]`), checked.
+    fn retry(
+        &self,
+        raw: &RawJob,
+        defaults: &RawDefaults,
+        key: &dyn Fn(&str) -> String,
+    ) -> Result<Retry, ConfigError> {
+        let pick = |job, default, k| job_or_default(job, default, key(k), k);
+        let mut retry = Retry::default();
+        let (n, n_key) = job_or_default(&raw.retries, &defaults.retries, key("retries"), "retries");
+        if let Some(n) = n {
+            retry.retries = u32::try_from(*n.get_ref())
+                .ok()
+                .filter(|n| *n <= 100)
+                .ok_or_else(|| {
+                    self.at(
+                        n.span(),
+                        &n_key,
+                        format!("{} is not between 0 and 100", n.get_ref()),
+                    )
+                })?;
+        }
+        let (b, b_key) = pick(&raw.retry_backoff, &defaults.retry_backoff, "retry_backoff");
+        if let Some(b) = b {
+            retry.backoff = self.duration(b, &b_key)?;
+            if retry.backoff < Duration::from_secs(1) || retry.backoff > Duration::from_secs(86_400)
+            {
+                return Err(self.at(b.span(), &b_key, "retry_backoff must be between 1s and 24h"));
+            }
+        }
+        let (m, m_key) = pick(
+            &raw.retry_backoff_max,
+            &defaults.retry_backoff_max,
+            "retry_backoff_max",
+        );
+        match m {
+            Some(m) => {
+                retry.backoff_max = self.duration(m, &m_key)?;
+                if retry.backoff_max < retry.backoff {
+                    return Err(self.at(
+                        m.span(),
+                        &m_key,
+                        "retry_backoff_max must be at least retry_backoff",
+                    ));
+                }
+            }
+            None => retry.backoff_max = retry.backoff_max.max(retry.backoff),
+        }
+        Ok(retry)
     }
 
     fn exit_code(&self, c: &Spanned<i64>, key: &str) -> Result<i32, ConfigError> {

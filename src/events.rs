@@ -350,6 +350,25 @@ pub fn occurrence_skipped(job: &str, scheduled_at: &str, reason: &str, detail: &
     );
 }
 
+/// A failed run is tried again after `delay` (`retries`).
+pub fn retry_scheduled(job: &str, scheduled_at: &str, attempt: u32, delay: Duration) {
+    let delay_ms = delay.as_millis() as u64;
+    info!(
+        event = "retry_scheduled",
+        job, scheduled_at, attempt, delay_ms, "retry scheduled"
+    );
+}
+
+/// A retry that did not run: `next_instant` (it would start after the
+/// job's next instant), `paused`, `held`, `store_unavailable`. WARN: the
+/// instant ends failed.
+pub fn retry_abandoned(job: &str, scheduled_at: &str, attempt: u32, reason: &str, detail: &str) {
+    warn!(
+        event = "retry_abandoned",
+        job, scheduled_at, attempt, reason, detail, "retry abandoned"
+    );
+}
+
 /// `fencecron pause` stored a pause.
 pub fn job_paused(p: &crate::store::PauseInfo) {
     let until = p.until.map(|u| u.rfc3339());

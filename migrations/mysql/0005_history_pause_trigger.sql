@@ -101,9 +101,10 @@ BEGIN
     -- the primary key and competes through the UPDATE instead.
     DECLARE CONTINUE HANDLER FOR 1062 SET v_dup = 1;
 
-    -- A paused job's scheduled instant: nothing is won; the one caller per
-    -- instant that moves last_skipped_ms is told it was the first.
-    IF p_job IS NOT NULL AND p_occ_ms IS NOT NULL THEN
+    -- A paused job's scheduled instant (or its retry): nothing is won; the
+    -- one caller per instant that moves last_skipped_ms is told it was the
+    -- first.
+    IF p_job IS NOT NULL AND (p_occ_ms IS NOT NULL OR p_by = 'retry') THEN
         SET v_now = CAST(FLOOR(UNIX_TIMESTAMP(SYSDATE(3)) * 1000) AS SIGNED);
         SELECT 1, note, since_ms, until_ms
           INTO v_paused, v_pause_note, v_pause_since, v_pause_until

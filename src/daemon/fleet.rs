@@ -25,7 +25,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::occurrence::run_under_lease;
+use super::occurrence::{on_failure, run_under_lease};
 use super::{ensure_ready, Shared};
 use crate::config::Job;
 use crate::events;
@@ -152,7 +152,9 @@ async fn run_triggered(shared: Shared, job: Arc<Job>, trigger: TriggerInfo) {
             )
             .await;
             events::trigger_started(name, &trigger.id, &trigger.requested_by, lease.token);
-            run_under_lease(&shared, &job, lease, sent, None).await;
+            if let Some(failed) = run_under_lease(&shared, &job, lease, sent, None).await {
+                on_failure(&shared, &job, failed);
+            }
         }
         Ok(other) => {
             let detail = refusal(&other);

@@ -35,6 +35,15 @@ pub(super) struct Failure {
     pub run_id: String,
 }
 
+impl Failure {
+    /// Whether the run may be retried: it failed by itself (exit code,
+    /// signal), timed out, or could not start; not a lost lease (another
+    /// owner may be running it) or a shutdown.
+    pub(super) fn outcome_retryable(&self) -> bool {
+        matches!(self.outcome, "failed" | "timed_out" | "spawn_failed")
+    }
+}
+
 /// Runs `argv` for `failure` and logs how it ended.
 pub(super) async fn on_failure(
     argv: Vec<String>,

@@ -261,10 +261,85 @@ impl Occurrence {
         Ending::Skipped("deadline")
     }
 
-    /// This node won: runs the job under the lease.
+    /// This node won: runs the job under the lease, retries it as its
+    /// policy says, and runs its `on_failure` hook if the last run failed.
     async fn run_won(&self, lease: Lease, sent: Instant) -> Ending {
-        run_under_lease(&self.shared, &self.job, lease, sent, Some(self.at)).await;
+        let mut failed = run_under_lease(&self.shared, &self.job, lease, sent, Some(self.at)).await;
+        let mut attempt = 0;
+        while let Some(f) = &failed {
+            if attempt >= self.job.retry.retries || !f.hook.outcome_retryable() {
+                break;
+            }
+            attempt += 1;
+            match self.retry(attempt).await {
+                Some(result) => failed = result,
+                None => break,
+            }
+        }
+        if let Some(f) = failed {
+            on_failure(&self.shared, &self.job, f);
+        }
         Ending::Won
+    }
+
+    /// Retry number `attempt` of a failed run: after its back-off, a new run
+    /// under a fresh acquire (a new token, recorded as `retry`), unless it
+    /// would start after the job's next instant is due (the store refuses
+    /// that too), the job is paused or held, or the store fails. `None`
+    /// when it did not run (`retry_abandoned` says why).
+    async fn retry(&self, attempt: u32) -> Option<Option<Failed>> {
+        let (name, at) = (self.name(), rfc3339(self.at));
+        let delay = self.job.retry.delay(attempt);
+        let next = self.job.schedule.next_after(self.at);
+        let start = self.shared.clock.now() + chrono::Duration::from_std(delay).unwrap_or_default();
+        if next.is_some_and(|n| start >= n) {
+            events::retry_abandoned(
+                name,
+                &at,
+                attempt,
+                "next_instant",
+                "it would start after the job's next instant is due",
+            );
+            return None;
+        }
+        events::retry_scheduled(name, &at, attempt, delay);
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => {}
+            _ = self.shared.shutdown.cancelled() => return None,
+        }
+        let sent = Instant::now();
+        let store = self.store();
+        let acquired = store
+            .acquire(&AcquireRequest {
+                resource: &self.job.resource,
+                lease: self.job.timing.lease,
+                node: self.node(),
+                owner_id: store::fresh_owner(),
+                occurrence: None,
+                next_occurrence: next.map(StoreTime::from_utc),
+                run: Some(RunStart {
+                    job: name,
+                    started_by: StartedBy::Retry,
+                    scheduled_at: Some(StoreTime::from_utc(self.at)),
+                }),
+            })
+            .await;
+        let (reason, detail) = match acquired {
+            Ok(AcquireOutcome::Acquired(lease)) => {
+                return Some(
+                    run_under_lease(&self.shared, &self.job, lease, sent, Some(self.at)).await,
+                )
+            }
+            Ok(AcquireOutcome::Paused { .. }) => ("paused", "the job was paused".to_string()),
+            Ok(AcquireOutcome::Superseded { .. }) => (
+                "next_instant",
+                "the job's next instant is due by the store's clock".to_string(),
+            ),
+            Ok(other) => ("held", format!("the lease was not granted: {other:?}")),
+            Err(e) => ("store_unavailable", e.to_string()),
+        };
+        events::retry_abandoned(name, &at, attempt, reason, &detail);
+        None
     }
 
     /// Another owner holds the lease or took the occurrence, or the job is
@@ -489,16 +564,21 @@ async fn give_back_unused(store: &dyn Store, job: &Job, lease: &Lease, at: DateT
     }
 }
 
+/// A run that did not succeed: what its `on_failure` hook is told.
+pub(super) struct Failed {
+    hook: hook::Failure,
+}
+
 /// Runs `job` under `lease` (won by a call sent at `sent`) for the
-/// scheduled instant `at` (`None`: a manual run), then its `on_failure`
-/// hook if it failed. Shared by scheduled and triggered runs.
+/// scheduled instant `at` (`None`: a manual run); how it failed, if it did.
+/// Shared by scheduled, retried and triggered runs.
 pub(super) async fn run_under_lease(
     shared: &Shared,
     job: &Arc<Job>,
     lease: Lease,
     sent: Instant,
     at: Option<DateTime<Utc>>,
-) {
+) -> Option<Failed> {
     let name = job.name.as_str();
     let (store, node) = (shared.supervisor.store(), shared.supervisor.node());
     events::lease_acquired(Some(name), &lease, node);
@@ -525,8 +605,9 @@ pub(super) async fn run_under_lease(
             Some((Outcome::SpawnFailed, None, None))
         }
     };
-    if let (Some((outcome, exit_code, signal)), Some(argv)) = (failed, &job.on_failure) {
-        let failure = hook::Failure {
+    let (outcome, exit_code, signal) = failed?;
+    Some(Failed {
+        hook: hook::Failure {
             job: name.to_string(),
             resource: job.resource.to_string(),
             node: node.to_string(),
@@ -536,12 +617,19 @@ pub(super) async fn run_under_lease(
             signal,
             scheduled_at: at.map(rfc3339).unwrap_or_default(),
             run_id,
-        };
+        },
+    })
+}
+
+/// Runs the job's `on_failure` hook, if it has one, for a run that failed
+/// (after its retries).
+pub(super) fn on_failure(shared: &Shared, job: &Job, failed: Failed) {
+    if let Some(argv) = &job.on_failure {
         shared.tracker.spawn(hook::on_failure(
             argv.clone(),
             shared.hook_env.clone(),
             job.env.clone(),
-            failure,
+            failed.hook,
         ));
     }
 }

@@ -90,6 +90,7 @@ impl Rig {
             timing: LeaseTiming::new(ms(10_000), None, None).unwrap(),
             stale_exit_code: None,
             starting_deadline: None,
+            retry: Default::default(),
             catchup: Default::default(),
             on_failure: None,
             place: Default::default(),
@@ -736,4 +737,103 @@ async fn a_trigger_is_claimed_once_and_runs_the_job_as_manual() {
         "{t:?}"
     );
     assert!(rig.runs().is_empty() && rig.store.run_rows().is_empty());
+}
+
+/// `retries`: a failed run is run again after its back-off (1 s, then 2 s),
+/// each time under a fresh acquire with a higher token, recorded as
+/// `retry` for the same instant; the next retry would start after the
+/// job's next instant and is abandoned.
+#[tokio::test(start_paused = true)]
+async fn a_failed_run_is_retried_with_backoff_until_the_next_instant() {
+    let mut rig = Rig::with(
+        Script {
+            runs_for: Some(ms(2_000)),
+            exit_code: 3,
+            ..Script::default()
+        },
+        |s| s,
+    );
+    Arc::make_mut(&mut rig.job).retry = crate::config::Retry {
+        retries: 5,
+        backoff: ms(1_000),
+        backoff_max: ms(60_000),
+    };
+    assert_eq!(rig.run().await, Ending::Won);
+    rig.settle().await;
+    // Runs end at 2, 5 (3 + 2), 9 (7 + 2), 15 (13 + 2), 25 (23 + 2) s; the
+    // fifth retry would wait 16 s and start at 41 s, before the next
+    // instant (60 s): it runs too, ending at 43 s. No sixth.
+    assert_eq!(
+        rig.runs(),
+        [
+            (ms(0), 1),
+            (ms(3_000), 2),
+            (ms(7_000), 3),
+            (ms(13_000), 4),
+            (ms(23_000), 5),
+            (ms(41_000), 6),
+        ]
+    );
+    let rows = rig.store.run_rows();
+    let by: Vec<(&str, Option<StoreTime>, i64)> = rows
+        .iter()
+        .map(|r| (r.trigger.as_str(), r.scheduled_at, r.token))
+        .collect();
+    assert_eq!(by[0], ("schedule", Some(at()), 1));
+    assert!(
+        by[1..]
+            .iter()
+            .all(|(t, s, _)| *t == "retry" && *s == Some(at())),
+        "{by:?}"
+    );
+
+    // A back-off that reaches past the next instant: abandoned there.
+    let mut rig = Rig::with(
+        Script {
+            runs_for: Some(ms(2_000)),
+            exit_code: 3,
+            ..Script::default()
+        },
+        |s| s,
+    );
+    Arc::make_mut(&mut rig.job).retry = crate::config::Retry {
+        retries: 3,
+        backoff: ms(40_000),
+        backoff_max: ms(600_000),
+    };
+    assert_eq!(rig.run().await, Ending::Won);
+    rig.settle().await;
+    assert_eq!(rig.runs(), [(ms(0), 1), (ms(42_000), 2)]);
+}
+
+/// A run that succeeds, or loses its lease, is not retried.
+#[tokio::test(start_paused = true)]
+async fn only_a_failed_run_is_retried() {
+    let mut rig = Rig::new();
+    Arc::make_mut(&mut rig.job).retry = crate::config::Retry {
+        retries: 3,
+        backoff: ms(1_000),
+        backoff_max: ms(1_000),
+    };
+    assert_eq!(rig.run().await, Ending::Won);
+    rig.settle().await;
+    assert_eq!(rig.runs(), [(ms(0), 1)]);
+
+    let mut rig = Rig::with(
+        Script {
+            runs_for: None,
+            ..Script::default()
+        },
+        |s| s,
+    );
+    Arc::make_mut(&mut rig.job).retry = crate::config::Retry {
+        retries: 3,
+        backoff: ms(1_000),
+        backoff_max: ms(1_000),
+    };
+    rig.store.fault(Op::Renew, Fault::Refuse, 1);
+    assert_eq!(rig.run().await, Ending::Won);
+    rig.settle().await;
+    assert_eq!(rig.runs().len(), 1, "a lost lease is not retried");
+    assert_eq!(rig.store.run_rows()[0].outcome, "lease_lost");
 }

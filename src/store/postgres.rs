@@ -111,7 +111,7 @@ macro_rules! insert_run {
 const ACQUIRE: &str = concat!(
     "WITH paused AS (
        SELECT note, until_ms FROM fencecron_pauses
-        WHERE $5::bigint IS NOT NULL AND job = $7::text
+        WHERE ($5::bigint IS NOT NULL OR $8::text = 'retry') AND job = $7::text
           AND (until_ms IS NULL OR until_ms > ",
     now_ms!(),
     ")),
@@ -223,7 +223,7 @@ const CREATE: &str = concat!(
     now_ms!(),
     ")
        AND NOT EXISTS (SELECT 1 FROM fencecron_pauses
-                        WHERE $5::bigint IS NOT NULL AND job = $7::text
+                        WHERE ($5::bigint IS NOT NULL OR $8::text = 'retry') AND job = $7::text
                           AND (until_ms IS NULL OR until_ms > ",
     now_ms!(),
     "))

@@ -357,14 +357,16 @@ impl Dialect for Lite {
         let (job, started_by, scheduled_at) = run_binds(req);
         let mut tx = self.begin(db).await?;
         let now = kernel_now_ms();
-        if let (Some(job), Some(occ)) = (job, occ) {
+        // Scheduled runs and their retries honour a pause; manual ones not.
+        if let Some(job) = job.filter(|_| occ.is_some() || started_by == StartedBy::Retry.as_str())
+        {
             let paused = sqlx::query(PAUSED)
                 .bind(job)
                 .bind(now)
                 .fetch_optional(&mut *tx)
                 .await?;
             if let Some(p) = paused {
-                let due = occ <= now && next.is_none_or(|n| n > now);
+                let due = occ.is_some_and(|o| o <= now) && next.is_none_or(|n| n > now);
                 let first = due
                     && sqlx::query(NOTE_PAUSED_SKIP)
                         .bind(job)

@@ -330,12 +330,13 @@ fn acquire(s: &mut State, now: i64, req: &OwnedAcquire) -> AcquireOutcome {
     let next = req.next_occurrence.map(|o| o.0);
     let floor = first_token_of(s.epoch);
     let due = occ.is_none_or(|o| o <= now) && next.is_none_or(|n| n > now);
-    if let (Some((job, _, _)), Some(occ)) = (&req.run, occ) {
+    let honours_pause = |by: &StartedBy| occ.is_some() || *by == StartedBy::Retry;
+    if let Some((job, _, _)) = req.run.as_ref().filter(|(_, by, _)| honours_pause(by)) {
         if let Some((pause, last_skipped)) = s.pauses.get_mut(job) {
             if pause.until.is_none_or(|u| u.0 > now) {
-                let first = due && last_skipped.is_none_or(|l| l < occ);
+                let first = occ.is_some_and(|occ| due && last_skipped.is_none_or(|l| l < occ));
                 if first {
-                    *last_skipped = Some(occ);
+                    *last_skipped = occ;
                 }
                 let seen = PauseSeen {
                     note: pause.note.clone(),

@@ -474,3 +474,68 @@ fn pause_stops_every_daemon_sqlite() {
 fn pause_stops_every_daemon_postgres() {
     pause_stops_every_daemon(Backend::Postgres, "pause_postgres");
 }
+
+/// `retries`: a job that always fails runs three times for one instant
+/// (the run and two retries), each under a higher token, all with the same
+/// `FENCECRON_RUN_ID`, recorded as `schedule`, `retry`, `retry`; its
+/// `on_failure` hook runs once, after the last.
+#[test]
+fn a_failing_job_is_retried_and_its_hook_runs_once_sqlite() {
+    let store = TestStore::new(Backend::Sqlite, "retries").expect("sqlite");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let job = unique("retried");
+    let config = write_config(
+        dir.path(),
+        "lease = \"5s\"",
+        &[job_toml(
+            &job,
+            "*/30 * * * * *",
+            &sh("echo \"id=$FENCECRON_RUN_ID\"; exit 3"),
+            "retries = 2\nretry_backoff = \"1s\"\non_failure = [\"true\"]",
+        )],
+    );
+    let mut d = Daemon::spawn(DaemonOpts::new("retries", &config, &store.url));
+    let first = d.expect("a run", of_job("job_finished", &job), secs(60));
+    let at = instant(&first);
+    d.expect("the hook", ev("on_failure_finished"), secs(30));
+    let ends: Vec<Value> = d
+        .events("job_finished")
+        .into_iter()
+        .filter(|e| str_field(e, "job") == Some(job.as_str()) && instant(e) == at)
+        .collect();
+    d.stop(secs(30));
+    assert_eq!(ends.len(), 3, "the run and two retries: {}", d.summary());
+    let tokens: Vec<i64> = ends.iter().map(token_of).collect();
+    assert!(tokens.windows(2).all(|w| w[0] < w[1]), "{tokens:?}");
+    let all = d.all();
+    let position = |pred: &dyn Fn(&Value) -> bool| all.iter().position(pred).unwrap();
+    assert!(
+        position(&|e| is(e, "on_failure_finished"))
+            > position(&|e| is(e, "job_finished") && token_of(e) == tokens[2]),
+        "the hook runs after the last retry: {}",
+        d.summary()
+    );
+    assert_eq!(d.events("on_failure_finished").len(), 1, "{}", d.summary());
+    assert_eq!(d.events("retry_scheduled").len(), 2, "{}", d.summary());
+
+    let history = runs(dir.path(), &store.url, &config);
+    let mut rows: Vec<&Value> = history
+        .iter()
+        .filter(|r| str_field(r, "job") == Some(job.as_str()))
+        .collect();
+    rows.sort_by_key(|r| token_of(r));
+    let triggers: Vec<&str> = rows
+        .iter()
+        .filter_map(|r| str_field(r, "trigger"))
+        .collect();
+    assert_eq!(triggers, ["schedule", "retry", "retry"], "{rows:?}");
+    for r in &rows {
+        assert_eq!(str_field(r, "scheduled_at"), Some(at.as_str()), "{r}");
+        assert_eq!(
+            str_field(r, "output"),
+            Some(format!("id={job}@{at}\n").as_str()),
+            "the same run id every time: {r}"
+        );
+        assert_eq!(i64_field(r, "exit_code"), Some(3), "{r}");
+    }
+}

@@ -2148,6 +2148,32 @@ async fn case_run_history_records_winners_only(store: Arc<dyn Store>) {
         .await
         .unwrap();
     assert!(later.is_empty(), "{later:?}");
+
+    // A retry: an ad-hoc acquire recording the instant it retries.
+    let rt = acquired(
+        s.acquire(&AcquireRequest {
+            resource: &r,
+            lease: LEASE,
+            node: NODE,
+            owner_id: Uuid::new_v4(),
+            occurrence: None,
+            next_occurrence: None,
+            run: Some(RunStart {
+                job: &job,
+                started_by: StartedBy::Retry,
+                scheduled_at: Some(t),
+            }),
+        })
+        .await
+        .unwrap(),
+        "retry",
+    );
+    let newest = &runs_of(s, &job).await[0];
+    assert_eq!(
+        (newest.token, newest.trigger.as_str(), newest.scheduled_at),
+        (rt.token, "retry", Some(t))
+    );
+    must_release(s, &rt).await;
 }
 
 /// Retention: the newest `keep` runs of a job stay, older ones (and those
@@ -2221,6 +2247,11 @@ async fn case_pause_is_honoured_by_the_acquire(store: Arc<dyn Store>) {
     assert!(
         matches!(second, AcquireOutcome::Paused { first: false, .. }),
         "{second:?}"
+    );
+    let retry = acquire_run(s, &r, &job, Uuid::new_v4(), None, StartedBy::Retry).await;
+    assert!(
+        matches!(retry, AcquireOutcome::Paused { first: false, .. }),
+        "a retry honours the pause: {retry:?}"
     );
     assert!(runs_of(s, &job).await.is_empty());
     // A manual run is not held back by the pause.
