@@ -570,12 +570,4 @@ impl Store for Observed {
     async fn prune_fleet(&self, before: StoreTime) -> Result<u64, StoreError> {
         observe("prune_fleet", self.inner.prune_fleet(before)).await
     }
-
-    async fn await_trigger(&self, max: Duration) {
-        self.inner.await_trigger(max).await
-    }
-
-    fn trigger_poll(&self) -> Duration {
-        self.inner.trigger_poll()
-    }
 }

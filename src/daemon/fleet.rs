@@ -1,13 +1,10 @@
 //! The daemon's part in operating the fleet from the store: runs asked for
 //! with `fencecron trigger`, and the run history's retention.
 //!
-//! Triggers: the scheduler loop starts one `pending_triggers` read (never
-//! two at once) whenever [`trigger_wakes`] says so: on PostgreSQL when
-//! `fencecron trigger` notified its request (LISTEN/NOTIFY, on a connection
-//! of the listener's own) and once a minute regardless; elsewhere every
-//! [`crate::store::TRIGGER_POLL`] (2 s), the idle cost of the feature there:
-//! 30 reads a minute per daemon of a table that is empty unless a trigger
-//! waits. A pending trigger for one of this
+//! Triggers are polled: every [`crate::store::TRIGGER_POLL`] (2 s) the
+//! scheduler loop starts one `pending_triggers` read (never two at once),
+//! the idle cost of the feature: 30 statements a minute per daemon, one
+//! indexed read of a table that is empty unless a trigger waits. A pending trigger for one of this
 //! daemon's jobs is claimed (exactly one daemon's claim succeeds), then the
 //! job's lease is acquired like `exec` acquires one (no occurrence: a new
 //! token) with the run recorded as `manual`; the trigger then says
@@ -22,7 +19,6 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::occurrence::{on_failure, run_under_lease};
@@ -42,27 +38,6 @@ pub(super) const FIRST_PRUNE: Duration = Duration::from_secs(60);
 
 /// Triggers and ended pauses are kept this long.
 const TRIGGER_RETENTION: Duration = Duration::from_secs(24 * 3600);
-
-/// Wakes the scheduler loop whenever it should look for triggers: on
-/// PostgreSQL when a request was notified (and once a minute regardless),
-/// elsewhere every [`store::TRIGGER_POLL`].
-pub(super) fn trigger_wakes(shared: &Shared) -> mpsc::Receiver<()> {
-    let (tx, rx) = mpsc::channel(1);
-    let store = shared.supervisor.store().clone();
-    let shutdown = shared.shutdown.clone();
-    shared.tracker.spawn(async move {
-        let every = store.trigger_poll();
-        loop {
-            tokio::select! {
-                _ = shutdown.cancelled() => return,
-                _ = store.await_trigger(every) => {}
-            }
-            // Full: a look is already due.
-            let _ = tx.try_send(());
-        }
-    });
-    rx
-}
 
 /// Looks for pending triggers of `jobs` and starts each one this daemon
 /// claims.

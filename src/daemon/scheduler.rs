@@ -65,8 +65,8 @@ impl Scheduler {
         self.apply(jobs, false);
         let start = tokio::time::Instant::now();
         let mut next_ping = start;
+        let mut next_poll = start + crate::store::TRIGGER_POLL;
         let mut next_prune = start + fleet::FIRST_PRUNE;
-        let mut trigger_wake = fleet::trigger_wakes(&self.shared);
         // One trigger poll and one prune at a time: a slow store delays
         // them instead of piling them up.
         let polling = Arc::new(AtomicBool::new(false));
@@ -91,22 +91,23 @@ impl Scheduler {
                 sleep_for = sleep_for.min(next_ping - t);
             }
             let t = tokio::time::Instant::now();
+            if t >= next_poll {
+                next_poll = t + crate::store::TRIGGER_POLL;
+                self.spawn_once(&polling, |shared, jobs| {
+                    fleet::poll_triggers(shared, jobs.into_iter().collect())
+                });
+            }
             if t >= next_prune {
                 next_prune = t + fleet::PRUNE_EVERY;
                 self.spawn_once(&pruning, |shared, jobs| {
                     fleet::prune(shared, jobs.into_iter().map(|(name, _)| name).collect())
                 });
             }
-            sleep_for = sleep_for.min(next_prune - t);
+            sleep_for = sleep_for.min(next_poll.min(next_prune) - t);
             tokio::select! {
                 biased;
                 _ = self.shared.shutdown.cancelled() => return,
                 Some(jobs) = reloads.recv() => self.apply(jobs, true),
-                Some(()) = trigger_wake.recv() => {
-                    self.spawn_once(&polling, |shared, jobs| {
-                        fleet::poll_triggers(shared, jobs.into_iter().collect())
-                    });
-                }
                 _ = tokio::time::sleep(sleep_for) => self.fire_due(),
             }
         }

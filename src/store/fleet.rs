@@ -68,16 +68,6 @@ const PAUSES: &str = "SELECT job, note, since_ms, until_ms, paused_by FROM fence
 const REQUEST_TRIGGER: &str = "INSERT INTO fencecron_triggers
    (id, job, requested_at_ms, requested_by, state) VALUES ($1, $2, $3, $4, $5)";
 
-/// PostgreSQL: the request and the notification every daemon listens for,
-/// in one statement (delivered when it commits).
-const REQUEST_TRIGGER_PG: &str = "WITH t AS (
-   INSERT INTO fencecron_triggers (id, job, requested_at_ms, requested_by, state)
-   VALUES ($1, $2, $3, $4, $5) RETURNING id)
- SELECT pg_notify('fencecron_triggers', id) FROM t";
-
-/// The channel [`REQUEST_TRIGGER_PG`] notifies.
-pub(super) const TRIGGER_CHANNEL: &str = "fencecron_triggers";
-
 const TRIGGER: &str = "SELECT id, job, requested_at_ms, requested_by, state, node, token, detail
   FROM fencecron_triggers WHERE id = $1";
 
@@ -136,10 +126,7 @@ impl FleetSql {
             }),
             resume: sql(RESUME),
             pauses: sql(PAUSES),
-            request_trigger: sql(match backend {
-                Backend::Postgres => REQUEST_TRIGGER_PG,
-                _ => REQUEST_TRIGGER,
-            }),
+            request_trigger: sql(REQUEST_TRIGGER),
             trigger: sql(TRIGGER),
             pending_triggers: sql(PENDING_TRIGGERS),
             claim_trigger: sql(CLAIM_TRIGGER),
@@ -601,7 +588,6 @@ mod tests {
             RESUME,
             PAUSES,
             REQUEST_TRIGGER,
-            REQUEST_TRIGGER_PG,
             TRIGGER,
             PENDING_TRIGGERS,
             CLAIM_TRIGGER,

@@ -207,24 +207,13 @@ pub trait Store: Send + Sync + 'static {
     /// Deletes triggers requested before `before` and pauses that ended
     /// before it; how many rows went.
     async fn prune_fleet(&self, before: StoreTime) -> Result<u64, StoreError>;
-
-    /// Waits until a trigger may have been requested, at most `max`. A
-    /// backend that cannot tell (every one but PostgreSQL, which listens
-    /// for `request_trigger`'s notification) just waits `max`: its daemons
-    /// poll every [`TRIGGER_POLL`].
-    async fn await_trigger(&self, max: Duration) {
-        tokio::time::sleep(max).await
-    }
-
-    /// How long a daemon waits in [`Store::await_trigger`] before it looks
-    /// for triggers anyway.
-    fn trigger_poll(&self) -> Duration {
-        TRIGGER_POLL
-    }
 }
 
-/// How often a daemon looks for triggers on a backend without
-/// notifications: the idle cost of `fencecron trigger`, 30 reads a minute.
+/// How often a daemon looks for triggers: the idle cost of `fencecron
+/// trigger`, 30 indexed reads a minute per daemon of a table that is empty
+/// unless a request waits. (PostgreSQL's LISTEN/NOTIFY would need a
+/// connection of its own per daemon: at 20 daemons with 4 each, it took
+/// PostgreSQL's default 100 and the fleet benchmark could not connect.)
 pub const TRIGGER_POLL: Duration = Duration::from_secs(2);
 
 /// Options for opening a store.

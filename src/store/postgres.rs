@@ -27,13 +27,11 @@
 //! out of a losing acquire's plan. A loser writes nothing and reads nothing
 //! more than before.
 
-use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sqlx::postgres::{PgConnectOptions, PgListener};
+use sqlx::postgres::PgConnectOptions;
 use sqlx::{Postgres, Row};
-use tokio::sync::Notify;
 
 use super::bench::{like_escape, RawDialect};
 use super::sql::{Db, Dialect, Sql, SqlDb, SqlStore};
@@ -342,35 +340,7 @@ const STALE: &str = "SELECT at_ms, kind, reason, resource, key, owner_id, token,
                        FROM fencecron_stale WHERE at_ms >= $1 ORDER BY at_ms, id";
 
 /// The PostgreSQL dialect.
-pub(super) struct Pg {
-    /// Notified for every trigger request (`fencecron trigger`), by a task
-    /// that LISTENs on a connection of its own; started by the first
-    /// [`Store::await_trigger`], i.e. only in a daemon.
-    triggers: OnceLock<Arc<Notify>>,
-}
-
-/// How long a daemon on PostgreSQL waits for a trigger notification before
-/// it looks anyway (a notification sent while its listening connection was
-/// being re-established is lost).
-const TRIGGER_FALLBACK_POLL: Duration = Duration::from_secs(60);
-
-/// Listens for trigger requests on a connection of its own, notifying
-/// `notify` for each, and once after every (re)connection (a request may
-/// have come while nobody listened). Reconnects after 5 s when the
-/// connection cannot be made; runs as long as the daemon.
-async fn listen_for_triggers(url: StoreUrl, notify: Arc<Notify>) {
-    loop {
-        if let Ok(mut listener) = PgListener::connect(url.expose()).await {
-            if listener.listen(super::fleet::TRIGGER_CHANNEL).await.is_ok() {
-                notify.notify_one();
-                while listener.recv().await.is_ok() {
-                    notify.notify_one();
-                }
-            }
-        }
-        tokio::time::sleep(Duration::from_secs(5)).await;
-    }
-}
+pub(super) struct Pg;
 
 /// The PostgreSQL store.
 pub(super) type PostgresStore = SqlStore<Pg>;
@@ -382,9 +352,7 @@ impl PostgresStore {
         let connect = connect.application_name("fencecron");
         Ok(SqlStore::new(
             Db::connect_lazy(url, opts, connect, |pool| pool),
-            Pg {
-                triggers: OnceLock::new(),
-            },
+            Pg,
         ))
     }
 }
@@ -435,21 +403,6 @@ impl Dialect for Pg {
     const LIST: &'static str = LIST;
     const EPOCH: &'static str = EPOCH;
     const ADVANCE_EPOCH: &'static str = ADVANCE_EPOCH;
-
-    /// Waits for a trigger's notification (`request_trigger` sends one
-    /// with the request), at most `max`.
-    async fn await_trigger(&self, db: &Db<Postgres>, max: Duration) {
-        let notify = self.triggers.get_or_init(|| {
-            let notify = Arc::new(Notify::new());
-            tokio::spawn(listen_for_triggers(db.url.clone(), notify.clone()));
-            notify
-        });
-        let _ = tokio::time::timeout(max, notify.notified()).await;
-    }
-
-    fn trigger_poll(&self) -> Duration {
-        TRIGGER_FALLBACK_POLL
-    }
 
     async fn migrate(&self, db: &Db<Postgres>) -> Result<(), StoreError> {
         // Under fencecron's advisory lock, so many instances starting at

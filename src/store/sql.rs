@@ -435,16 +435,6 @@ pub(super) trait Dialect: Send + Sync + 'static {
         Ok(Self::DB::epoch(&db.pool, Self::EPOCH).await?)
     }
 
-    /// [`Store::await_trigger`]: without notifications, waits `max`.
-    async fn await_trigger(&self, _db: &Db<Self::DB>, max: Duration) {
-        tokio::time::sleep(max).await
-    }
-
-    /// [`Store::trigger_poll`].
-    fn trigger_poll(&self) -> Duration {
-        super::TRIGGER_POLL
-    }
-
     /// In one write transaction with the read of the result.
     async fn advance_epoch(&self, db: &Db<Self::DB>) -> Sql<EpochInfo> {
         let mut tx = self.begin(db).await?;
@@ -681,14 +671,6 @@ impl<D: Dialect> Store for SqlStore<D> {
     async fn cancel_trigger(&self, id: &str) -> Result<bool, StoreError> {
         self.call(async { Ok(D::DB::cancel_trigger(&self.db.pool, &self.fleet, id).await?) })
             .await
-    }
-
-    async fn await_trigger(&self, max: Duration) {
-        self.dialect.await_trigger(&self.db, max).await
-    }
-
-    fn trigger_poll(&self) -> Duration {
-        self.dialect.trigger_poll()
     }
 
     async fn prune_fleet(&self, before: StoreTime) -> Result<u64, StoreError> {
