@@ -837,3 +837,46 @@ async fn only_a_failed_run_is_retried() {
     assert_eq!(rig.runs().len(), 1, "a lost lease is not retried");
     assert_eq!(rig.store.run_rows()[0].outcome, "lease_lost");
 }
+
+/// Retention: a minute after start the daemon prunes each job's history
+/// to its newest `history.keep` runs (the store's part is in the
+/// conformance suite, on every backend).
+#[tokio::test(start_paused = true)]
+async fn the_daemon_prunes_the_history_to_the_newest_runs() {
+    let rig = Rig::new();
+    let job = Job {
+        schedule: Schedule::parse("5,15,25,35,45,55 * * * * *", chrono_tz::UTC).unwrap(),
+        ..(*rig.job).clone()
+    };
+    let settings = super::Settings {
+        node: "node-a".into(),
+        jobs: vec![job],
+        store: Arc::new(rig.store.clone()),
+        child_env: Default::default(),
+        records: None,
+        store_display: "memory".into(),
+        config_display: "none".into(),
+        watchdog: None,
+        history: crate::config::History {
+            keep: 2,
+            ..Default::default()
+        },
+    };
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    let daemon = tokio::spawn(super::serve(
+        settings,
+        rx,
+        rig.shared.supervisor.clone(),
+        rig.shared.clock,
+    ));
+    tokio::time::sleep(ms(59_000)).await;
+    assert_eq!(rig.store.run_rows().len(), 6, "six runs before the prune");
+    tokio::time::sleep(ms(3_000)).await;
+    tx.send(super::Control::Stop("test")).await.unwrap();
+    tokio::time::timeout(LIMIT, daemon)
+        .await
+        .expect("the daemon stops")
+        .unwrap();
+    let kept: Vec<i64> = rig.store.run_rows().iter().map(|r| r.token).collect();
+    assert_eq!(kept, [5, 6], "the two newest of six");
+}
