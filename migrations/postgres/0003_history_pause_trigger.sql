@@ -28,6 +28,28 @@ CREATE TABLE IF NOT EXISTS fencecron_runs (
 CREATE INDEX IF NOT EXISTS fencecron_runs_job ON fencecron_runs (job, id);
 CREATE INDEX IF NOT EXISTS fencecron_runs_started ON fencecron_runs (started_at_ms);
 
+-- Records a winning acquire's run: called by the acquire's final SELECT
+-- once per row its UPDATE (or first INSERT) returned, i.e. exactly once per
+-- win. A losing acquire never calls it, so it does not open fencecron_runs
+-- and its indexes (as a data-modifying CTE would, win or lose). A retry
+-- adopting its own win finds the row already there.
+CREATE OR REPLACE FUNCTION fencecron_record_run(
+    p_job TEXT, p_resource TEXT, p_scheduled BIGINT, p_by TEXT, p_node TEXT,
+    p_owner TEXT, p_token BIGINT, p_started BIGINT) RETURNS BOOLEAN
+    LANGUAGE plpgsql VOLATILE
+AS $$
+BEGIN
+    IF p_job IS NULL THEN
+        RETURN FALSE;
+    END IF;
+    INSERT INTO fencecron_runs
+           (job, resource, scheduled_at_ms, started_by, node, owner_id, token, started_at_ms)
+    VALUES (p_job, p_resource, p_scheduled, p_by, p_node, p_owner, p_token, p_started)
+    ON CONFLICT (resource, token) DO NOTHING;
+    RETURN FOUND;
+END
+$$;
+
 -- Paused jobs, fleet-wide. The scheduled acquire of a paused job wins
 -- nothing; the one acquire per instant that moves last_skipped_ms logs the
 -- skip at INFO, every other host at DEBUG.
@@ -39,6 +61,21 @@ CREATE TABLE IF NOT EXISTS fencecron_pauses (
     paused_by       TEXT NOT NULL,
     last_skipped_ms BIGINT NULL
 );
+
+-- Notes the paused instant p_occ as skipped; true for the one caller per
+-- instant whose UPDATE moved last_skipped_ms (it logs the skip at INFO).
+-- Called by a scheduled acquire only when the job is paused.
+CREATE OR REPLACE FUNCTION fencecron_note_paused_skip(
+    p_job TEXT, p_occ BIGINT, p_now BIGINT) RETURNS BOOLEAN
+    LANGUAGE plpgsql VOLATILE
+AS $$
+BEGIN
+    UPDATE fencecron_pauses SET last_skipped_ms = p_occ
+     WHERE job = p_job AND (until_ms IS NULL OR until_ms > p_now)
+       AND (last_skipped_ms IS NULL OR last_skipped_ms < p_occ);
+    RETURN FOUND;
+END
+$$;
 
 -- Requests to run a job now (`fencecron trigger`), with an id the CLI
 -- makes up (a UUID): pending until one daemon claims the row, then started

@@ -72,21 +72,16 @@ macro_rules! adopt {
     };
 }
 
-/// The run a winning acquire records, from its CTE `$won` (fence and
-/// acquired_at_ms): `$7` the job (NULL: no run), `$8` how it was started,
-/// `$9` its instant.
-/// A retry that adopts its own win finds the row already there.
-macro_rules! insert_run {
-    ($won:literal) => {
-        concat!(
-            "INSERT INTO fencecron_runs
-               (job, resource, scheduled_at_ms, started_by, node, owner_id, token, started_at_ms)
-             SELECT $7, $1, $9::bigint, $8, $3, $2, fence, acquired_at_ms
-               FROM ",
-            $won,
-            " WHERE $7::text IS NOT NULL
-             ON CONFLICT (resource, token) DO NOTHING"
-        )
+/// The run a winning acquire records, once per row its `UPDATE` (or first
+/// `INSERT`) returned, i.e. once per win: `$7` the job (NULL: no run), `$8`
+/// how it was started, `$9` its instant; migration 0003's PL/pgSQL
+/// function, so that a losing acquire, which never calls it, does not open
+/// `fencecron_runs` and its indexes (as a data-modifying CTE would, win or
+/// lose; `fencecron bench` showed no difference either way). A retry that
+/// adopts its own win finds the row already there.
+macro_rules! record_run {
+    () => {
+        "fencecron_record_run($7, $1, $9::bigint, $8, $3, $2, fence, acquired_at_ms)"
     };
 }
 
@@ -113,19 +108,6 @@ const ACQUIRE: &str = concat!(
           AND (until_ms IS NULL OR until_ms > ",
     now_ms!(),
     ")),
-     noted AS (
-       UPDATE fencecron_pauses SET last_skipped_ms = $5
-        WHERE $5::bigint IS NOT NULL AND job = $7::text
-          AND (until_ms IS NULL OR until_ms > ",
-    now_ms!(),
-    ")
-          AND $5 <= ",
-    now_ms!(),
-    " AND ($6::bigint IS NULL OR $6 > ",
-    now_ms!(),
-    ")
-          AND (last_skipped_ms IS NULL OR last_skipped_ms < $5)
-       RETURNING 1),
      won AS (
        UPDATE fencecron_leases
           SET prev_owner_id = CASE WHEN ",
@@ -174,29 +156,31 @@ const ACQUIRE: &str = concat!(
     ")
           AND NOT EXISTS (SELECT 1 FROM paused)
     RETURNING fence, expires_at_ms, acquired_at_ms,
-              prev_owner_id, prev_node, prev_fence, prev_expires_at_ms),
-     run AS (",
-    insert_run!("won"),
-    ")
+              prev_owner_id, prev_node, prev_fence, prev_expires_at_ms)
      SELECT x.*, EXISTS (SELECT 1 FROM paused) AS paused,
             (SELECT note FROM paused) AS pause_note,
             (SELECT until_ms FROM paused) AS pause_until_ms,
-            EXISTS (SELECT 1 FROM noted) AS pause_first
+            CASE WHEN $5::bigint <= x.now_ms AND ($6::bigint IS NULL OR $6 > x.now_ms)
+                      AND EXISTS (SELECT 1 FROM paused)
+                 THEN fencecron_note_paused_skip($7, $5, x.now_ms) ELSE FALSE END
+              AS pause_first
        FROM (
      SELECT TRUE AS won, fence, expires_at_ms, ''::text AS owner_id, ''::text AS node,
             NULL::bigint AS last_occurrence_ms, 0::bigint AS now_ms,
-            prev_owner_id, prev_node, prev_fence, prev_expires_at_ms
+            prev_owner_id, prev_node, prev_fence, prev_expires_at_ms, ",
+    record_run!(),
+    " AS recorded
        FROM won
      UNION ALL
      SELECT FALSE, fence, expires_at_ms, owner_id, node, last_occurrence_ms, ",
     now_ms!(),
-    ", NULL::text, NULL::text, NULL::bigint, NULL::bigint
+    ", NULL::text, NULL::text, NULL::bigint, NULL::bigint, FALSE
        FROM fencecron_leases
       WHERE resource = $1 AND NOT EXISTS (SELECT 1 FROM won)
      UNION ALL
      SELECT FALSE, NULL::bigint, NULL::bigint, NULL::text, NULL::text, NULL::bigint, ",
     now_ms!(),
-    ", NULL::text, NULL::text, NULL::bigint, NULL::bigint
+    ", NULL::text, NULL::text, NULL::bigint, NULL::bigint, FALSE
       WHERE EXISTS (SELECT 1 FROM paused)
         AND NOT EXISTS (SELECT 1 FROM won)
         AND NOT EXISTS (SELECT 1 FROM fencecron_leases WHERE resource = $1)) x"
@@ -226,11 +210,10 @@ const CREATE: &str = concat!(
     now_ms!(),
     "))
      ON CONFLICT (resource) DO NOTHING
-     RETURNING fence, expires_at_ms, acquired_at_ms),
-     run AS (",
-    insert_run!("created"),
-    ")
-     SELECT fence, expires_at_ms FROM created"
+     RETURNING fence, expires_at_ms, acquired_at_ms)
+     SELECT fence, expires_at_ms, ",
+    record_run!(),
+    " AS recorded FROM created"
 );
 
 const RENEW: &str = concat!(
@@ -663,6 +646,9 @@ impl RawDialect for Pg {
                     .bind("bench")
                     .bind(lease)
                     .bind(None::<i64>)
+                    .bind(None::<i64>)
+                    .bind(None::<&str>)
+                    .bind(StartedBy::Schedule.as_str())
                     .bind(None::<i64>)
                     .fetch_all(&db.pool)
                     .await?;

@@ -539,3 +539,36 @@ fn a_failing_job_is_retried_and_its_hook_runs_once_sqlite() {
         assert_eq!(i64_field(r, "exit_code"), Some(3), "{r}");
     }
 }
+
+/// `fencecron bench` runs every operation on every backend: its raw
+/// statements bind what the store's own bind.
+fn bench_runs(backend: Backend, test: &str) {
+    let Some(store) = TestStore::new(backend, test) else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut cmd = fencecron(dir.path());
+    cmd.args(["--store", &store.url, "bench", "--duration", "200ms"])
+        .args(["--clients", "1", "--resources", "2"]);
+    let out = run(cmd, None);
+    assert_eq!(code(&out), 0, "{}", describe(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    for op in ["acquire (free)", "acquire (held)", "renew", "release"] {
+        assert!(text.contains(op), "{op}: {text}");
+    }
+}
+
+#[test]
+fn bench_runs_sqlite() {
+    bench_runs(Backend::Sqlite, "bench_runs_sqlite");
+}
+
+#[test]
+fn bench_runs_postgres() {
+    bench_runs(Backend::Postgres, "bench_runs_postgres");
+}
+
+#[test]
+fn bench_runs_mysql() {
+    bench_runs(Backend::MySql, "bench_runs_mysql");
+}
