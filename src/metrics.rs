@@ -517,8 +517,8 @@ impl Store for Observed {
         observe("runs", self.inner.runs(q)).await
     }
 
-    async fn prune_runs(&self, job: &str, keep: u32, before: StoreTime) -> Result<u64, StoreError> {
-        observe("prune_runs", self.inner.prune_runs(job, keep, before)).await
+    async fn prune_runs(&self, keep: u32, before: StoreTime) -> Result<u64, StoreError> {
+        observe("prune_runs", self.inner.prune_runs(keep, before)).await
     }
 
     async fn pause(&self, pause: &PauseInfo) -> Result<(), StoreError> {

@@ -11,9 +11,10 @@
 //! `started` with that token, or `refused` with the holder when the job is
 //! running somewhere.
 //!
-//! Retention runs every [`PRUNE_EVERY`] (first a minute after start): per
-//! job of the config, runs beyond `history.keep` or older than
-//! `history.max_age` go, and triggers and ended pauses older than a day.
+//! Retention runs every [`PRUNE_EVERY`] (first a minute after start): in
+//! one statement, every job's runs beyond its newest `history.keep` or
+//! older than `history.max_age` go; then triggers and ended pauses older
+//! than a day.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -182,9 +183,11 @@ async fn settle(
     }
 }
 
-/// Applies the run history's retention to `jobs` (and drops old triggers
-/// and ended pauses).
-pub(super) async fn prune(shared: Shared, jobs: Vec<String>) {
+/// Applies the run history's retention (and drops old triggers and ended
+/// pauses): three statements an hour per daemon, whatever the number of
+/// jobs. Every job of the store is pruned, also one that left the config
+/// (its history ages out).
+pub(super) async fn prune(shared: Shared) {
     let store = shared.supervisor.store().clone();
     if ensure_ready(&shared.ready, store.as_ref()).await.is_err() {
         return;
@@ -198,16 +201,13 @@ pub(super) async fn prune(shared: Shared, jobs: Vec<String>) {
     };
     let history = shared.history;
     let before = StoreTime(now.0 - millis(history.max_age));
-    let mut removed = 0;
-    for job in &jobs {
-        match store.prune_runs(job, history.keep, before).await {
-            Ok(n) => removed += n,
-            Err(e) => {
-                events::store_unavailable("prune", Some(job), &e.to_string(), None);
-                return;
-            }
+    let removed = match store.prune_runs(history.keep, before).await {
+        Ok(n) => n,
+        Err(e) => {
+            events::store_unavailable("prune", None, &e.to_string(), None);
+            return;
         }
-    }
+    };
     let old = StoreTime(now.0 - millis(TRIGGER_RETENTION));
     match store.prune_fleet(old).await {
         Ok(n) => events::history_pruned(removed, n),

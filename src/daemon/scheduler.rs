@@ -99,9 +99,7 @@ impl Scheduler {
             }
             if t >= next_prune {
                 next_prune = t + fleet::PRUNE_EVERY;
-                self.spawn_once(&pruning, |shared, jobs| {
-                    fleet::prune(shared, jobs.into_iter().map(|(name, _)| name).collect())
-                });
+                self.spawn_once(&pruning, |shared, _| fleet::prune(shared));
             }
             sleep_for = sleep_for.min(next_poll.min(next_prune) - t);
             tokio::select! {

@@ -40,13 +40,15 @@ const RUNS: &str = "SELECT r.job, {resource}, r.scheduled_at_ms, r.started_by, r
  ORDER BY r.started_at_ms DESC, r.id DESC
  LIMIT $6";
 
-/// The derived table keeps MySQL from refusing a subquery on the table
-/// being deleted from.
+/// Every job's runs started before `$1`, and all but each job's newest
+/// `$2`, in one statement (window functions: PostgreSQL, SQLite 3.25+,
+/// MariaDB 10.2+, MySQL 8). The derived table keeps MySQL from refusing a
+/// subquery on the table being deleted from.
 const PRUNE_RUNS: &str = "DELETE FROM fencecron_runs
- WHERE job = $1
-   AND (started_at_ms < $2
-        OR id <= (SELECT k.id FROM (SELECT id FROM fencecron_runs WHERE job = $3
-                                     ORDER BY id DESC LIMIT 1 OFFSET $4) k))";
+ WHERE started_at_ms < $1
+    OR id IN (SELECT k.id FROM (SELECT id, ROW_NUMBER() OVER (PARTITION BY job ORDER BY id DESC) AS n
+                                  FROM fencecron_runs) k
+               WHERE k.n > $2)";
 
 const PAUSE: &str = "INSERT INTO fencecron_pauses (job, note, since_ms, until_ms, paused_by)
  VALUES ($1, $2, $3, $4, $5)
@@ -216,7 +218,6 @@ pub(super) trait FleetDb: Database {
     async fn prune_runs(
         pool: &Pool<Self>,
         sql: &FleetSql,
-        job: &str,
         keep: u32,
         before: StoreTime,
     ) -> Result<u64, sqlx::Error>;
@@ -383,18 +384,14 @@ where
     async fn prune_runs(
         pool: &Pool<Self>,
         sql: &FleetSql,
-        job: &str,
         keep: u32,
         before: StoreTime,
     ) -> Result<u64, sqlx::Error> {
-        // The newest row past the `keep` newest, and every older one, go.
-        // At least one is always kept: the run in progress is the newest.
-        let offset = i64::from(keep.max(1));
+        // At least one per job is always kept: a run in progress is its
+        // job's newest.
         let done = sqlx::query(&sql.prune_runs)
-            .bind(job)
             .bind(before.0)
-            .bind(job)
-            .bind(offset)
+            .bind(i64::from(keep.max(1)))
             .execute(pool)
             .await?;
         Ok(done.rows_affected())

@@ -167,9 +167,10 @@ pub trait Store: Send + Sync + 'static {
     /// its lease when it has not ended ([`RUNNING`], [`UNKNOWN`]).
     async fn runs(&self, q: &RunQuery<'_>) -> Result<Vec<RunInfo>, StoreError>;
 
-    /// Deletes a job's runs started before `before`, and all but its newest
-    /// `keep`; how many went. Off the hot path (the daemon's housekeeping).
-    async fn prune_runs(&self, job: &str, keep: u32, before: StoreTime) -> Result<u64, StoreError>;
+    /// Deletes every job's runs started before `before`, and all but each
+    /// job's newest `keep`, in one statement; how many went. Off the hot
+    /// path (the daemon's hourly housekeeping).
+    async fn prune_runs(&self, keep: u32, before: StoreTime) -> Result<u64, StoreError>;
 
     /// Pauses a job fleet-wide (replacing an earlier pause of it).
     async fn pause(&self, pause: &PauseInfo) -> Result<(), StoreError>;

@@ -613,11 +613,9 @@ impl<D: Dialect> Store for SqlStore<D> {
             .await
     }
 
-    async fn prune_runs(&self, job: &str, keep: u32, before: StoreTime) -> Result<u64, StoreError> {
-        self.call(async {
-            Ok(D::DB::prune_runs(&self.db.pool, &self.fleet, job, keep, before).await?)
-        })
-        .await
+    async fn prune_runs(&self, keep: u32, before: StoreTime) -> Result<u64, StoreError> {
+        self.call(async { Ok(D::DB::prune_runs(&self.db.pool, &self.fleet, keep, before).await?) })
+            .await
     }
 
     async fn pause(&self, pause: &PauseInfo) -> Result<(), StoreError> {

@@ -857,18 +857,15 @@ impl Store for MemoryStore {
         .await
     }
 
-    async fn prune_runs(&self, job: &str, keep: u32, before: StoreTime) -> Result<u64, StoreError> {
-        let job = job.to_string();
+    async fn prune_runs(&self, keep: u32, before: StoreTime) -> Result<u64, StoreError> {
         self.call(Op::Fleet, move |s, _| {
             let count = s.runs.len();
-            let mut newer = 0u32;
+            let mut newer: HashMap<String, u32> = HashMap::new();
             let mut keep_flags = vec![true; count];
             for (i, r) in s.runs.iter().enumerate().rev() {
-                if r.job != job {
-                    continue;
-                }
-                newer += 1;
-                keep_flags[i] = newer <= keep.max(1) && r.started_at >= before;
+                let n = newer.entry(r.job.clone()).or_default();
+                *n += 1;
+                keep_flags[i] = *n <= keep.max(1) && r.started_at >= before;
             }
             let mut flags = keep_flags.into_iter();
             s.runs.retain(|_| flags.next().unwrap_or(true));
