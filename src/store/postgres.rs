@@ -103,7 +103,7 @@ macro_rules! record_run {
 /// the job's next instant) is not, by the store's clock.
 const ACQUIRE: &str = concat!(
     "WITH paused AS (
-       SELECT note, until_ms FROM fencecron_pauses
+       SELECT TRUE AS paused, note, until_ms FROM fencecron_pauses
         WHERE ($5::bigint IS NOT NULL OR $8::text = 'retry') AND job = $7::text
           AND (until_ms IS NULL OR until_ms > ",
     now_ms!(),
@@ -157,33 +157,49 @@ const ACQUIRE: &str = concat!(
           AND NOT EXISTS (SELECT 1 FROM paused)
     RETURNING fence, expires_at_ms, acquired_at_ms,
               prev_owner_id, prev_node, prev_fence, prev_expires_at_ms)
-     SELECT x.*, EXISTS (SELECT 1 FROM paused) AS paused,
-            (SELECT note FROM paused) AS pause_note,
-            (SELECT until_ms FROM paused) AS pause_until_ms,
-            CASE WHEN $5::bigint <= x.now_ms AND ($6::bigint IS NULL OR $6 > x.now_ms)
-                      AND EXISTS (SELECT 1 FROM paused)
-                 THEN fencecron_note_paused_skip($7, $5, x.now_ms) ELSE FALSE END
-              AS pause_first
-       FROM (
      SELECT TRUE AS won, fence, expires_at_ms, ''::text AS owner_id, ''::text AS node,
             NULL::bigint AS last_occurrence_ms, 0::bigint AS now_ms,
             prev_owner_id, prev_node, prev_fence, prev_expires_at_ms, ",
     record_run!(),
-    " AS recorded
+    " AS recorded, FALSE AS paused, NULL::text AS pause_note, NULL::bigint AS pause_until_ms,
+            FALSE AS pause_first
        FROM won
      UNION ALL
-     SELECT FALSE, fence, expires_at_ms, owner_id, node, last_occurrence_ms, ",
+     SELECT FALSE, l.fence, l.expires_at_ms, l.owner_id, l.node, l.last_occurrence_ms, ",
     now_ms!(),
-    ", NULL::text, NULL::text, NULL::bigint, NULL::bigint, FALSE
-       FROM fencecron_leases
-      WHERE resource = $1 AND NOT EXISTS (SELECT 1 FROM won)
-     UNION ALL
-     SELECT FALSE, NULL::bigint, NULL::bigint, NULL::text, NULL::text, NULL::bigint, ",
+    ", NULL::text, NULL::text, NULL::bigint, NULL::bigint, FALSE,
+            p.paused IS NOT NULL, p.note, p.until_ms,
+            CASE WHEN p.paused AND $5::bigint <= ",
     now_ms!(),
-    ", NULL::text, NULL::text, NULL::bigint, NULL::bigint, FALSE
-      WHERE EXISTS (SELECT 1 FROM paused)
-        AND NOT EXISTS (SELECT 1 FROM won)
-        AND NOT EXISTS (SELECT 1 FROM fencecron_leases WHERE resource = $1)) x"
+    " AND ($6::bigint IS NULL OR $6 > ",
+    now_ms!(),
+    ") THEN fencecron_note_paused_skip($7, $5, ",
+    now_ms!(),
+    ") ELSE FALSE END
+       FROM fencecron_leases l LEFT JOIN paused p ON TRUE
+      WHERE l.resource = $1 AND NOT EXISTS (SELECT 1 FROM won)"
+);
+
+/// A paused job whose resource was never leased (the acquire found no row
+/// and `CREATE` created none): the pause, noting the instant as skipped
+/// for the first caller. `$1` job, `$2` occurrence, `$3` next instant, `$4`
+/// how the run was started.
+const PAUSED_FIRST_LEASE: &str = concat!(
+    "SELECT note, until_ms, ",
+    now_ms!(),
+    " AS now_ms,
+            CASE WHEN $2::bigint <= ",
+    now_ms!(),
+    " AND ($3::bigint IS NULL OR $3 > ",
+    now_ms!(),
+    ") THEN fencecron_note_paused_skip($1, $2, ",
+    now_ms!(),
+    ") ELSE FALSE END AS first
+       FROM fencecron_pauses
+      WHERE job = $1::text AND ($2::bigint IS NOT NULL OR $4::text = 'retry')
+        AND (until_ms IS NULL OR until_ms > ",
+    now_ms!(),
+    ")"
 );
 
 /// The first acquisition of a resource: creates its row (unless a
@@ -491,9 +507,26 @@ impl Dialect for Pg {
                     taken_over: None,
                 }));
             }
-            // Not created: either the occurrence is not due yet or already
-            // superseded by the store's clock, or someone else created the
-            // row concurrently (then compete for it normally).
+            // Not created: the job is paused, the occurrence is not due yet
+            // or already superseded by the store's clock, or someone else
+            // created the row concurrently (then compete for it normally).
+            if let Some(job) = job {
+                let paused = sqlx::query(PAUSED_FIRST_LEASE)
+                    .bind(job)
+                    .bind(occ)
+                    .bind(next)
+                    .bind(started_by)
+                    .fetch_optional(&db.pool)
+                    .await?;
+                if let Some(p) = paused {
+                    let pause = PauseSeen {
+                        note: p.try_get("note")?,
+                        until: p.try_get("until_ms")?,
+                        first: p.try_get("first")?,
+                    };
+                    return Ok(classify_paused(pause, req, p.try_get("now_ms")?));
+                }
+            }
             if occ.is_some() || next.is_some() {
                 let now = self.now(db).await?;
                 if occ.is_some_and(|occ| occ > now.0) {
