@@ -1015,6 +1015,58 @@ mod tests {
     const JOB: &str = "[[job]]\nname = \"a\"\nschedule = \"* * * * * *\"\ncommand = [\"true\"]\n";
 
     #[test]
+    fn history_and_retries_parse_and_bad_values_name_their_key() {
+        let c = parse(
+            Path::new("jobs.toml"),
+            &format!("[history]\nkeep = 5\nmax_age = \"2h\"\noutput = 0\n[defaults]\nretries = 2\n{JOB}retry_backoff = \"3s\"\n"),
+        )
+        .unwrap();
+        assert_eq!(
+            c.history,
+            History {
+                keep: 5,
+                max_age: Duration::from_secs(7_200),
+                output: 0
+            }
+        );
+        let r = c.jobs[0].retry;
+        assert_eq!((r.retries, r.backoff), (2, Duration::from_secs(3)));
+        assert_eq!(r.backoff_max, Duration::from_secs(600));
+        assert_eq!(
+            (r.delay(1), r.delay(2), r.delay(20)),
+            (
+                Duration::from_secs(3),
+                Duration::from_secs(6),
+                Duration::from_secs(600)
+            )
+        );
+        assert_eq!(
+            parse(Path::new("jobs.toml"), JOB).unwrap().history,
+            History::default()
+        );
+        for (text, key) in [
+            ("[history]\nkeep = 0\n".to_string(), "history.keep"),
+            ("[history]\noutput = 70000\n".to_string(), "history.output"),
+            (
+                "[history]\nmax_age = \"1s\"\n".to_string(),
+                "history.max_age",
+            ),
+            (format!("{JOB}retries = 101\n"), "job `a`.retries"),
+            (
+                format!("{JOB}retry_backoff = \"1m\"\nretry_backoff_max = \"10s\"\n"),
+                "job `a`.retry_backoff_max",
+            ),
+            (
+                format!("[defaults]\nretry_backoff = \"0s\"\n{JOB}"),
+                "defaults.retry_backoff",
+            ),
+        ] {
+            let e = err(&text);
+            assert_eq!(e.key.as_deref(), Some(key), "{text}: {e}");
+        }
+    }
+
+    #[test]
     fn minimal() {
         let c = parse(Path::new("jobs.toml"), JOB).unwrap();
         assert_eq!(c.jobs.len(), 1);
