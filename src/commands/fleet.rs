@@ -358,8 +358,8 @@ async fn await_taken(
     request: &TriggerInfo,
     timeout: Duration,
 ) -> Result<TriggerInfo> {
-    let deadline = tokio::time::Instant::now() + timeout;
-    let mut withdrawn_too_late = false;
+    let mut deadline = tokio::time::Instant::now() + timeout;
+    let mut grace_given = false;
     loop {
         let now = store.trigger(&request.id).await?;
         let Some(t) = now else {
@@ -390,7 +390,7 @@ async fn await_taken(
             }
             // Claimed, but not started yet (or claimed just now): give the
             // daemon one more period to say how it went.
-            if withdrawn_too_late {
+            if grace_given {
                 return Err(Error::Runtime(format!(
                     "{} claimed the trigger of {} but did not say within {} whether it started; check its log and `fencecron runs {}`",
                     t.node.as_deref().unwrap_or("a daemon"),
@@ -399,7 +399,8 @@ async fn await_taken(
                     request.job
                 )));
             }
-            withdrawn_too_late = true;
+            grace_given = true;
+            deadline += timeout;
         }
         tokio::time::sleep(POLL).await;
     }
