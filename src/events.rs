@@ -12,7 +12,7 @@ use tracing::{debug, error, info, warn};
 use tracing_subscriber::EnvFilter;
 
 use crate::cli::LogFormat;
-use crate::store::{rfc3339, EpochInfo, Lease, StaleRecord, StoreTime, Takeover, Token};
+use crate::store::{rfc3339, EpochInfo, Lease, OwnerId, StaleRecord, StoreTime, Takeover, Token};
 
 /// Installs the global subscriber: logs go to stderr, `RUST_LOG` (or
 /// `FENCECRON_LOG`) filters, default `info` for fencecron's own events.
@@ -475,12 +475,12 @@ pub fn occurrence_skipped_clock(
 /// timed out or dropped the call) had won it after all; nothing ran under
 /// it, so the lease and the occurrence were given back. WARN: the trace of
 /// a store that hung or lost connections across an instant.
-pub fn occurrence_given_back(job: &str, scheduled_at: &str, owner_id: &str, node: &str) {
+pub fn occurrence_given_back(job: &str, scheduled_at: &str, owner_id: OwnerId, node: &str) {
     warn!(
         event = "occurrence_given_back",
         job,
         scheduled_at,
-        owner_id,
+        owner_id = %owner_id,
         node,
         "an unanswered acquire had won the occurrence; lease and occurrence given back"
     );

@@ -29,9 +29,9 @@ use tokio_util::sync::CancellationToken;
 use crate::events::Outcome;
 use crate::names::Name;
 use crate::store::{
-    AcquireOutcome, AcquireRequest, Backend, EpochInfo, LeaseInfo, NewStaleRecord, PauseInfo,
-    PutOutcome, PutRequest, ReleaseOutcome, RenewOutcome, RunEnd, RunInfo, RunQuery, StaleRecord,
-    Store, StoreError, StoreTime, StoreUrl, StoredValue, Token, TriggerInfo,
+    AcquireOutcome, AcquireRequest, Backend, EpochInfo, LeaseInfo, NewStaleRecord, OwnerId,
+    PauseInfo, PutOutcome, PutRequest, ReleaseOutcome, RenewOutcome, RunEnd, RunInfo, RunQuery,
+    StaleRecord, Store, StoreError, StoreTime, StoreUrl, StoredValue, Token, TriggerInfo,
 };
 
 /// How long the scheduler loop may go without turning before `/livez` says
@@ -447,7 +447,7 @@ impl Store for Observed {
     async fn renew(
         &self,
         resource: &Name,
-        owner_id: &str,
+        owner_id: OwnerId,
         token: Token,
         lease: Duration,
     ) -> Result<RenewOutcome, StoreError> {
@@ -457,7 +457,7 @@ impl Store for Observed {
     async fn release(
         &self,
         resource: &Name,
-        owner_id: &str,
+        owner_id: OwnerId,
         token: Token,
     ) -> Result<ReleaseOutcome, StoreError> {
         observe("release", self.inner.release(resource, owner_id, token)).await
@@ -466,7 +466,7 @@ impl Store for Observed {
     async fn give_back(
         &self,
         resource: &Name,
-        owner_id: &str,
+        owner_id: OwnerId,
         token: Option<Token>,
         occurrence: StoreTime,
     ) -> Result<ReleaseOutcome, StoreError> {

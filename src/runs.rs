@@ -27,7 +27,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::events;
 use crate::names::Name;
-use crate::store::{Lease, ReleaseOutcome, Store, StoreUrl};
+use crate::store::{Lease, OwnerId, ReleaseOutcome, Store, StoreUrl};
 use crate::timing::LeaseTiming;
 
 /// One run in progress, as noted on disk.
@@ -35,7 +35,7 @@ use crate::timing::LeaseTiming;
 pub struct RunRecord {
     pub job: String,
     pub resource: String,
-    pub owner_id: String,
+    pub owner_id: OwnerId,
     pub token: i64,
     /// The watchdog process and its start time (clock ticks since boot).
     pub shim_pid: u32,
@@ -62,7 +62,7 @@ impl RunRecord {
         RunRecord {
             job: job.to_string(),
             resource: resource.to_string(),
-            owner_id: lease.owner_id.to_string(),
+            owner_id: lease.owner_id,
             token: lease.token,
             shim_pid,
             shim_start: start_time(shim_pid),
@@ -202,7 +202,7 @@ async fn recover_one(
     // The lease cannot outlive its own length: retrying longer is pointless.
     let mut delay = Duration::from_millis(200);
     loop {
-        match store.release(&resource, &rec.owner_id, rec.token).await {
+        match store.release(&resource, rec.owner_id, rec.token).await {
             Ok(ReleaseOutcome::Released) => {
                 events::run_recovered(
                     &rec,
@@ -340,7 +340,7 @@ mod tests {
         let mut rec = RunRecord {
             job: "j".into(),
             resource: "r".into(),
-            owner_id: "o".into(),
+            owner_id: OwnerId::fresh(),
             token: 1,
             shim_pid: me,
             shim_start: start_time(me),

@@ -45,8 +45,8 @@ use crate::names::Name;
 use crate::output::{self, Out};
 use crate::signals::Signals;
 use crate::store::{
-    open_bench, AcquireOutcome, AcquireRequest, BenchStore, OpenOptions, PutOutcome, PutRequest,
-    RawOp, ReleaseOutcome, RenewOutcome, StoreError, Token, MAX_LEASE, MIN_LEASE,
+    open_bench, AcquireOutcome, AcquireRequest, BenchStore, OpenOptions, OwnerId, PutOutcome,
+    PutRequest, RawOp, ReleaseOutcome, RenewOutcome, StoreError, Token, MAX_LEASE, MIN_LEASE,
 };
 
 use super::Context;
@@ -180,10 +180,10 @@ async fn client_loop(
     // holder of "held" must outlast the measurement, or the lease would
     // become free half-way and the "held" samples would be wins.
     let holder_lease = (duration + Duration::from_secs(30)).clamp(MIN_LEASE, MAX_LEASE);
-    let (mut owner, mut token) = (Uuid::nil().to_string(), 0);
+    let (mut owner, mut token) = (OwnerId::fresh(), 0);
     if op == RawOp::AcquireFree {
         let (o, t) = take(store, resource, MIN_LEASE).await?;
-        store.release(resource, &o, t).await?;
+        store.release(resource, o, t).await?;
     }
     if matches!(
         op,
@@ -198,7 +198,7 @@ async fn client_loop(
         owner = o;
         token = t;
         if op == RawOp::Get {
-            put(store, resource, &key, token, &owner).await?;
+            put(store, resource, &key, token, owner).await?;
         }
     }
     let mut rng = Rng::new();
@@ -227,20 +227,19 @@ async fn client_loop(
                 let (outcome, d) = timed(store.acquire(&request(resource, MIN_LEASE))).await?;
                 match outcome {
                     AcquireOutcome::Acquired(l) => {
-                        store
-                            .release(resource, &l.owner_id.to_string(), l.token)
-                            .await?;
+                        store.release(resource, l.owner_id, l.token).await?;
                         Some(d)
                     }
                     _ => None,
                 }
             }
             (Path::Raw, RawOp::AcquireFree) => {
-                let owner = Uuid::new_v4().to_string();
-                let (t, d) = timed(store.raw(RawOp::AcquireFree, resource, &owner, 0)).await?;
+                let owner = OwnerId::fresh();
+                let (t, d) =
+                    timed(store.raw(RawOp::AcquireFree, resource, owner.as_str(), 0)).await?;
                 match t {
                     // Releasing with this owner and token proves it won.
-                    Some(t) => match store.release(resource, &owner, t).await? {
+                    Some(t) => match store.release(resource, owner, t).await? {
                         ReleaseOutcome::Released => Some(d),
                         ReleaseOutcome::Refused(_) => None,
                     },
@@ -253,7 +252,7 @@ async fn client_loop(
                     AcquireOutcome::Held { .. } => Some(d),
                     AcquireOutcome::Acquired(l) => {
                         // The holder's lease ran out: this call is the holder now.
-                        owner = l.owner_id.to_string();
+                        owner = l.owner_id;
                         token = l.token;
                         None
                     }
@@ -264,7 +263,7 @@ async fn client_loop(
                 }
             }
             (Path::Fencecron, RawOp::Renew) => {
-                let (outcome, d) = timed(store.renew(resource, &owner, token, MIN_LEASE)).await?;
+                let (outcome, d) = timed(store.renew(resource, owner, token, MIN_LEASE)).await?;
                 match outcome {
                     RenewOutcome::Renewed { .. } => Some(d),
                     RenewOutcome::Refused(_) => None,
@@ -273,21 +272,29 @@ async fn client_loop(
             (Path::Fencecron, RawOp::Release) | (Path::Raw, RawOp::Release) => {
                 let (o, t) = take(store, resource, MIN_LEASE).await?;
                 if path == Path::Raw {
-                    Some(timed(store.raw(RawOp::Release, resource, &o, t)).await?.1)
+                    Some(
+                        timed(store.raw(RawOp::Release, resource, o.as_str(), t))
+                            .await?
+                            .1,
+                    )
                 } else {
-                    let (outcome, d) = timed(store.release(resource, &o, t)).await?;
+                    let (outcome, d) = timed(store.release(resource, o, t)).await?;
                     (outcome == ReleaseOutcome::Released).then_some(d)
                 }
             }
             (Path::Fencecron, RawOp::Put) => {
-                let (outcome, d) = timed(put(store, resource, &key, token, &owner)).await?;
+                let (outcome, d) = timed(put(store, resource, &key, token, owner)).await?;
                 matches!(outcome, PutOutcome::Accepted { .. }).then_some(d)
             }
             (Path::Fencecron, RawOp::Get) => {
                 let (value, d) = timed(store.get(resource, &key)).await?;
                 value.is_some().then_some(d)
             }
-            (Path::Raw, other) => Some(timed(store.raw(other, resource, &owner, token)).await?.1),
+            (Path::Raw, other) => Some(
+                timed(store.raw(other, resource, owner.as_str(), token))
+                    .await?
+                    .1,
+            ),
             (Path::Fencecron, RawOp::Ping) => Some(Duration::ZERO),
         };
         if writes_row && path != Path::Ping {
@@ -300,7 +307,7 @@ async fn client_loop(
     }
     // Leave nothing held behind (the purge deletes the rows anyway).
     if token > 0 {
-        let _ = store.release(resource, &owner, token).await;
+        let _ = store.release(resource, owner, token).await;
     }
     Ok(samples)
 }
@@ -312,7 +319,7 @@ fn request(resource: &Name, lease: Duration) -> AcquireRequest<'_> {
         node: "bench",
         occurrence: None,
         next_occurrence: None,
-        owner_id: crate::store::fresh_owner(),
+        owner_id: OwnerId::fresh(),
         run: None,
     }
 }
@@ -322,10 +329,10 @@ async fn take(
     store: &dyn BenchStore,
     resource: &Name,
     lease: Duration,
-) -> Result<(String, Token), StoreError> {
+) -> Result<(OwnerId, Token), StoreError> {
     loop {
         match store.acquire(&request(resource, lease)).await? {
-            AcquireOutcome::Acquired(l) => return Ok((l.owner_id.to_string(), l.token)),
+            AcquireOutcome::Acquired(l) => return Ok((l.owner_id, l.token)),
             _ => tokio::time::sleep(Duration::from_millis(50)).await,
         }
     }
@@ -336,7 +343,7 @@ async fn put(
     resource: &Name,
     key: &Name,
     token: Token,
-    owner: &str,
+    owner: OwnerId,
 ) -> Result<PutOutcome, StoreError> {
     store
         .put(&PutRequest {

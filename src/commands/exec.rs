@@ -47,7 +47,7 @@ pub async fn run(cli: &Cli, args: &ExecArgs) -> Result<Exit> {
             node: &ctx.node,
             occurrence: None,
             next_occurrence: None,
-            owner_id: crate::store::fresh_owner(),
+            owner_id: crate::store::OwnerId::fresh(),
             run: None,
         })
         .await?;

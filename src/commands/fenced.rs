@@ -10,9 +10,9 @@ use crate::error::{Error, Exit, Result};
 use crate::fence;
 use crate::names::Name;
 use crate::output::{self, Out};
-use crate::store::{OpenOptions, PutOutcome, PutRequest, StoreTime};
+use crate::store::{OpenOptions, OwnerId, PutOutcome, PutRequest, StoreTime};
 
-use super::{print_json, Context};
+use super::{owner_id_arg, print_json, Context};
 
 /// The resource from `--resource` or the job's environment.
 fn resource(flag: &Option<String>) -> Result<Name> {
@@ -25,22 +25,15 @@ fn resource(flag: &Option<String>) -> Result<Name> {
     Name::parse("resource", r).map_err(Error::Usage)
 }
 
-/// The owner id from `--owner-id` or the job's environment: required, and a
-/// UUID (every owner id the store issues is one), written the way the store
-/// writes it (lower-case, hyphenated) so that it compares equal there.
-fn owner_id(flag: &Option<String>) -> Result<String> {
+/// The owner id from `--owner-id` or the job's environment: required.
+fn owner_id(flag: &Option<String>) -> Result<OwnerId> {
     let o = flag.as_deref().ok_or_else(|| {
         Error::Usage(
             "no owner id given; pass --owner-id O with the owner_id that `fencecron lease acquire` printed with the token, or run inside a fencecron job ($FENCECRON_OWNER_ID)"
                 .to_string(),
         )
     })?;
-    let id = uuid::Uuid::parse_str(o).map_err(|_| {
-        Error::Usage(format!(
-            "owner id {o:?} is not a UUID; pass --owner-id O with the owner_id that `fencecron lease acquire` printed with the token, or run inside a fencecron job ($FENCECRON_OWNER_ID)"
-        ))
-    })?;
-    Ok(id.hyphenated().to_string())
+    owner_id_arg(o)
 }
 
 pub async fn put(cli: &Cli, args: &PutArgs) -> Result<Exit> {
@@ -87,7 +80,7 @@ pub async fn put(cli: &Cli, args: &PutArgs) -> Result<Exit> {
         key: &key,
         value: &value,
         token,
-        owner_id: &owner,
+        owner_id: owner,
         once: args.once,
         node: &ctx.node,
         job: job.as_deref(),

@@ -12,7 +12,7 @@ use crate::store::{
 };
 use crate::supervise::DEFAULT_LEASE;
 
-use super::{print_json, Context, RECORD_WAIT};
+use super::{owner_id_arg, print_json, Context, RECORD_WAIT};
 
 pub async fn run(cli: &Cli, cmd: &LeaseCommand) -> Result<Exit> {
     let ctx = Context::load(cli, false)?;
@@ -32,7 +32,7 @@ pub async fn run(cli: &Cli, cmd: &LeaseCommand) -> Result<Exit> {
                     node: &ctx.node,
                     occurrence: None,
                     next_occurrence: None,
-                    owner_id: crate::store::fresh_owner(),
+                    owner_id: crate::store::OwnerId::fresh(),
                     run: None,
                 })
                 .await?;
@@ -48,9 +48,7 @@ pub async fn run(cli: &Cli, cmd: &LeaseCommand) -> Result<Exit> {
                         // Nobody learned the owner id and token, so nobody
                         // could use or release this lease: give it back
                         // rather than block the resource until it expires.
-                        let _ = store
-                            .release(&resource, &l.owner_id.to_string(), l.token)
-                            .await;
+                        let _ = store.release(&resource, l.owner_id, l.token).await;
                         fence::finish_recording(recording, &l.resource, RECORD_WAIT).await;
                         return Err(e);
                     }
@@ -68,6 +66,7 @@ pub async fn run(cli: &Cli, cmd: &LeaseCommand) -> Result<Exit> {
             json,
         } => {
             let resource = Name::parse("resource", resource).map_err(Error::Usage)?;
+            let owner_id = owner_id_arg(owner_id)?;
             let lease = checked_lease(lease.map(|l| l.0))?;
             let store = ctx.store(&OpenOptions::default()).await?;
             match store.renew(&resource, owner_id, *token, lease).await? {
@@ -95,6 +94,7 @@ pub async fn run(cli: &Cli, cmd: &LeaseCommand) -> Result<Exit> {
             token,
         } => {
             let resource = Name::parse("resource", resource).map_err(Error::Usage)?;
+            let owner_id = owner_id_arg(owner_id)?;
             let store = ctx.store(&OpenOptions::default()).await?;
             match store.release(&resource, owner_id, *token).await? {
                 ReleaseOutcome::Released => Ok(Exit::Success),

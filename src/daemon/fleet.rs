@@ -107,7 +107,7 @@ async fn run_triggered(shared: Shared, job: Arc<Job>, trigger: TriggerInfo) {
             resource: &job.resource,
             lease: job.timing.lease,
             node: shared.supervisor.node(),
-            owner_id: store::fresh_owner(),
+            owner_id: store::OwnerId::fresh(),
             occurrence: None,
             next_occurrence: None,
             run: Some(RunStart {

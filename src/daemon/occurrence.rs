@@ -28,14 +28,13 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use tokio::time::Instant;
-use uuid::Uuid;
 
 use super::{ensure_ready, hook, Shared, CALL_TIMEOUT};
 use crate::config::Job;
 use crate::events::{self, Outcome};
 use crate::fence;
 use crate::store::{
-    self, rfc3339, AcquireOutcome, AcquireRequest, Lease, ReleaseOutcome, RunStart, StartedBy,
+    rfc3339, AcquireOutcome, AcquireRequest, Lease, OwnerId, ReleaseOutcome, RunStart, StartedBy,
     Store, StoreError, StoreTime,
 };
 use crate::supervise::{RunSpec, SuperviseError};
@@ -115,7 +114,7 @@ impl Occurrence {
         // attempt that timed out here may still have won in the store, and
         // the next attempt then adopts that win instead of finding its own
         // occurrence taken (see `AcquireRequest::owner_id`).
-        let owner_id = store::fresh_owner();
+        let owner_id = OwnerId::fresh();
         let mut unanswered = false;
         let ending = self.compete(owner_id, &mut unanswered).await;
         if ending != Ending::Won && unanswered {
@@ -139,7 +138,7 @@ impl Occurrence {
     /// Competes for the occurrence until it runs here, is decided elsewhere
     /// or is given up. `unanswered` is set when an attempt ended without an
     /// answer, so its statement may still win in the store.
-    async fn compete(&self, owner_id: Uuid, unanswered: &mut bool) -> Ending {
+    async fn compete(&self, owner_id: OwnerId, unanswered: &mut bool) -> Ending {
         let job = &self.job;
         let name = self.name();
         let at = rfc3339(self.at);
@@ -314,7 +313,7 @@ impl Occurrence {
                 resource: &self.job.resource,
                 lease: self.job.timing.lease,
                 node: self.node(),
-                owner_id: store::fresh_owner(),
+                owner_id: OwnerId::fresh(),
                 occurrence: None,
                 next_occurrence: next.map(StoreTime::from_utc),
                 run: Some(RunStart {
@@ -467,7 +466,7 @@ impl Occurrence {
     /// once more shortly before the job's next instant when a ghost's lease
     /// could still block it (the store refuses this occurrence after that
     /// instant, [`AcquireOutcome::Superseded`]). At shutdown, tried at once.
-    fn sweep(&self, owner_id: Uuid) {
+    fn sweep(&self, owner_id: OwnerId) {
         let (store, job) = (self.store().clone(), self.job.clone());
         let node = self.node().to_string();
         let (at, shutdown) = (self.at, self.shared.shutdown.clone());
@@ -487,18 +486,18 @@ impl Occurrence {
         times.sort();
         self.shared.tracker.spawn(async move {
             let name = job.name.as_str();
-            let owner = owner_id.to_string();
+            let owner = owner_id;
             for when in times {
                 tokio::select! {
                     _ = tokio::time::sleep_until(when) => {}
                     _ = shutdown.cancelled() => {}
                 }
                 match store
-                    .give_back(&job.resource, &owner, None, StoreTime::from_utc(at))
+                    .give_back(&job.resource, owner, None, StoreTime::from_utc(at))
                     .await
                 {
                     Ok(ReleaseOutcome::Released) => {
-                        events::occurrence_given_back(name, &rfc3339(at), &owner, &node);
+                        events::occurrence_given_back(name, &rfc3339(at), owner, &node);
                         return;
                     }
                     Ok(ReleaseOutcome::Refused(_)) => {}
@@ -522,7 +521,7 @@ async fn acquire_attempt(
     ready: Arc<tokio::sync::OnceCell<()>>,
     job: Arc<Job>,
     node: String,
-    owner_id: Uuid,
+    owner_id: OwnerId,
     (at, next): (DateTime<Utc>, Option<DateTime<Utc>>),
 ) -> Result<AcquireOutcome, StoreError> {
     ensure_ready(&ready, store.as_ref()).await?;
@@ -549,7 +548,7 @@ async fn give_back_unused(store: &dyn Store, job: &Job, lease: &Lease, at: DateT
     match store
         .give_back(
             &job.resource,
-            &lease.owner_id.to_string(),
+            lease.owner_id,
             Some(lease.token),
             StoreTime::from_utc(at),
         )

@@ -10,11 +10,11 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::store::OwnerId;
 use tokio::sync::OnceCell;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use uuid::Uuid;
 
 use super::occurrence::{Ending, Occurrence};
 use super::Shared;
@@ -150,7 +150,7 @@ impl Rig {
                 resource: &self.job.resource,
                 lease: self.job.timing.lease,
                 node: "node-b",
-                owner_id: Uuid::new_v4(),
+                owner_id: OwnerId::fresh(),
                 occurrence,
                 next_occurrence: None,
                 run: None,
@@ -431,7 +431,7 @@ async fn a_lease_held_elsewhere_skips_and_a_taken_instant_is_taken() {
     };
     assert_eq!(rig.run().await, Ending::Skipped("held"));
     rig.store
-        .release(&rig.job.resource, &other.owner_id.to_string(), other.token)
+        .release(&rig.job.resource, other.owner_id, other.token)
         .await
         .unwrap();
 
@@ -440,7 +440,7 @@ async fn a_lease_held_elsewhere_skips_and_a_taken_instant_is_taken() {
         panic!("acquire elsewhere");
     };
     rig.store
-        .release(&rig.job.resource, &other.owner_id.to_string(), other.token)
+        .release(&rig.job.resource, other.owner_id, other.token)
         .await
         .unwrap();
     assert_eq!(rig.run().await, Ending::Taken);
@@ -635,7 +635,7 @@ async fn a_paused_job_skips_its_instants_until_resumed_or_its_pause_ends() {
             resource: &rig.job.resource,
             lease: rig.job.timing.lease,
             node: "node-b",
-            owner_id: Uuid::new_v4(),
+            owner_id: OwnerId::fresh(),
             occurrence: Some(at()),
             next_occurrence: None,
             run: Some(RunStart {

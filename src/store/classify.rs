@@ -3,8 +3,8 @@
 //! test store) report the same ones.
 
 use super::{
-    AcquireOutcome, AcquireRequest, NewStaleRecord, PauseSeen, PutRequest, Refusal, RejectReason,
-    StaleKind, StartedBy, StoreTime, Token,
+    AcquireOutcome, AcquireRequest, NewStaleRecord, OwnerId, PauseSeen, PutRequest, Refusal,
+    RejectReason, StaleKind, StartedBy, StoreTime, Token,
 };
 
 /// Classifies a losing acquisition from the row as the caller's snapshot saw
@@ -109,10 +109,10 @@ pub(crate) struct LeaseRow {
 }
 
 /// Classifies a refused renew or release from the row as it is now.
-pub(crate) fn classify_refusal(row: Option<LeaseRow>, owner_id: &str, token: Token) -> Refusal {
+pub(crate) fn classify_refusal(row: Option<LeaseRow>, owner_id: OwnerId, token: Token) -> Refusal {
     match row {
         None => Refusal::Missing,
-        Some(row) if row.owner_id == owner_id && row.fence == token => Refusal::Expired {
+        Some(row) if owner_id == row.owner_id && row.fence == token => Refusal::Expired {
             expired_at: StoreTime(row.expires_at),
         },
         Some(row) => Refusal::NotOwner {
@@ -134,17 +134,17 @@ pub(crate) struct Rejection {
 
 impl Rejection {
     /// The record of `req`'s rejection, stored in the refusing transaction.
-    pub(crate) fn record<'a>(
+    pub(crate) fn record<'r>(
         &self,
-        req: &PutRequest<'a>,
-        operation_id: &'a str,
-    ) -> NewStaleRecord<'a> {
+        req: &'r PutRequest<'r>,
+        operation_id: &'r str,
+    ) -> NewStaleRecord<'r> {
         NewStaleRecord {
             kind: StaleKind::WriteRejected,
             reason: self.reason.as_str(),
             resource: req.resource.as_str(),
             key: Some(req.key.as_str()),
-            owner_id: Some(req.owner_id),
+            owner_id: Some(req.owner_id.as_str()),
             token: req.token,
             accepted_token: self.accepted_token,
             node: req.node,

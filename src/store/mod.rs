@@ -57,6 +57,7 @@ use mysql::MySqlStore;
 use postgres::PostgresStore;
 use sqlite::SqliteStore;
 pub use types::*;
+
 pub use url::{is_secret_param, redact, Backend, StoreUrl};
 
 /// The lease store. One SQL implementation (one dialect per backend), and
@@ -88,7 +89,7 @@ pub trait Store: Send + Sync + 'static {
     async fn renew(
         &self,
         resource: &Name,
-        owner_id: &str,
+        owner_id: OwnerId,
         token: Token,
         lease: Duration,
     ) -> Result<RenewOutcome, StoreError>;
@@ -98,7 +99,7 @@ pub trait Store: Send + Sync + 'static {
     async fn release(
         &self,
         resource: &Name,
-        owner_id: &str,
+        owner_id: OwnerId,
         token: Token,
     ) -> Result<ReleaseOutcome, StoreError>;
 
@@ -112,7 +113,7 @@ pub trait Store: Send + Sync + 'static {
     async fn give_back(
         &self,
         resource: &Name,
-        owner_id: &str,
+        owner_id: OwnerId,
         token: Option<Token>,
         occurrence: StoreTime,
     ) -> Result<ReleaseOutcome, StoreError>;

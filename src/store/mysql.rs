@@ -281,7 +281,7 @@ impl Dialect for My {
                 .into()),
             };
         };
-        if won == 1 && owner_id == owner.to_string() {
+        if won == 1 && owner == owner_id {
             return Ok(AcquireOutcome::Acquired(Lease {
                 resource: req.resource.to_string(),
                 owner_id: owner,
@@ -307,14 +307,14 @@ impl Dialect for My {
         &self,
         db: &Db<MySql>,
         resource: &Name,
-        owner_id: &str,
+        owner_id: OwnerId,
         token: Token,
         lease: Duration,
     ) -> Sql<RenewOutcome> {
         let done = sqlx::query(RENEW)
             .bind(millis(lease))
             .bind(resource.as_str())
-            .bind(owner_id)
+            .bind(owner_id.as_str())
             .bind(token)
             .execute(&db.pool)
             .await?;
@@ -334,20 +334,20 @@ impl Dialect for My {
         &self,
         db: &Db<MySql>,
         resource: &Name,
-        owner_id: &str,
+        owner_id: OwnerId,
         token: Option<Token>,
         occurrence: Option<StoreTime>,
     ) -> Sql<ReleaseOutcome> {
         let query = match occurrence {
             None => sqlx::query(RELEASE)
                 .bind(resource.as_str())
-                .bind(owner_id)
+                .bind(owner_id.as_str())
                 .bind(token),
             Some(occ) => sqlx::query(GIVE_BACK)
                 .bind(occ.0)
                 .bind(occ.0)
                 .bind(resource.as_str())
-                .bind(owner_id)
+                .bind(owner_id.as_str())
                 .bind(token)
                 .bind(token)
                 .bind(occ.0),
@@ -371,11 +371,11 @@ impl Dialect for My {
             .bind(req.key.as_str())
             .bind(req.value)
             .bind(req.token)
-            .bind(req.owner_id)
+            .bind(req.owner_id.as_str())
             .bind(&op)
             .bind(req.resource.as_str())
             .bind(req.token)
-            .bind(req.owner_id)
+            .bind(req.owner_id.as_str())
             .bind(req.once)
             .bind(req.once)
             .bind(req.once)

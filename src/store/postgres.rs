@@ -551,13 +551,13 @@ impl Dialect for Pg {
         &self,
         db: &Db<Postgres>,
         resource: &Name,
-        owner_id: &str,
+        owner_id: OwnerId,
         token: Token,
         lease: Duration,
     ) -> Sql<RenewOutcome> {
         let renewed: Option<i64> = sqlx::query_scalar(RENEW)
             .bind(resource.as_str())
-            .bind(owner_id)
+            .bind(owner_id.as_str())
             .bind(token)
             .bind(millis(lease))
             .fetch_optional(&db.pool)
@@ -578,7 +578,7 @@ impl Dialect for Pg {
         &self,
         db: &Db<Postgres>,
         resource: &Name,
-        owner_id: &str,
+        owner_id: OwnerId,
         token: Option<Token>,
         occurrence: Option<StoreTime>,
     ) -> Sql<ReleaseOutcome> {
@@ -586,7 +586,10 @@ impl Dialect for Pg {
             None => sqlx::query_scalar(RELEASE),
             Some(_) => sqlx::query_scalar(GIVE_BACK),
         };
-        let mut query = query.bind(resource.as_str()).bind(owner_id).bind(token);
+        let mut query = query
+            .bind(resource.as_str())
+            .bind(owner_id.as_str())
+            .bind(token);
         if let Some(occ) = occurrence {
             query = query.bind(occ.0);
         }
@@ -609,7 +612,7 @@ impl Dialect for Pg {
             .bind(req.key.as_str())
             .bind(req.value)
             .bind(req.token)
-            .bind(req.owner_id)
+            .bind(req.owner_id.as_str())
             .bind(&op)
             .bind(req.once)
             .fetch_optional(&mut *tx)

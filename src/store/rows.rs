@@ -109,7 +109,13 @@ impl PutState {
             .lease
             .as_ref()
             .map(|(fence, owner)| (*fence, owner.as_str()));
-        classify_rejection(req.token, req.owner_id, req.once, self.accepted, lease)
+        classify_rejection(
+            req.token,
+            req.owner_id.as_str(),
+            req.once,
+            self.accepted,
+            lease,
+        )
     }
 }
 

@@ -21,7 +21,7 @@ use super::{
     LeaseRow, NewStaleRecord, OpenOptions, PutOutcome, PutRequest, ReleaseOutcome, RenewOutcome,
     StaleRecord, Store, StoreError, StoreTime, StoreUrl, StoredValue, Token,
 };
-use super::{PauseInfo, RunEnd, RunInfo, RunQuery, TriggerInfo};
+use super::{OwnerId, PauseInfo, RunEnd, RunInfo, RunQuery, TriggerInfo};
 use crate::names::Name;
 
 /// How a store call failed before it was given its public form: a driver
@@ -399,7 +399,7 @@ pub(super) trait Dialect: Send + Sync + 'static {
         &self,
         db: &Db<Self::DB>,
         resource: &Name,
-        owner_id: &str,
+        owner_id: OwnerId,
         token: Token,
         lease: Duration,
     ) -> Sql<RenewOutcome>;
@@ -410,7 +410,7 @@ pub(super) trait Dialect: Send + Sync + 'static {
         &self,
         db: &Db<Self::DB>,
         resource: &Name,
-        owner_id: &str,
+        owner_id: OwnerId,
         token: Option<Token>,
         occurrence: Option<StoreTime>,
     ) -> Sql<ReleaseOutcome>;
@@ -510,7 +510,7 @@ impl<D: Dialect> Store for SqlStore<D> {
     async fn renew(
         &self,
         resource: &Name,
-        owner_id: &str,
+        owner_id: OwnerId,
         token: Token,
         lease: Duration,
     ) -> Result<RenewOutcome, StoreError> {
@@ -524,7 +524,7 @@ impl<D: Dialect> Store for SqlStore<D> {
     async fn release(
         &self,
         resource: &Name,
-        owner_id: &str,
+        owner_id: OwnerId,
         token: Token,
     ) -> Result<ReleaseOutcome, StoreError> {
         self.call(
@@ -537,7 +537,7 @@ impl<D: Dialect> Store for SqlStore<D> {
     async fn give_back(
         &self,
         resource: &Name,
-        owner_id: &str,
+        owner_id: OwnerId,
         token: Option<Token>,
         occurrence: StoreTime,
     ) -> Result<ReleaseOutcome, StoreError> {
@@ -551,10 +551,13 @@ impl<D: Dialect> Store for SqlStore<D> {
             // Nothing ran under the lease: its run row goes too. Rare (a win
             // whose answer came too late), so a statement of its own.
             self.call(async {
-                Ok(
-                    D::DB::forget_unrun(&self.db.pool, &self.fleet, resource.as_str(), owner_id)
-                        .await?,
+                Ok(D::DB::forget_unrun(
+                    &self.db.pool,
+                    &self.fleet,
+                    resource.as_str(),
+                    owner_id.as_str(),
                 )
+                .await?)
             })
             .await?;
         }

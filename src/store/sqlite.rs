@@ -469,7 +469,7 @@ impl Dialect for Lite {
         &self,
         db: &Db<Sqlite>,
         resource: &Name,
-        owner_id: &str,
+        owner_id: OwnerId,
         token: Token,
         lease: Duration,
     ) -> Sql<RenewOutcome> {
@@ -477,7 +477,7 @@ impl Dialect for Lite {
         let now = kernel_now_ms();
         let renewed: Option<i64> = sqlx::query_scalar(RENEW)
             .bind(resource.as_str())
-            .bind(owner_id)
+            .bind(owner_id.as_str())
             .bind(token)
             .bind(now)
             .bind(millis(lease))
@@ -501,7 +501,7 @@ impl Dialect for Lite {
         &self,
         db: &Db<Sqlite>,
         resource: &Name,
-        owner_id: &str,
+        owner_id: OwnerId,
         token: Option<Token>,
         occurrence: Option<StoreTime>,
     ) -> Sql<ReleaseOutcome> {
@@ -513,7 +513,7 @@ impl Dialect for Lite {
             RELEASE
         })
         .bind(resource.as_str())
-        .bind(owner_id)
+        .bind(owner_id.as_str())
         .bind(token)
         .bind(now);
         let query = match occurrence {
@@ -553,7 +553,7 @@ impl Dialect for Lite {
             .bind(req.key.as_str())
             .bind(req.value)
             .bind(req.token)
-            .bind(req.owner_id)
+            .bind(req.owner_id.as_str())
             .bind(&op)
             .bind(now)
             .bind(req.once)

@@ -95,8 +95,8 @@ pub struct AcquireRequest<'a> {
     /// attempt whose answer it never saw (a call that timed out on the
     /// client after the server committed it) and adopts it instead of
     /// finding its own occurrence "taken". Ad-hoc leases use a fresh one
-    /// ([`fresh_owner`]).
-    pub owner_id: Uuid,
+    /// ([`OwnerId::fresh`]).
+    pub owner_id: OwnerId,
     /// The scheduled occurrence this acquisition is for: the acquisition is
     /// refused unless it is newer than the last occurrence taken for the
     /// resource and already due by the store's clock. `None` for ad-hoc
@@ -151,7 +151,7 @@ impl StartedBy {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Lease {
     pub resource: String,
-    pub owner_id: Uuid,
+    pub owner_id: OwnerId,
     pub token: Token,
     /// The expiry the store computed from its own clock.
     pub expires_at: StoreTime,
@@ -341,7 +341,7 @@ pub struct PutRequest<'a> {
     pub token: Token,
     /// The owner id the token was issued to (`Lease::owner_id`); the write
     /// is refused (`WrongOwner`) when the lease row names another.
-    pub owner_id: &'a str,
+    pub owner_id: OwnerId,
     /// Require a strictly greater token (exactly-once application).
     pub once: bool,
     /// Recorded with a rejection: who tried.
@@ -583,7 +583,91 @@ pub mod trigger_state {
     pub const REFUSED: &str = "refused";
 }
 
-/// A new owner id for one acquisition (or one occurrence on one node).
-pub fn fresh_owner() -> Uuid {
-    Uuid::new_v4()
+/// The id of one ownership: who a token was issued to. Every owner id the
+/// store records is a random UUID, written lowercase and hyphenated; renew,
+/// release, give-back and fenced writes match it together with the token.
+/// A string that is not a UUID is refused where it enters (a flag, the job's
+/// environment), never sent to the store as an owner that cannot exist.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct OwnerId {
+    /// The UUID, lowercase and hyphenated: what the store binds and compares.
+    text: [u8; 36],
+}
+
+impl OwnerId {
+    /// A new owner id for one acquisition (or one occurrence on one node).
+    pub fn fresh() -> OwnerId {
+        OwnerId::from_uuid(Uuid::new_v4())
+    }
+
+    fn from_uuid(uuid: Uuid) -> OwnerId {
+        let mut text = [0u8; 36];
+        uuid.hyphenated().encode_lower(&mut text);
+        OwnerId { text }
+    }
+
+    /// The id as the store binds and compares it.
+    pub fn as_str(&self) -> &str {
+        // A hyphenated UUID is ASCII.
+        std::str::from_utf8(&self.text).unwrap_or_default()
+    }
+}
+
+impl fmt::Display for OwnerId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl fmt::Debug for OwnerId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "OwnerId({})", self.as_str())
+    }
+}
+
+impl Serialize for OwnerId {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for OwnerId {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<OwnerId, D::Error> {
+        let s = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+impl PartialEq<str> for OwnerId {
+    fn eq(&self, other: &str) -> bool {
+        self.as_str() == other
+    }
+}
+
+impl PartialEq<String> for OwnerId {
+    fn eq(&self, other: &String) -> bool {
+        self.as_str() == other
+    }
+}
+
+/// An owner id that is not a UUID.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BadOwnerId(pub String);
+
+impl fmt::Display for BadOwnerId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "owner id {:?} is not a UUID", self.0)
+    }
+}
+
+impl std::error::Error for BadOwnerId {}
+
+impl std::str::FromStr for OwnerId {
+    type Err = BadOwnerId;
+
+    fn from_str(s: &str) -> Result<OwnerId, BadOwnerId> {
+        Uuid::parse_str(s.trim())
+            .map(OwnerId::from_uuid)
+            .map_err(|_| BadOwnerId(s.to_string()))
+    }
 }

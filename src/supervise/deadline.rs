@@ -116,14 +116,14 @@ impl<'a> Watch<'a> {
     fn renew_call(&self) -> RenewCall {
         let store = self.sup.store.clone();
         let resource = self.spec.resource.clone();
-        let owner = self.lease.owner_id.to_string();
+        let owner = self.lease.owner_id;
         let token = self.lease.token;
         let lease = self.spec.timing.lease;
         // Abandon a call that outlives one renewal interval and try again.
         let limit = self.spec.timing.renew_every;
         Box::pin(async move {
             let sent = Instant::now();
-            let r = match tokio::time::timeout(limit, store.renew(&resource, &owner, token, lease))
+            let r = match tokio::time::timeout(limit, store.renew(&resource, owner, token, lease))
                 .await
             {
                 Ok(r) => r,

@@ -430,14 +430,14 @@ impl Supervisor {
     /// trying it can run it.
     async fn release_as(&self, spec: &RunSpec, lease: &Lease, unrun: Unrun) {
         let mut delay = Duration::from_millis(200);
-        let owner_id = lease.owner_id.to_string();
+        let owner_id = lease.owner_id;
         for attempt in 0..3 {
             let released = match (unrun, spec.scheduled_at) {
                 (Unrun::GiveBack, Some(at)) => {
                     self.store
                         .give_back(
                             &spec.resource,
-                            &owner_id,
+                            owner_id,
                             Some(lease.token),
                             crate::store::StoreTime::from_utc(at),
                         )
@@ -445,7 +445,7 @@ impl Supervisor {
                 }
                 _ => {
                     self.store
-                        .release(&spec.resource, &owner_id, lease.token)
+                        .release(&spec.resource, owner_id, lease.token)
                         .await
                 }
             };
@@ -481,14 +481,14 @@ impl Supervisor {
     /// The job exited with its configured stale code: it reports a write its
     /// own storage rejected. Record and log it like any other.
     async fn job_reported_stale(&self, spec: &RunSpec, lease: &Lease) {
-        let owner = lease.owner_id.to_string();
+        let owner = lease.owner_id;
         let op = uuid::Uuid::new_v4().to_string();
         let rec = NewStaleRecord {
             kind: StaleKind::WriteRejected,
             reason: "stale",
             resource: spec.resource.as_str(),
             key: None,
-            owner_id: Some(&owner),
+            owner_id: Some(owner.as_str()),
             token: lease.token,
             accepted_token: None,
             node: &self.node,
@@ -504,7 +504,7 @@ impl Supervisor {
                 reason: rec.reason.to_string(),
                 resource: rec.resource.to_string(),
                 key: None,
-                owner_id: Some(owner.clone()),
+                owner_id: Some(owner.to_string()),
                 token: rec.token,
                 accepted_token: None,
                 node: self.node.clone(),

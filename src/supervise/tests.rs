@@ -11,10 +11,10 @@ use std::os::unix::process::ExitStatusExt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::store::OwnerId;
 use nix::sys::signal::Signal;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use uuid::Uuid;
 
 use super::{
     outcome_of, CancelReason, LeaseTiming, RunResult, RunSpec, SuperviseError, Supervisor,
@@ -76,7 +76,7 @@ impl Rig {
                 resource: &self.spec.resource,
                 lease: self.spec.timing.lease,
                 node: "node-a",
-                owner_id: Uuid::new_v4(),
+                owner_id: OwnerId::fresh(),
                 occurrence: self.spec.scheduled_at.map(StoreTime::from_utc),
                 next_occurrence: None,
                 run: None,

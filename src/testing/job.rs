@@ -53,7 +53,7 @@ struct JobState {
 pub(crate) struct JobHandle {
     pub resource: String,
     pub token: Token,
-    pub owner_id: uuid::Uuid,
+    pub owner_id: crate::store::OwnerId,
     /// The watchdog's deadlines the job was started with.
     pub term_at: Instant,
     pub kill_at: Instant,

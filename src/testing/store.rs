@@ -28,14 +28,13 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::sync::watch;
 use tokio::time::Instant;
-use uuid::Uuid;
 
 use crate::clock::Clock;
 use crate::names::Name;
 use crate::store::{
     classify_loss, classify_paused, classify_refusal, classify_rejection, first_token_of,
     trigger_state, AcquireOutcome, AcquireRequest, Backend, EpochInfo, Lease, LeaseInfo, LeaseRow,
-    LossRow, NewStaleRecord, PauseInfo, PauseSeen, PutOutcome, PutRequest, ReleaseOutcome,
+    LossRow, NewStaleRecord, OwnerId, PauseInfo, PauseSeen, PutOutcome, PutRequest, ReleaseOutcome,
     RenewOutcome, RunEnd, RunInfo, RunQuery, RunStart, StaleKind, StaleRecord, StartedBy, Store,
     StoreError, StoreTime, StoreUrl, StoredValue, Takeover, Token, TriggerInfo, EPOCH_SHIFT,
     RUNNING, UNKNOWN,
@@ -464,7 +463,7 @@ struct OwnedAcquire {
     name: Name,
     lease: Duration,
     node: String,
-    owner_id: Uuid,
+    owner_id: OwnerId,
     occurrence: Option<StoreTime>,
     next_occurrence: Option<StoreTime>,
     run: Option<(String, StartedBy, Option<StoreTime>)>,
@@ -550,11 +549,11 @@ impl Store for MemoryStore {
     async fn renew(
         &self,
         resource: &Name,
-        owner_id: &str,
+        owner_id: OwnerId,
         token: Token,
         lease: Duration,
     ) -> Result<RenewOutcome, StoreError> {
-        let (resource, owner_id) = (resource.to_string(), owner_id.to_string());
+        let resource = resource.to_string();
         let refuse = {
             let mut s = self.lock();
             let q = s.faults.get_mut(&Op::Renew);
@@ -573,7 +572,7 @@ impl Store for MemoryStore {
         }
         self.call(Op::Renew, move |s, now| {
             let out = match s.leases.get_mut(&resource) {
-                Some(r) if r.owner_id == owner_id && r.fence == token && r.expires_at > now => {
+                Some(r) if owner_id == r.owner_id && r.fence == token && r.expires_at > now => {
                     r.expires_at = now + millis(lease);
                     RenewOutcome::Renewed {
                         expires_at: StoreTime(r.expires_at),
@@ -581,7 +580,7 @@ impl Store for MemoryStore {
                 }
                 _ => RenewOutcome::Refused(classify_refusal(
                     refusal_row(s, &resource),
-                    &owner_id,
+                    owner_id,
                     token,
                 )),
             };
@@ -598,20 +597,20 @@ impl Store for MemoryStore {
     async fn release(
         &self,
         resource: &Name,
-        owner_id: &str,
+        owner_id: OwnerId,
         token: Token,
     ) -> Result<ReleaseOutcome, StoreError> {
-        let (resource, owner_id) = (resource.to_string(), owner_id.to_string());
+        let resource = resource.to_string();
         self.call(Op::Release, move |s, now| {
             let out = match s.leases.get_mut(&resource) {
-                Some(r) if r.owner_id == owner_id && r.fence == token => {
+                Some(r) if owner_id == r.owner_id && r.fence == token => {
                     r.expires_at = r.expires_at.min(now);
                     r.released = true;
                     ReleaseOutcome::Released
                 }
                 _ => ReleaseOutcome::Refused(classify_refusal(
                     refusal_row(s, &resource),
-                    &owner_id,
+                    owner_id,
                     token,
                 )),
             };
@@ -628,16 +627,16 @@ impl Store for MemoryStore {
     async fn give_back(
         &self,
         resource: &Name,
-        owner_id: &str,
+        owner_id: OwnerId,
         token: Option<Token>,
         occurrence: StoreTime,
     ) -> Result<ReleaseOutcome, StoreError> {
-        let (resource, owner_id) = (resource.to_string(), owner_id.to_string());
+        let resource = resource.to_string();
         let occ = occurrence.0;
         self.call(Op::GiveBack, move |s, now| {
             let out = match s.leases.get_mut(&resource) {
                 Some(r)
-                    if r.owner_id == owner_id
+                    if owner_id == r.owner_id
                         && (Some(r.fence) == token
                             || (token.is_none()
                                 && !r.released
@@ -650,14 +649,14 @@ impl Store for MemoryStore {
                     }
                     s.runs.retain(|run| {
                         !(run.resource == resource
-                            && run.owner_id == owner_id
+                            && owner_id == run.owner_id
                             && run.finished_at.is_none())
                     });
                     ReleaseOutcome::Released
                 }
                 _ => ReleaseOutcome::Refused(classify_refusal(
                     refusal_row(s, &resource),
-                    &owner_id,
+                    owner_id,
                     token.unwrap_or(0),
                 )),
             };

@@ -13,11 +13,17 @@ use super::store::{Commit, Fault, Gate, MemoryStore, Op};
 use crate::clock::Clock;
 use crate::names::Name;
 use crate::store::{
-    AcquireOutcome, AcquireRequest, Lease, NewStaleRecord, PutOutcome, PutRequest, Refusal,
-    RejectReason, ReleaseOutcome, RenewOutcome, StaleKind, Store, StoreError, StoreTime, Takeover,
+    AcquireOutcome, AcquireRequest, Lease, NewStaleRecord, OwnerId, PutOutcome, PutRequest,
+    Refusal, RejectReason, ReleaseOutcome, RenewOutcome, StaleKind, Store, StoreError, StoreTime,
+    Takeover,
 };
 
 const LEASE: Duration = Duration::from_secs(5);
+
+/// An owner id printed as text (as the cases compare them) back as one.
+fn oid(s: &str) -> OwnerId {
+    s.parse().expect("owner ids are UUIDs")
+}
 
 fn store() -> MemoryStore {
     MemoryStore::new(Clock::following_tokio(epoch_wall()))
@@ -30,7 +36,7 @@ fn name(s: &str) -> Name {
 async fn acquire(
     s: &MemoryStore,
     r: &Name,
-    owner: Uuid,
+    owner: OwnerId,
     occ: Option<StoreTime>,
     next: Option<StoreTime>,
 ) -> AcquireOutcome {
@@ -48,7 +54,7 @@ async fn acquire(
 }
 
 async fn adhoc(s: &MemoryStore, r: &Name) -> AcquireOutcome {
-    acquire(s, r, Uuid::new_v4(), None, None).await
+    acquire(s, r, OwnerId::fresh(), None, None).await
 }
 
 fn won(out: AcquireOutcome) -> Lease {
@@ -59,7 +65,7 @@ fn won(out: AcquireOutcome) -> Lease {
 }
 
 async fn release(s: &MemoryStore, l: &Lease) -> ReleaseOutcome {
-    s.release(&name(&l.resource), &l.owner_id.to_string(), l.token)
+    s.release(&name(&l.resource), l.owner_id, l.token)
         .await
         .unwrap()
 }
@@ -97,7 +103,7 @@ async fn tokens_grow_across_release_and_expiry_and_refusals_say_why() {
     pass(LEASE).await;
     let owner_b = b.owner_id.to_string();
     assert_eq!(
-        s.renew(&r, &owner_b, 2, LEASE).await.unwrap(),
+        s.renew(&r, oid(&owner_b), 2, LEASE).await.unwrap(),
         RenewOutcome::Refused(Refusal::Expired {
             expired_at: b.expires_at
         })
@@ -119,21 +125,19 @@ async fn tokens_grow_across_release_and_expiry_and_refusals_say_why() {
         current_token: 3,
     };
     assert_eq!(
-        s.renew(&r, &owner_b, 2, LEASE).await.unwrap(),
+        s.renew(&r, oid(&owner_b), 2, LEASE).await.unwrap(),
         RenewOutcome::Refused(not_owner.clone())
     );
     assert_eq!(release(&s, &b).await, ReleaseOutcome::Refused(not_owner));
     pass(Duration::from_secs(1)).await;
-    match s
-        .renew(&r, &c.owner_id.to_string(), 3, LEASE)
-        .await
-        .unwrap()
-    {
+    match s.renew(&r, c.owner_id, 3, LEASE).await.unwrap() {
         RenewOutcome::Renewed { expires_at } => assert_eq!(expires_at.0, s.now_ms() + 5_000),
         other => panic!("{other:?}"),
     }
     assert_eq!(
-        s.renew(&name("never"), "x", 1, LEASE).await.unwrap(),
+        s.renew(&name("never"), OwnerId::fresh(), 1, LEASE)
+            .await
+            .unwrap(),
         RenewOutcome::Refused(Refusal::Missing)
     );
     assert!(s.row("never").is_none(), "a refusal creates no row");
@@ -145,19 +149,19 @@ async fn an_occurrence_is_taken_once_when_due_and_not_superseded() {
     let r = name("occ");
     let t = at(&s, 60);
     let (next, older) = (StoreTime(t.0 + 30_000), StoreTime(t.0 - 60_000));
-    let a = won(acquire(&s, &r, Uuid::new_v4(), Some(t), None).await);
+    let a = won(acquire(&s, &r, OwnerId::fresh(), Some(t), None).await);
     assert!(matches!(
-        acquire(&s, &r, Uuid::new_v4(), Some(next), None).await,
+        acquire(&s, &r, OwnerId::fresh(), Some(next), None).await,
         AcquireOutcome::Held { .. }
     ));
     release(&s, &a).await;
     for occ in [t, older] {
         assert_eq!(
-            acquire(&s, &r, Uuid::new_v4(), Some(occ), None).await,
+            acquire(&s, &r, OwnerId::fresh(), Some(occ), None).await,
             AcquireOutcome::OccurrenceTaken { last_occurrence: t }
         );
     }
-    let b = won(acquire(&s, &r, Uuid::new_v4(), Some(next), None).await);
+    let b = won(acquire(&s, &r, OwnerId::fresh(), Some(next), None).await);
     assert_eq!(b.token, 2);
     release(&s, &b).await;
     won(adhoc(&s, &r).await);
@@ -171,7 +175,7 @@ async fn an_occurrence_is_taken_once_when_due_and_not_superseded() {
     let fresh = name("fresh");
     let future = StoreTime(s.now_ms() + 60_000);
     assert!(matches!(
-        acquire(&s, &fresh, Uuid::new_v4(), Some(future), None).await,
+        acquire(&s, &fresh, OwnerId::fresh(), Some(future), None).await,
         AcquireOutcome::NotYetDue { store_now } if store_now.0 == s.now_ms()
     ));
     let old = at(&s, 30);
@@ -179,7 +183,7 @@ async fn an_occurrence_is_taken_once_when_due_and_not_superseded() {
         acquire(
             &s,
             &fresh,
-            Uuid::new_v4(),
+            OwnerId::fresh(),
             Some(old),
             Some(StoreTime(old.0 + 2_000))
         )
@@ -195,14 +199,14 @@ async fn the_same_owner_adopts_its_own_unreleased_win() {
     let r = name("adopt");
     let t = at(&s, 2);
     let next = Some(StoreTime(t.0 + 600_000));
-    let me = Uuid::new_v4();
+    let me = OwnerId::fresh();
     let first = won(acquire(&s, &r, me, Some(t), next).await);
     pass(Duration::from_secs(1)).await;
     let again = won(acquire(&s, &r, me, Some(t), next).await);
     assert_eq!(again.token, first.token);
     assert_eq!(again.expires_at.0, s.now_ms() + 5_000);
     assert_eq!(
-        acquire(&s, &r, Uuid::new_v4(), Some(t), next).await,
+        acquire(&s, &r, OwnerId::fresh(), Some(t), next).await,
         AcquireOutcome::OccurrenceTaken { last_occurrence: t },
         "another owner cannot"
     );
@@ -239,39 +243,39 @@ async fn giving_back_makes_the_instant_takeable_again() {
     let r = name("give-back");
     let t = at(&s, 5);
     let next = Some(StoreTime(t.0 + 600_000));
-    let late = won(acquire(&s, &r, Uuid::new_v4(), Some(t), next).await);
+    let late = won(acquire(&s, &r, OwnerId::fresh(), Some(t), next).await);
     let owner = late.owner_id.to_string();
     assert!(matches!(
-        s.give_back(&r, "someone-else", Some(1), t).await.unwrap(),
+        s.give_back(&r, OwnerId::fresh(), Some(1), t).await.unwrap(),
         ReleaseOutcome::Refused(Refusal::NotOwner { .. })
     ));
     assert_eq!(
-        s.give_back(&r, &owner, Some(1), t).await.unwrap(),
+        s.give_back(&r, oid(&owner), Some(1), t).await.unwrap(),
         ReleaseOutcome::Released
     );
     assert_eq!(s.row("give-back").unwrap().last_occurrence, Some(t.0 - 1));
     assert!(matches!(
-        acquire(&s, &r, Uuid::new_v4(), Some(StoreTime(t.0 - 1_000)), None).await,
+        acquire(&s, &r, OwnerId::fresh(), Some(StoreTime(t.0 - 1_000)), None).await,
         AcquireOutcome::OccurrenceTaken { .. }
     ));
-    let other = won(acquire(&s, &r, Uuid::new_v4(), Some(t), next).await);
+    let other = won(acquire(&s, &r, OwnerId::fresh(), Some(t), next).await);
     assert_eq!((other.token, other.taken_over.clone()), (2, None));
     release(&s, &other).await;
 
     // Without a token: only this owner's unreleased win of this instant.
     let t3 = StoreTime(t.0 + 2_000);
-    let ghost = Uuid::new_v4();
+    let ghost = OwnerId::fresh();
     won(acquire(&s, &r, ghost, Some(t3), next).await);
     assert!(matches!(
-        s.give_back(&r, &ghost.to_string(), None, t).await.unwrap(),
+        s.give_back(&r, ghost, None, t).await.unwrap(),
         ReleaseOutcome::Refused(_)
     ));
     assert_eq!(
-        s.give_back(&r, &ghost.to_string(), None, t3).await.unwrap(),
+        s.give_back(&r, ghost, None, t3).await.unwrap(),
         ReleaseOutcome::Released
     );
     assert!(matches!(
-        s.give_back(&r, &ghost.to_string(), None, t3).await.unwrap(),
+        s.give_back(&r, ghost, None, t3).await.unwrap(),
         ReleaseOutcome::Refused(_)
     ));
 }
@@ -281,7 +285,7 @@ async fn a_losing_acquire_changes_nothing() {
     let s = store();
     let r = name("loser");
     let t = at(&s, 60);
-    won(acquire(&s, &r, Uuid::new_v4(), Some(t), None).await);
+    won(acquire(&s, &r, OwnerId::fresh(), Some(t), None).await);
     let before = s.row("loser");
     for occ in [
         None,
@@ -290,7 +294,7 @@ async fn a_losing_acquire_changes_nothing() {
         Some(StoreTime(t.0 + 3_600_000)),
     ] {
         assert!(!matches!(
-            acquire(&s, &r, Uuid::new_v4(), occ, None).await,
+            acquire(&s, &r, OwnerId::fresh(), occ, None).await,
             AcquireOutcome::Acquired(_)
         ));
         assert_eq!(s.row("loser"), before);
@@ -314,26 +318,26 @@ async fn fenced_writes_compare_tokens_and_record_rejections() {
         stage: "test",
         operation_id: Uuid::new_v4(),
     };
-    let nobody = Uuid::new_v4().to_string();
+    let nobody = OwnerId::fresh();
     assert!(matches!(
-        s.put(&put(1, &nobody, false)).await.unwrap(),
+        s.put(&put(1, nobody, false)).await.unwrap(),
         PutOutcome::Rejected(rec) if rec.reason == RejectReason::Forged.as_str()
     ));
     let a = won(adhoc(&s, &r).await);
     release(&s, &a).await;
     let b = won(adhoc(&s, &r).await);
-    let (a_owner, b_owner) = (a.owner_id.to_string(), b.owner_id.to_string());
+    let (a_owner, b_owner) = (a.owner_id, b.owner_id);
     for _ in 0..2 {
         assert!(matches!(
-            s.put(&put(2, &b_owner, false)).await.unwrap(),
+            s.put(&put(2, b_owner, false)).await.unwrap(),
             PutOutcome::Accepted { .. }
         ));
     }
     assert_eq!(
-        s.put(&put(2, &b_owner, true)).await.unwrap(),
+        s.put(&put(2, b_owner, true)).await.unwrap(),
         PutOutcome::AlreadyApplied
     );
-    for (token, owner, reason) in [(1, &a_owner, "stale"), (2, &a_owner, "wrong_owner")] {
+    for (token, owner, reason) in [(1, a_owner, "stale"), (2, a_owner, "wrong_owner")] {
         match s.put(&put(token, owner, false)).await.unwrap() {
             PutOutcome::Rejected(rec) => {
                 assert_eq!((rec.reason.as_str(), rec.accepted_token), (reason, Some(2)))
@@ -369,7 +373,7 @@ async fn injected_faults() {
                 resource: &r,
                 lease: LEASE,
                 node: "n",
-                owner_id: Uuid::new_v4(),
+                owner_id: OwnerId::fresh(),
                 occurrence: None,
                 next_occurrence: None,
                 run: None,
@@ -384,7 +388,7 @@ async fn injected_faults() {
     let gate = Gate::new();
     s.fault(Op::Acquire, Fault::Hang(gate.clone(), Commit::Before), 1);
     let start = Instant::now();
-    let me = Uuid::new_v4();
+    let me = OwnerId::fresh();
     let t = at(&s, 1);
     let e = s
         .acquire(&AcquireRequest {
@@ -432,7 +436,7 @@ async fn injected_faults() {
     let l = won(adhoc(&s, &name("renew")).await);
     s.fault(Op::Renew, Fault::Refuse, 1);
     assert!(matches!(
-        s.renew(&name("renew"), &l.owner_id.to_string(), l.token, LEASE)
+        s.renew(&name("renew"), l.owner_id, l.token, LEASE)
             .await
             .unwrap(),
         RenewOutcome::Refused(Refusal::NotOwner { .. })
@@ -467,7 +471,7 @@ async fn adhoc_err(s: &MemoryStore, r: &Name) -> bool {
         resource: r,
         lease: LEASE,
         node: "n",
-        owner_id: Uuid::new_v4(),
+        owner_id: OwnerId::fresh(),
         occurrence: None,
         next_occurrence: None,
         run: None,

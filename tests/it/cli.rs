@@ -538,6 +538,26 @@ fn case_usage_errors_do_not_touch_store(fx: &Fx) {
             "--value",
             "v",
         ],
+        // an owner id that no lease can have: refused before the store
+        // (exit 2), not sent there to be refused as "not the owner" (3)
+        vec![
+            "lease",
+            "renew",
+            &ok,
+            "--owner-id",
+            "host-a",
+            "--token",
+            "1",
+        ],
+        vec![
+            "lease",
+            "release",
+            &ok,
+            "--owner-id",
+            "host-a",
+            "--token",
+            "1",
+        ],
         vec!["get", "bad\u{7f}key", "--resource", &ok],
     ];
     for args in &bad {

@@ -283,7 +283,7 @@ async fn generation(store: &dyn Store, r: &str) -> Lease {
             node: "failover-test",
             occurrence: None,
             next_occurrence: None,
-            owner_id: fencecron::store::fresh_owner(),
+            owner_id: fencecron::store::OwnerId::fresh(),
             run: None,
         })
         .await
@@ -294,7 +294,7 @@ async fn generation(store: &dyn Store, r: &str) -> Lease {
     };
     assert_eq!(
         store
-            .release(&r, &lease.owner_id.to_string(), lease.token)
+            .release(&r, lease.owner_id, lease.token)
             .await
             .expect("release reaches the store"),
         ReleaseOutcome::Released

@@ -573,7 +573,7 @@ async fn mysql_value_over_max_allowed_packet_names_the_setting() {
             node: "test",
             occurrence: None,
             next_occurrence: None,
-            owner_id: fencecron::store::fresh_owner(),
+            owner_id: fencecron::store::OwnerId::fresh(),
             run: None,
         })
         .await
@@ -581,7 +581,7 @@ async fn mysql_value_over_max_allowed_packet_names_the_setting() {
     else {
         panic!("acquire");
     };
-    let owner = lease.owner_id.to_string();
+    let owner = lease.owner_id;
     for size in [max as usize + 1024, 3 * max as usize] {
         let value = vec![1u8; size];
         let err = store
@@ -590,7 +590,7 @@ async fn mysql_value_over_max_allowed_packet_names_the_setting() {
                 key: &key,
                 value: &value,
                 token: lease.token,
-                owner_id: &owner,
+                owner_id: owner,
                 once: false,
                 node: "test",
                 job: None,
@@ -615,7 +615,7 @@ async fn mysql_value_over_max_allowed_packet_names_the_setting() {
             key: &key,
             value: b"small",
             token: lease.token,
-            owner_id: &owner,
+            owner_id: owner,
             once: false,
             node: "test",
             job: None,

@@ -15,9 +15,10 @@ use std::time::Duration;
 
 use fencecron::names::Name;
 use fencecron::store::{
-    first_token_of, AcquireOutcome, AcquireRequest, Lease, LeaseInfo, NewStaleRecord, PauseInfo,
-    PutOutcome, PutRequest, Refusal, ReleaseOutcome, RenewOutcome, RunEnd, RunInfo, RunQuery,
-    RunStart, StaleKind, StaleRecord, StartedBy, Store, StoreTime, Takeover, Token, TriggerInfo,
+    first_token_of, AcquireOutcome, AcquireRequest, Lease, LeaseInfo, NewStaleRecord, OwnerId,
+    PauseInfo, PutOutcome, PutRequest, Refusal, ReleaseOutcome, RenewOutcome, RunEnd, RunInfo,
+    RunQuery, RunStart, StaleKind, StaleRecord, StartedBy, Store, StoreTime, Takeover, Token,
+    TriggerInfo,
 };
 use tokio::sync::Barrier;
 use uuid::Uuid;
@@ -27,6 +28,11 @@ use common::harness::open_store;
 use common::{unique, Backend, TestStore};
 
 const LEASE: Duration = Duration::from_secs(5);
+
+/// An owner id printed as text (as the cases compare them) back as one.
+fn oid(s: &str) -> OwnerId {
+    s.parse().expect("owner ids are UUIDs")
+}
 const NODE: &str = "conformance-node";
 
 // ---------------------------------------------------------------- helpers
@@ -50,7 +56,7 @@ async fn acquire_at(
             resource: r,
             lease,
             node: NODE,
-            owner_id: Uuid::new_v4(),
+            owner_id: OwnerId::fresh(),
             occurrence,
             next_occurrence: None,
             run: None,
@@ -73,7 +79,7 @@ async fn must_acquire(store: &dyn Store, r: &Name) -> Lease {
 async fn must_release(store: &dyn Store, l: &Lease) {
     let r = name("resource", &l.resource);
     let out = store
-        .release(&r, &l.owner_id.to_string(), l.token)
+        .release(&r, l.owner_id, l.token)
         .await
         .expect("release reaches the store");
     assert_eq!(out, ReleaseOutcome::Released, "releasing {l:?}");
@@ -153,7 +159,7 @@ impl<'a> Put<'a> {
                 key: self.key,
                 value: self.value,
                 token: self.token,
-                owner_id: self.owner_id,
+                owner_id: oid(self.owner_id),
                 once: self.once,
                 node: NODE,
                 job: self.job,
@@ -293,7 +299,7 @@ async fn case_token_increases_across_expiry(store: Arc<dyn Store>) {
     assert!(!row(s, &r).await.held, "listed as not held after expiry");
 
     // The owner itself cannot renew an expired lease.
-    match s.renew(&r, &a_owner, a.token, LEASE).await.unwrap() {
+    match s.renew(&r, oid(&a_owner), a.token, LEASE).await.unwrap() {
         RenewOutcome::Refused(Refusal::Expired { expired_at }) => {
             assert_eq!(expired_at, a.expires_at)
         }
@@ -315,11 +321,11 @@ async fn case_token_increases_across_expiry(store: Arc<dyn Store>) {
         current_token: b.token,
     };
     assert_eq!(
-        s.renew(&r, &a_owner, a.token, LEASE).await.unwrap(),
+        s.renew(&r, oid(&a_owner), a.token, LEASE).await.unwrap(),
         RenewOutcome::Refused(not_owner.clone())
     );
     assert_eq!(
-        s.release(&r, &a_owner, a.token).await.unwrap(),
+        s.release(&r, oid(&a_owner), a.token).await.unwrap(),
         ReleaseOutcome::Refused(not_owner)
     );
     let listed = row(s, &r).await;
@@ -339,7 +345,7 @@ async fn case_renew_keeps_token(store: Arc<dyn Store>) {
     let owner = a.owner_id.to_string();
     tokio::time::sleep(Duration::from_millis(30)).await;
 
-    let first = match s.renew(&r, &owner, a.token, LEASE).await.unwrap() {
+    let first = match s.renew(&r, oid(&owner), a.token, LEASE).await.unwrap() {
         RenewOutcome::Renewed { expires_at } => expires_at,
         other => panic!("renew: {other:?}"),
     };
@@ -349,7 +355,7 @@ async fn case_renew_keeps_token(store: Arc<dyn Store>) {
         a.expires_at
     );
     let second = match s
-        .renew(&r, &owner, a.token, Duration::from_secs(60))
+        .renew(&r, oid(&owner), a.token, Duration::from_secs(60))
         .await
         .unwrap()
     {
@@ -374,14 +380,14 @@ async fn case_renew_keeps_token(store: Arc<dyn Store>) {
 
     // Right owner, wrong token: refused, lease untouched.
     assert_eq!(
-        s.renew(&r, &owner, a.token + 1, LEASE).await.unwrap(),
+        s.renew(&r, oid(&owner), a.token + 1, LEASE).await.unwrap(),
         RenewOutcome::Refused(Refusal::NotOwner {
             current_owner: owner.clone(),
             current_token: a.token,
         })
     );
     assert_eq!(
-        s.release(&r, &owner, a.token + 1).await.unwrap(),
+        s.release(&r, oid(&owner), a.token + 1).await.unwrap(),
         ReleaseOutcome::Refused(Refusal::NotOwner {
             current_owner: owner.clone(),
             current_token: a.token,
@@ -392,11 +398,11 @@ async fn case_renew_keeps_token(store: Arc<dyn Store>) {
     // Never leased.
     let never = resource("never");
     assert_eq!(
-        s.renew(&never, &owner, 1, LEASE).await.unwrap(),
+        s.renew(&never, oid(&owner), 1, LEASE).await.unwrap(),
         RenewOutcome::Refused(Refusal::Missing)
     );
     assert_eq!(
-        s.release(&never, &owner, 1).await.unwrap(),
+        s.release(&never, oid(&owner), 1).await.unwrap(),
         ReleaseOutcome::Refused(Refusal::Missing)
     );
     assert!(
@@ -430,14 +436,14 @@ async fn case_old_owner_refused(store: Arc<dyn Store>) {
         (&b_owner, a.token),
     ] {
         assert_eq!(
-            s.renew(&r, owner, token, Duration::from_secs(300))
+            s.renew(&r, oid(owner), token, Duration::from_secs(300))
                 .await
                 .unwrap(),
             RenewOutcome::Refused(not_owner.clone()),
             "renew as {owner}/{token}"
         );
         assert_eq!(
-            s.release(&r, owner, token).await.unwrap(),
+            s.release(&r, oid(owner), token).await.unwrap(),
             ReleaseOutcome::Refused(not_owner.clone()),
             "release as {owner}/{token}"
         );
@@ -452,7 +458,7 @@ async fn case_old_owner_refused(store: Arc<dyn Store>) {
     assert!(listed.held, "the new owner still holds the lease");
     // And the new owner can still renew it.
     assert!(matches!(
-        s.renew(&r, &b_owner, b.token, LEASE).await.unwrap(),
+        s.renew(&r, oid(&b_owner), b.token, LEASE).await.unwrap(),
         RenewOutcome::Renewed { .. }
     ));
 }
@@ -830,7 +836,7 @@ async fn case_put_wrong_owner(store: Arc<dyn Store>) {
     let r = resource("wrong-owner");
     let l = must_acquire(s, &r).await;
     let owner = l.owner_id.to_string();
-    let foreign = Uuid::new_v4().to_string();
+    let foreign = OwnerId::fresh().to_string();
     let k = name("key", "k");
     let rec = rejection(
         Put::new(&r, &k, b"foreign", l.token, &foreign)
@@ -1372,7 +1378,7 @@ async fn case_epoch_advance(store: Arc<dyn Store>) {
     // The lease held across the advance keeps its token.
     let held_owner = held.owner_id.to_string();
     assert!(matches!(
-        s.renew(&held_r, &held_owner, held.token, LEASE)
+        s.renew(&held_r, oid(&held_owner), held.token, LEASE)
             .await
             .unwrap(),
         RenewOutcome::Renewed { .. }
@@ -1422,7 +1428,7 @@ async fn attempt(
     s: &dyn Store,
     r: &Name,
     lease: Duration,
-    owner_id: Uuid,
+    owner_id: OwnerId,
     occ: StoreTime,
     next: StoreTime,
 ) -> AcquireOutcome {
@@ -1450,7 +1456,7 @@ async fn case_retry_adopts_its_own_win(store: Arc<dyn Store>) {
     let now = s.now().await.unwrap();
     let t = StoreTime(now.0 / 1000 * 1000 - 2_000);
     let next = StoreTime(t.0 + 600_000);
-    let me = Uuid::new_v4();
+    let me = OwnerId::fresh();
 
     // A vanished earlier owner, so the first win is a takeover.
     let gone = acquired(
@@ -1478,7 +1484,7 @@ async fn case_retry_adopts_its_own_win(store: Arc<dyn Store>) {
 
     // Someone else, for the same occurrence: taken (not adoptable).
     assert_eq!(
-        attempt(s, &r, LEASE, Uuid::new_v4(), t, next).await,
+        attempt(s, &r, LEASE, OwnerId::fresh(), t, next).await,
         AcquireOutcome::OccurrenceTaken { last_occurrence: t },
         "another owner, same occurrence"
     );
@@ -1505,7 +1511,7 @@ async fn case_retry_adopts_an_expired_win(store: Arc<dyn Store>) {
     let now = s.now().await.unwrap();
     let t = StoreTime(now.0 / 1000 * 1000 - 1_000);
     let next = StoreTime(t.0 + 600_000);
-    let me = Uuid::new_v4();
+    let me = OwnerId::fresh();
     let first = acquired(
         attempt(s, &r, Duration::from_millis(200), me, t, next).await,
         "first attempt",
@@ -1534,7 +1540,7 @@ async fn case_superseded_occurrence_is_refused(store: Arc<dyn Store>) {
     let now = s.now().await.unwrap();
     let old = StoreTime(now.0 / 1000 * 1000 - 30_000);
     let due_next = StoreTime(old.0 + 2_000);
-    let me = Uuid::new_v4();
+    let me = OwnerId::fresh();
     match attempt(s, &r, LEASE, me, old, due_next).await {
         AcquireOutcome::Superseded { store_now } => assert!(store_now >= now, "{store_now:?}"),
         other => panic!("superseded instant on a new resource: {other:?}"),
@@ -1561,7 +1567,15 @@ async fn case_superseded_occurrence_is_refused(store: Arc<dyn Store>) {
     // A free lease and a newer (but superseded) instant: refused, unchanged.
     let newer = StoreTime(current.0 + 500);
     assert!(matches!(
-        attempt(s, &r, LEASE, Uuid::new_v4(), newer, StoreTime(newer.0 + 1)).await,
+        attempt(
+            s,
+            &r,
+            LEASE,
+            OwnerId::fresh(),
+            newer,
+            StoreTime(newer.0 + 1)
+        )
+        .await,
         AcquireOutcome::Superseded { .. }
     ));
     let listed = row(s, &r).await;
@@ -1583,18 +1597,20 @@ async fn case_give_back_leaves_the_instant_runnable(store: Arc<dyn Store>) {
     let t = StoreTime(now.0 / 1000 * 1000 - 5_000);
     let next = StoreTime(t.0 + 600_000);
     let late = acquired(
-        attempt(s, &r, LEASE, Uuid::new_v4(), t, next).await,
+        attempt(s, &r, LEASE, OwnerId::fresh(), t, next).await,
         "late win",
     );
     let owner = late.owner_id.to_string();
     assert!(matches!(
-        s.give_back(&r, &Uuid::new_v4().to_string(), Some(late.token), t)
+        s.give_back(&r, OwnerId::fresh(), Some(late.token), t)
             .await
             .unwrap(),
         ReleaseOutcome::Refused(Refusal::NotOwner { .. })
     ));
     assert_eq!(
-        s.give_back(&r, &owner, Some(late.token), t).await.unwrap(),
+        s.give_back(&r, oid(&owner), Some(late.token), t)
+            .await
+            .unwrap(),
         ReleaseOutcome::Released
     );
     let listed = row(s, &r).await;
@@ -1609,7 +1625,7 @@ async fn case_give_back_leaves_the_instant_runnable(store: Arc<dyn Store>) {
         "an older instant is still refused"
     );
     let other = acquired(
-        attempt(s, &r, LEASE, Uuid::new_v4(), t, next).await,
+        attempt(s, &r, LEASE, OwnerId::fresh(), t, next).await,
         "another node, same instant",
     );
     assert_eq!(other.token, late.token + 1);
@@ -1619,11 +1635,12 @@ async fn case_give_back_leaves_the_instant_runnable(store: Arc<dyn Store>) {
     // Giving back an occurrence that is no longer the last one taken
     // leaves the last one alone.
     let t2 = StoreTime(t.0 + 1_000);
-    let b = acquired(attempt(s, &r, LEASE, Uuid::new_v4(), t2, next).await, "t2");
+    let b = acquired(
+        attempt(s, &r, LEASE, OwnerId::fresh(), t2, next).await,
+        "t2",
+    );
     assert_eq!(
-        s.give_back(&r, &b.owner_id.to_string(), Some(b.token), t)
-            .await
-            .unwrap(),
+        s.give_back(&r, b.owner_id, Some(b.token), t).await.unwrap(),
         ReleaseOutcome::Released
     );
     assert_eq!(row(s, &r).await.last_occurrence, Some(t2));
@@ -1631,12 +1648,12 @@ async fn case_give_back_leaves_the_instant_runnable(store: Arc<dyn Store>) {
     // Without a token (an acquire whose answer never came back): only this
     // owner's unreleased win of exactly this occurrence.
     let t3 = StoreTime(t.0 + 2_000);
-    let ghost_owner = Uuid::new_v4();
+    let ghost_owner = OwnerId::fresh();
     let ghost = acquired(attempt(s, &r, LEASE, ghost_owner, t3, next).await, "t3");
-    for (who, occ) in [(Uuid::new_v4(), t3), (ghost_owner, t2)] {
+    for (who, occ) in [(OwnerId::fresh(), t3), (ghost_owner, t2)] {
         assert!(
             matches!(
-                s.give_back(&r, &who.to_string(), None, occ).await.unwrap(),
+                s.give_back(&r, who, None, occ).await.unwrap(),
                 ReleaseOutcome::Refused(_)
             ),
             "token-less give-back by {who} of {occ:?}"
@@ -1644,9 +1661,7 @@ async fn case_give_back_leaves_the_instant_runnable(store: Arc<dyn Store>) {
     }
     assert!(row(s, &r).await.held);
     assert_eq!(
-        s.give_back(&r, &ghost_owner.to_string(), None, t3)
-            .await
-            .unwrap(),
+        s.give_back(&r, ghost_owner, None, t3).await.unwrap(),
         ReleaseOutcome::Released
     );
     let listed = row(s, &r).await;
@@ -1659,9 +1674,7 @@ async fn case_give_back_leaves_the_instant_runnable(store: Arc<dyn Store>) {
     );
     must_release(s, &again).await;
     assert!(matches!(
-        s.give_back(&r, &ghost_owner.to_string(), None, t3)
-            .await
-            .unwrap(),
+        s.give_back(&r, ghost_owner, None, t3).await.unwrap(),
         ReleaseOutcome::Refused(_)
     ));
     assert_eq!(row(s, &r).await.last_occurrence, Some(t3));
@@ -1679,7 +1692,7 @@ async fn acquire_as(
         resource: r,
         lease: LEASE,
         node,
-        owner_id: Uuid::new_v4(),
+        owner_id: OwnerId::fresh(),
         occurrence,
         next_occurrence: None,
         run: None,
@@ -1750,11 +1763,7 @@ async fn case_expiry_is_a_takeover(store: Arc<dyn Store>) {
     let r = resource("takeover");
     let t = StoreTime(s.now().await.unwrap().0 / 1000 * 1000 - 60_000);
     let a = acquired(acquire_as(s, &r, "node-a", Some(t)).await, "a");
-    let renewed = match s
-        .renew(&r, &a.owner_id.to_string(), a.token, LEASE)
-        .await
-        .unwrap()
-    {
+    let renewed = match s.renew(&r, a.owner_id, a.token, LEASE).await.unwrap() {
         RenewOutcome::Renewed { expires_at } => expires_at,
         other => panic!("renew: {other:?}"),
     };
@@ -1776,9 +1785,7 @@ async fn case_expiry_is_a_takeover(store: Arc<dyn Store>) {
     assert_eq!(json["taken_over"]["node"], "node-a", "{json}");
     // The vanished owner comes back too late.
     assert!(matches!(
-        s.release(&r, &a.owner_id.to_string(), a.token)
-            .await
-            .unwrap(),
+        s.release(&r, a.owner_id, a.token).await.unwrap(),
         ReleaseOutcome::Refused(Refusal::NotOwner { .. })
     ));
 
@@ -1958,7 +1965,7 @@ async fn acquire_run(
     s: &dyn Store,
     r: &Name,
     job: &str,
-    owner_id: Uuid,
+    owner_id: OwnerId,
     occurrence: Option<StoreTime>,
     started_by: StartedBy,
 ) -> AcquireOutcome {
@@ -2011,12 +2018,12 @@ async fn case_run_history_records_winners_only(store: Arc<dyn Store>) {
     let s = store.as_ref();
     let (r, job) = (resource("history"), unique("job"));
     let t = StoreTime(s.now().await.unwrap().0 / 1000 * 1000 - 60_000);
-    let owner = Uuid::new_v4();
+    let owner = OwnerId::fresh();
     let a = acquired(
         acquire_run(s, &r, &job, owner, Some(t), StartedBy::Schedule).await,
         "a",
     );
-    let lost = acquire_run(s, &r, &job, Uuid::new_v4(), Some(t), StartedBy::Schedule).await;
+    let lost = acquire_run(s, &r, &job, OwnerId::fresh(), Some(t), StartedBy::Schedule).await;
     assert!(!matches!(lost, AcquireOutcome::Acquired(_)), "{lost:?}");
     let adopted = acquired(
         acquire_run(s, &r, &job, owner, Some(t), StartedBy::Schedule).await,
@@ -2081,7 +2088,7 @@ async fn case_run_history_records_winners_only(store: Arc<dyn Store>) {
     // Released without an end (its node died and a successor gave the lease
     // back): unknown, not running forever. Manual: no instant.
     let m = acquired(
-        acquire_run(s, &r, &job, Uuid::new_v4(), None, StartedBy::Manual).await,
+        acquire_run(s, &r, &job, OwnerId::fresh(), None, StartedBy::Manual).await,
         "manual",
     );
     assert_eq!(runs_of(s, &job).await[0].outcome, "running");
@@ -2100,11 +2107,11 @@ async fn case_run_history_records_winners_only(store: Arc<dyn Store>) {
     // Given back unused: no run.
     let t2 = StoreTime(t.0 + 1_000);
     let g = acquired(
-        acquire_run(s, &r, &job, Uuid::new_v4(), Some(t2), StartedBy::Schedule).await,
+        acquire_run(s, &r, &job, OwnerId::fresh(), Some(t2), StartedBy::Schedule).await,
         "given back",
     );
     let out = s
-        .give_back(&r, &g.owner_id.to_string(), Some(g.token), t2)
+        .give_back(&r, g.owner_id, Some(g.token), t2)
         .await
         .unwrap();
     assert_eq!(out, ReleaseOutcome::Released);
@@ -2155,7 +2162,7 @@ async fn case_run_history_records_winners_only(store: Arc<dyn Store>) {
             resource: &r,
             lease: LEASE,
             node: NODE,
-            owner_id: Uuid::new_v4(),
+            owner_id: OwnerId::fresh(),
             occurrence: None,
             next_occurrence: None,
             run: Some(RunStart {
@@ -2185,7 +2192,7 @@ async fn case_run_history_prune_keeps_the_newest(store: Arc<dyn Store>) {
     let mut tokens = Vec::new();
     for _ in 0..5 {
         let l = acquired(
-            acquire_run(s, &r, &job, Uuid::new_v4(), None, StartedBy::Manual).await,
+            acquire_run(s, &r, &job, OwnerId::fresh(), None, StartedBy::Manual).await,
             "run",
         );
         s.finish_run(&end(&l, "succeeded", "")).await.unwrap();
@@ -2197,7 +2204,7 @@ async fn case_run_history_prune_keeps_the_newest(store: Arc<dyn Store>) {
             s,
             &resource("prune-other"),
             &other,
-            Uuid::new_v4(),
+            OwnerId::fresh(),
             None,
             StartedBy::Manual,
         )
@@ -2239,7 +2246,7 @@ async fn case_pause_is_honoured_by_the_acquire(store: Arc<dyn Store>) {
     };
     s.pause(&pause).await.unwrap();
     assert!(s.pauses(now).await.unwrap().contains(&pause));
-    let first = acquire_run(s, &r, &job, Uuid::new_v4(), Some(t), StartedBy::Schedule).await;
+    let first = acquire_run(s, &r, &job, OwnerId::fresh(), Some(t), StartedBy::Schedule).await;
     assert_eq!(
         first,
         AcquireOutcome::Paused {
@@ -2249,12 +2256,12 @@ async fn case_pause_is_honoured_by_the_acquire(store: Arc<dyn Store>) {
         },
         "a resource never leased"
     );
-    let second = acquire_run(s, &r, &job, Uuid::new_v4(), Some(t), StartedBy::Schedule).await;
+    let second = acquire_run(s, &r, &job, OwnerId::fresh(), Some(t), StartedBy::Schedule).await;
     assert!(
         matches!(second, AcquireOutcome::Paused { first: false, .. }),
         "{second:?}"
     );
-    let retry = acquire_run(s, &r, &job, Uuid::new_v4(), None, StartedBy::Retry).await;
+    let retry = acquire_run(s, &r, &job, OwnerId::fresh(), None, StartedBy::Retry).await;
     assert!(
         matches!(retry, AcquireOutcome::Paused { first: false, .. }),
         "a retry honours the pause: {retry:?}"
@@ -2262,13 +2269,13 @@ async fn case_pause_is_honoured_by_the_acquire(store: Arc<dyn Store>) {
     assert!(runs_of(s, &job).await.is_empty());
     // A manual run is not held back by the pause.
     let m = acquired(
-        acquire_run(s, &r, &job, Uuid::new_v4(), None, StartedBy::Manual).await,
+        acquire_run(s, &r, &job, OwnerId::fresh(), None, StartedBy::Manual).await,
         "manual",
     );
     must_release(s, &m).await;
     let before = row(s, &r).await;
     let t2 = StoreTime(t.0 + 1_000);
-    let next = acquire_run(s, &r, &job, Uuid::new_v4(), Some(t2), StartedBy::Schedule).await;
+    let next = acquire_run(s, &r, &job, OwnerId::fresh(), Some(t2), StartedBy::Schedule).await;
     assert!(
         matches!(next, AcquireOutcome::Paused { first: true, .. }),
         "the next instant is noted once again: {next:?}"
@@ -2282,7 +2289,7 @@ async fn case_pause_is_honoured_by_the_acquire(store: Arc<dyn Store>) {
     assert!(s.resume(&job).await.unwrap());
     assert!(!s.resume(&job).await.unwrap(), "resumed already");
     acquired(
-        acquire_run(s, &r, &job, Uuid::new_v4(), Some(t2), StartedBy::Schedule).await,
+        acquire_run(s, &r, &job, OwnerId::fresh(), Some(t2), StartedBy::Schedule).await,
         "resumed",
     );
 
@@ -2296,7 +2303,15 @@ async fn case_pause_is_honoured_by_the_acquire(store: Arc<dyn Store>) {
     s.pause(&ended).await.unwrap();
     assert!(!s.pauses(now).await.unwrap().iter().any(|p| p.job == job3));
     acquired(
-        acquire_run(s, &r3, &job3, Uuid::new_v4(), Some(t), StartedBy::Schedule).await,
+        acquire_run(
+            s,
+            &r3,
+            &job3,
+            OwnerId::fresh(),
+            Some(t),
+            StartedBy::Schedule,
+        )
+        .await,
         "pause over",
     );
 }
