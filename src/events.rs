@@ -170,7 +170,8 @@ pub fn lease_released(job: Option<&str>, lease: &Lease) {
 /// Ownership can no longer be proven. A stale-owner event. `reason` is a
 /// stable code (`renew_refused`, `deadline_passed`, `release_refused`);
 /// `detail` says what happened in words.
-pub fn lease_lost(job: Option<&str>, lease: &Lease, node: &str, reason: &str, detail: &str) {
+pub fn lease_lost(job: Option<&str>, lease: &Lease, node: &str, reason: LossReason, detail: &str) {
+    let reason = reason.as_str();
     crate::metrics::lease_lost(job.unwrap_or(""), reason);
     warn!(
         event = "lease_lost",
@@ -236,6 +237,88 @@ impl Outcome {
             Outcome::LeaseLost => "lease_lost",
             Outcome::Shutdown => "shutdown",
             Outcome::SpawnFailed => "spawn_failed",
+        }
+    }
+}
+
+/// Why an occurrence was not run here: `occurrence_skipped`'s `reason`,
+/// and the `reason` label of `fencecron_occurrences_skipped_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SkipReason {
+    /// An earlier occurrence of the job is still acquired or run on this
+    /// node, or another owner holds the lease.
+    Held,
+    /// The store did not answer in time.
+    StoreUnavailable,
+    /// Not started within the job's `starting_deadline`.
+    Deadline,
+    /// The job is paused fleet-wide.
+    Paused,
+    /// This host's clock is ahead of the store's.
+    ClockAhead,
+    /// This host's clock is behind the store's.
+    ClockBehind,
+    /// A later instant was already due (or `catchup = "none"`).
+    Missed,
+    /// The store answered too late to run the job safely within the lease.
+    AcquiredTooLate,
+}
+
+impl SkipReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SkipReason::Held => "held",
+            SkipReason::StoreUnavailable => "store_unavailable",
+            SkipReason::Deadline => "deadline",
+            SkipReason::Paused => "paused",
+            SkipReason::ClockAhead => "clock_ahead",
+            SkipReason::ClockBehind => "clock_behind",
+            SkipReason::Missed => "missed",
+            SkipReason::AcquiredTooLate => "acquired_too_late",
+        }
+    }
+}
+
+/// Why ownership could not be proven: `lease_lost`'s `reason`, the stale
+/// record's, and the label of `fencecron_leases_lost_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LossReason {
+    /// The store refused a renewal (someone else owns the lease, or it
+    /// expired by the store's clock).
+    RenewRefused,
+    /// No renewal was confirmed before the local deadline.
+    DeadlinePassed,
+    /// The store refused the release at the end of a run.
+    ReleaseRefused,
+}
+
+impl LossReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LossReason::RenewRefused => "renew_refused",
+            LossReason::DeadlinePassed => "deadline_passed",
+            LossReason::ReleaseRefused => "release_refused",
+        }
+    }
+}
+
+/// Why a retry did not run: `retry_abandoned`'s `reason`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AbandonReason {
+    /// It would start after the job's next instant is due.
+    NextInstant,
+    Paused,
+    Held,
+    StoreUnavailable,
+}
+
+impl AbandonReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AbandonReason::NextInstant => "next_instant",
+            AbandonReason::Paused => "paused",
+            AbandonReason::Held => "held",
+            AbandonReason::StoreUnavailable => "store_unavailable",
         }
     }
 }
@@ -342,7 +425,8 @@ pub fn job_spawn_failed(job: &str, token: Token, error: &str) {
 }
 
 /// An occurrence was not run here.
-pub fn occurrence_skipped(job: &str, scheduled_at: &str, reason: &str, detail: &str) {
+pub fn occurrence_skipped(job: &str, scheduled_at: &str, reason: SkipReason, detail: &str) {
+    let reason = reason.as_str();
     crate::metrics::occurrence_skipped(job, reason);
     info!(
         event = "occurrence_skipped",
@@ -362,7 +446,14 @@ pub fn retry_scheduled(job: &str, scheduled_at: &str, attempt: u32, delay: Durat
 /// A retry that did not run: `next_instant` (it would start after the
 /// job's next instant), `paused`, `held`, `store_unavailable`. WARN: the
 /// instant ends failed.
-pub fn retry_abandoned(job: &str, scheduled_at: &str, attempt: u32, reason: &str, detail: &str) {
+pub fn retry_abandoned(
+    job: &str,
+    scheduled_at: &str,
+    attempt: u32,
+    reason: AbandonReason,
+    detail: &str,
+) {
+    let reason = reason.as_str();
     warn!(
         event = "retry_abandoned",
         job, scheduled_at, attempt, reason, detail, "retry abandoned"
@@ -424,7 +515,7 @@ pub fn occurrence_paused(
     until: Option<StoreTime>,
     first: bool,
 ) {
-    crate::metrics::occurrence_skipped(job, "paused");
+    crate::metrics::occurrence_skipped(job, SkipReason::Paused.as_str());
     let until = until.map(|u| u.rfc3339());
     let until = until.as_deref();
     let detail = "the job is paused fleet-wide; `fencecron resume` runs it again";
@@ -433,7 +524,7 @@ pub fn occurrence_paused(
             event = "occurrence_skipped",
             job,
             scheduled_at,
-            reason = "paused",
+            reason = SkipReason::Paused.as_str(),
             note,
             until,
             detail,
@@ -444,7 +535,7 @@ pub fn occurrence_paused(
             event = "occurrence_skipped",
             job,
             scheduled_at,
-            reason = "paused",
+            reason = SkipReason::Paused.as_str(),
             note,
             until,
             detail,
@@ -460,10 +551,11 @@ pub fn occurrence_paused(
 pub fn occurrence_skipped_clock(
     job: &str,
     scheduled_at: &str,
-    reason: &str,
+    reason: SkipReason,
     offset_ms: i64,
     detail: &str,
 ) {
+    let reason = reason.as_str();
     crate::metrics::occurrence_skipped(job, reason);
     warn!(
         event = "occurrence_skipped",

@@ -31,7 +31,7 @@ use tokio::time::Instant;
 
 use super::{ensure_ready, hook, Shared, CALL_TIMEOUT};
 use crate::config::Job;
-use crate::events::{self, Outcome};
+use crate::events::{self, AbandonReason, Outcome, SkipReason};
 use crate::fence;
 use crate::store::{
     rfc3339, AcquireOutcome, AcquireRequest, Lease, OwnerId, ReleaseOutcome, RunStart, StartedBy,
@@ -52,7 +52,7 @@ pub(super) enum Ending {
     Won,
     /// Skipped, with the reason `occurrence_skipped` logs: `held`,
     /// `store_unavailable`, `clock_ahead`, `clock_behind`, `missed`.
-    Skipped(&'static str),
+    Skipped(SkipReason),
     /// Another node took it (`occurrence_taken`).
     Taken,
     /// The daemon is stopping.
@@ -99,10 +99,10 @@ impl Occurrence {
                 events::occurrence_skipped(
                     job.name.as_str(),
                     &rfc3339(self.at),
-                    "held",
+                    SkipReason::Held,
                     "an earlier occurrence of this job is still being acquired or run on this node",
                 );
-                return Ending::Skipped("held");
+                return Ending::Skipped(SkipReason::Held);
             }
         }
         let _guard = RunningGuard {
@@ -191,12 +191,12 @@ impl Occurrence {
                         rfc3339(give_up)
                     );
                     events::store_unavailable("acquire", Some(name), &detail, None);
-                    events::occurrence_skipped(name, &at, "store_unavailable", &detail);
+                    events::occurrence_skipped(name, &at, SkipReason::StoreUnavailable, &detail);
                     // Should the store time this call out, its statement may
                     // still commit later, out of `release_if_won`'s sight.
                     *unanswered = true;
                     self.release_if_won(attempt);
-                    return Ending::Skipped("store_unavailable");
+                    return Ending::Skipped(SkipReason::StoreUnavailable);
                 }
                 _ = self.shared.shutdown.cancelled() => {
                     self.release_if_won(attempt);
@@ -230,8 +230,13 @@ impl Occurrence {
                         if deadline == Some(give_up) {
                             return self.past_deadline(give_up);
                         }
-                        events::occurrence_skipped(name, &at, "store_unavailable", &e.to_string());
-                        return Ending::Skipped("store_unavailable");
+                        events::occurrence_skipped(
+                            name,
+                            &at,
+                            SkipReason::StoreUnavailable,
+                            &e.to_string(),
+                        );
+                        return Ending::Skipped(SkipReason::StoreUnavailable);
                     }
                     events::store_unavailable("acquire", Some(name), &e.to_string(), Some(delay));
                     let wait = delay;
@@ -251,13 +256,13 @@ impl Occurrence {
         events::occurrence_skipped(
             self.name(),
             &rfc3339(self.at),
-            "deadline",
+            SkipReason::Deadline,
             &format!(
                 "not started by its starting_deadline ({}); the job runs again at its next instant",
                 rfc3339(deadline)
             ),
         );
-        Ending::Skipped("deadline")
+        Ending::Skipped(SkipReason::Deadline)
     }
 
     /// This node won: runs the job under the lease, retries it as its
@@ -296,7 +301,7 @@ impl Occurrence {
                 name,
                 &at,
                 attempt,
-                "next_instant",
+                AbandonReason::NextInstant,
                 "it would start after the job's next instant is due",
             );
             return None;
@@ -329,13 +334,18 @@ impl Occurrence {
                     run_under_lease(&self.shared, &self.job, lease, sent, Some(self.at)).await,
                 )
             }
-            Ok(AcquireOutcome::Paused { .. }) => ("paused", "the job was paused".to_string()),
+            Ok(AcquireOutcome::Paused { .. }) => {
+                (AbandonReason::Paused, "the job was paused".to_string())
+            }
             Ok(AcquireOutcome::Superseded { .. }) => (
-                "next_instant",
+                AbandonReason::NextInstant,
                 "the job's next instant is due by the store's clock".to_string(),
             ),
-            Ok(other) => ("held", format!("the lease was not granted: {other:?}")),
-            Err(e) => ("store_unavailable", e.to_string()),
+            Ok(other) => (
+                AbandonReason::Held,
+                format!("the lease was not granted: {other:?}"),
+            ),
+            Err(e) => (AbandonReason::StoreUnavailable, e.to_string()),
         };
         events::retry_abandoned(name, &at, attempt, reason, &detail);
         None
@@ -348,7 +358,7 @@ impl Occurrence {
         match outcome {
             AcquireOutcome::Paused { note, until, first } => {
                 events::occurrence_paused(name, &at, note.as_deref(), until, first);
-                Ending::Skipped("paused")
+                Ending::Skipped(SkipReason::Paused)
             }
             AcquireOutcome::Held {
                 owner_id: Some(owner),
@@ -360,8 +370,8 @@ impl Occurrence {
                     "lease held by {owner} on {} with token {token}",
                     node.as_deref().unwrap_or("an unknown node")
                 );
-                events::occurrence_skipped(name, &at, "held", &detail);
-                Ending::Skipped("held")
+                events::occurrence_skipped(name, &at, SkipReason::Held, &detail);
+                Ending::Skipped(SkipReason::Held)
             }
             // Held with no owner: another node's acquire won while ours
             // waited for the row (the store could only see the row as it
@@ -384,11 +394,11 @@ impl Occurrence {
             events::occurrence_skipped_clock(
                 name,
                 &at,
-                "clock_ahead",
+                SkipReason::ClockAhead,
                 ahead_ms,
                 &format!("this host's clock is at least {ahead_ms} ms ahead of the store's; fix its time synchronisation"),
             );
-            return Err(Ending::Skipped("clock_ahead"));
+            return Err(Ending::Skipped(SkipReason::ClockAhead));
         }
         events::occurrence_early(name, &at, ahead_ms);
         Ok(ahead)
@@ -413,24 +423,24 @@ impl Occurrence {
             events::occurrence_skipped(
                 name,
                 &at,
-                "missed",
+                SkipReason::Missed,
                 "the store answered only after the job's next instant was due",
             );
-            return Ending::Skipped("missed");
+            return Ending::Skipped(SkipReason::Missed);
         }
         let local = sent_wall + chrono::Duration::from_std(sent.elapsed() / 2).unwrap_or_default();
         let offset_ms = StoreTime::from_utc(local).0 - store_now.0;
         events::occurrence_skipped_clock(
             name,
             &at,
-            "clock_behind",
+            SkipReason::ClockBehind,
             offset_ms,
             &format!(
                 "the store's clock ({store_now}) is past this occurrence's successor; this host's clock is about {} ms behind the store's; fix its time synchronisation",
                 -offset_ms
             ),
         );
-        Ending::Skipped("clock_behind")
+        Ending::Skipped(SkipReason::ClockBehind)
     }
 
     /// Lets an acquire this occurrence no longer waits for (given up, or the
@@ -594,7 +604,7 @@ pub(super) async fn run_under_lease(
             events::occurrence_skipped(
                 name,
                 &at.map(rfc3339).unwrap_or_default(),
-                "acquired_too_late",
+                SkipReason::AcquiredTooLate,
                 "the store answered too late to run the job safely within the lease",
             );
             None

@@ -22,7 +22,7 @@ use super::fleet;
 use super::occurrence::Occurrence;
 use super::Shared;
 use crate::config::{Catchup, Job, CATCHUP_TOLERANCE};
-use crate::events;
+use crate::events::{self, SkipReason};
 use crate::store::rfc3339;
 
 /// The longest the scheduler sleeps before re-reading the wall clock, so a
@@ -195,7 +195,7 @@ impl Scheduler {
                 events::occurrence_skipped(
                     &name,
                     &rfc3339(at),
-                    "missed",
+                    SkipReason::Missed,
                     "a later occurrence is already due on this node",
                 );
                 continue;
@@ -206,7 +206,7 @@ impl Scheduler {
                 events::occurrence_skipped(
                     &name,
                     &rfc3339(at),
-                    "missed",
+                    SkipReason::Missed,
                     &format!(
                         "fired {} ms late (this daemon was paused or starved) and catchup = \"none\"",
                         late.as_millis()

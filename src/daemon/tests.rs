@@ -10,7 +10,6 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::store::OwnerId;
 use tokio::sync::OnceCell;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -20,10 +19,11 @@ use super::occurrence::{Ending, Occurrence};
 use super::Shared;
 use crate::clock::Clock;
 use crate::config::Job;
+use crate::events::SkipReason;
 use crate::names::Name;
 use crate::schedule::Schedule;
 use crate::store::{
-    trigger_state, AcquireOutcome, AcquireRequest, PauseInfo, RunStart, StartedBy, Store,
+    trigger_state, AcquireOutcome, AcquireRequest, OwnerId, PauseInfo, RunStart, StartedBy, Store,
     StoreTime, TriggerInfo,
 };
 use crate::supervise::{LeaseTiming, Supervisor};
@@ -191,7 +191,10 @@ async fn an_acquire_that_fails_then_succeeds_runs_the_job() {
 async fn a_failing_store_is_retried_with_backoff_until_the_give_up_time() {
     let rig = Rig::new();
     rig.store.fault(Op::Acquire, Fault::Fail, 100);
-    assert_eq!(rig.run().await, Ending::Skipped("store_unavailable"));
+    assert_eq!(
+        rig.run().await,
+        Ending::Skipped(SkipReason::StoreUnavailable)
+    );
     let times: Vec<_> = rig.log(Op::Acquire).into_iter().map(|(t, _)| t).collect();
     // 100, 200, 400, 800, 1600, 3200 ms; the next wait (5 s) would end
     // past the give-up time (10 s), so the occurrence is skipped at once.
@@ -212,13 +215,13 @@ async fn a_starting_deadline_bounds_when_an_occurrence_may_start() {
     let mut rig = Rig::new();
     Arc::make_mut(&mut rig.job).starting_deadline = Some(ms(1_000));
     tokio::time::sleep(ms(1_500)).await;
-    assert_eq!(rig.run().await, Ending::Skipped("deadline"));
+    assert_eq!(rig.run().await, Ending::Skipped(SkipReason::Deadline));
     assert!(rig.log(Op::Acquire).is_empty(), "no store call");
 
     let mut rig = Rig::new();
     Arc::make_mut(&mut rig.job).starting_deadline = Some(ms(1_000));
     rig.store.fault(Op::Acquire, Fault::Fail, 100);
-    assert_eq!(rig.run().await, Ending::Skipped("deadline"));
+    assert_eq!(rig.run().await, Ending::Skipped(SkipReason::Deadline));
     let times: Vec<_> = rig.log(Op::Acquire).into_iter().map(|(t, _)| t).collect();
     // 100, 200, 400 ms; the next wait (800 ms) would end past the deadline.
     assert_eq!(times, [0, 100, 300, 700].map(ms), "attempts");
@@ -269,7 +272,10 @@ async fn a_win_after_the_occurrence_was_abandoned_is_given_back_with_it() {
         tokio::time::sleep(ms(20_000)).await;
         gate.open();
     });
-    assert_eq!(rig.run().await, Ending::Skipped("store_unavailable"));
+    assert_eq!(
+        rig.run().await,
+        Ending::Skipped(SkipReason::StoreUnavailable)
+    );
     assert_eq!(Instant::now() - rig.t0, ms(10_000), "given up at 10 s");
     rig.settle().await;
     assert!(rig.runs().is_empty(), "the job never ran");
@@ -310,7 +316,10 @@ async fn a_win_nobody_saw_is_swept_back() {
         tokio::time::sleep(ms(10_500)).await;
         gate.open();
     });
-    assert_eq!(rig.run().await, Ending::Skipped("store_unavailable"));
+    assert_eq!(
+        rig.run().await,
+        Ending::Skipped(SkipReason::StoreUnavailable)
+    );
     rig.settle().await;
     assert!(rig.runs().is_empty());
     assert_eq!(
@@ -373,7 +382,7 @@ async fn a_clock_ahead_of_the_store_waits_for_it() {
 async fn a_clock_more_than_a_minute_ahead_skips() {
     let rig = Rig::new();
     rig.store.set_offset_ms(-61_000);
-    assert_eq!(rig.run().await, Ending::Skipped("clock_ahead"));
+    assert_eq!(rig.run().await, Ending::Skipped(SkipReason::ClockAhead));
     rig.settle().await;
     assert_eq!(rig.log(Op::Acquire), log(&[(0, "not_yet_due")]));
     assert!(rig.runs().is_empty());
@@ -386,7 +395,7 @@ async fn a_clock_more_than_a_minute_ahead_skips() {
 async fn a_clock_behind_the_store_skips_a_superseded_instant() {
     let rig = Rig::new();
     rig.store.set_offset_ms(61_000);
-    assert_eq!(rig.run().await, Ending::Skipped("clock_behind"));
+    assert_eq!(rig.run().await, Ending::Skipped(SkipReason::ClockBehind));
     assert_eq!(rig.log(Op::Acquire), log(&[(0, "superseded")]));
     assert!(rig.store.row("job").is_none(), "nothing written");
     assert!(rig.runs().is_empty());
@@ -406,7 +415,10 @@ async fn a_statement_delivered_after_the_next_instant_wins_nothing() {
         tokio::time::sleep(ms(61_000)).await;
         gate.open();
     });
-    assert_eq!(rig.run().await, Ending::Skipped("store_unavailable"));
+    assert_eq!(
+        rig.run().await,
+        Ending::Skipped(SkipReason::StoreUnavailable)
+    );
     rig.settle().await;
     assert_eq!(
         rig.log(Op::Acquire),
@@ -419,7 +431,7 @@ async fn a_statement_delivered_after_the_next_instant_wins_nothing() {
 async fn a_run_in_progress_on_this_node_skips_without_asking_the_store() {
     let rig = Rig::new();
     rig.shared.running.lock().unwrap().insert("job".into());
-    assert_eq!(rig.run().await, Ending::Skipped("held"));
+    assert_eq!(rig.run().await, Ending::Skipped(SkipReason::Held));
     assert!(rig.log(Op::Acquire).is_empty());
 }
 
@@ -429,7 +441,7 @@ async fn a_lease_held_elsewhere_skips_and_a_taken_instant_is_taken() {
     let AcquireOutcome::Acquired(other) = rig.acquire_elsewhere(None).await else {
         panic!("acquire elsewhere");
     };
-    assert_eq!(rig.run().await, Ending::Skipped("held"));
+    assert_eq!(rig.run().await, Ending::Skipped(SkipReason::Held));
     rig.store
         .release(&rig.job.resource, other.owner_id, other.token)
         .await
@@ -610,7 +622,7 @@ async fn a_run_is_recorded_by_its_acquire_and_finished_before_its_release() {
         rig.acquire_elsewhere(None).await,
         AcquireOutcome::Acquired(_)
     ));
-    assert_eq!(rig.run().await, Ending::Skipped("held"));
+    assert_eq!(rig.run().await, Ending::Skipped(SkipReason::Held));
     assert!(rig.store.run_rows().is_empty());
 }
 
@@ -628,7 +640,7 @@ async fn a_paused_job_skips_its_instants_until_resumed_or_its_pause_ends() {
         paused_by: "ops@host".into(),
     };
     rig.store.pause(&pause).await.unwrap();
-    assert_eq!(rig.run().await, Ending::Skipped("paused"));
+    assert_eq!(rig.run().await, Ending::Skipped(SkipReason::Paused));
     let elsewhere = rig
         .store
         .acquire(&AcquireRequest {
@@ -676,7 +688,7 @@ async fn a_paused_job_skips_its_instants_until_resumed_or_its_pause_ends() {
         })
         .await
         .unwrap();
-    assert_eq!(rig.run().await, Ending::Skipped("paused"));
+    assert_eq!(rig.run().await, Ending::Skipped(SkipReason::Paused));
     tokio::time::sleep(ms(3_000)).await;
     assert_eq!(rig.run().await, Ending::Won, "the pause ended at its until");
     rig.settle().await;

@@ -17,7 +17,7 @@ use nix::sys::signal::Signal;
 use tokio::time::{sleep_until, Instant};
 use tokio_util::sync::CancellationToken;
 
-use crate::events;
+use crate::events::{self, LossReason};
 use crate::store::{Lease, RenewOutcome, StoreError};
 
 use super::{CancelReason, JobProcess, RunSpec, Supervisor};
@@ -155,7 +155,7 @@ impl<'a> Watch<'a> {
         }
     }
 
-    fn mark_lost(&mut self, reason: &str, detail: &str) {
+    fn mark_lost(&mut self, reason: LossReason, detail: &str) {
         if self.lost {
             return;
         }
@@ -205,7 +205,7 @@ impl<'a> Watch<'a> {
                         // The watchdog acted on the deadline before this
                         // process did (it was busy or stopped): report it
                         // the same way.
-                        self.mark_lost("deadline_passed", "no renewal confirmed before the local deadline (store unreachable or this process was paused); the run's watchdog terminated the job");
+                        self.mark_lost(LossReason::DeadlinePassed, "no renewal confirmed before the local deadline (store unreachable or this process was paused); the run's watchdog terminated the job");
                         self.cancel = Some(Cancel { reason: CancelReason::LeaseUnconfirmed, kill_at: Instant::now() });
                         events::job_cancelled(&self.spec.job, self.lease.token, CancelReason::LeaseUnconfirmed.as_str(), "SIGTERM");
                     }
@@ -215,7 +215,7 @@ impl<'a> Watch<'a> {
                     // Past the point where the lease may have expired, or the
                     // grace is over: nothing of the job may keep running.
                     if self.cancel.is_none() {
-                        self.mark_lost("deadline_passed", "no renewal confirmed before the local deadline (store unreachable or this process was paused)");
+                        self.mark_lost(LossReason::DeadlinePassed, "no renewal confirmed before the local deadline (store unreachable or this process was paused)");
                         self.cancel = Some(Cancel { reason: CancelReason::LeaseUnconfirmed, kill_at: Instant::now() });
                     }
                     let reason = self.cancel.map_or(CancelReason::LeaseUnconfirmed, |c| c.reason);
@@ -224,7 +224,7 @@ impl<'a> Watch<'a> {
                     self.killed = true;
                 }
                 _ = sleep_until(term_at) => {
-                    self.mark_lost("deadline_passed", "no renewal confirmed before the local deadline (store unreachable or this process was paused)");
+                    self.mark_lost(LossReason::DeadlinePassed, "no renewal confirmed before the local deadline (store unreachable or this process was paused)");
                     self.start_cancel(CancelReason::LeaseUnconfirmed, job);
                 }
                 _ = sleep_until(timeout_at) => {
@@ -248,7 +248,7 @@ impl<'a> Watch<'a> {
                             }
                         }
                         Ok(RenewOutcome::Refused(refusal)) => {
-                            self.mark_lost("renew_refused", &refusal.to_string());
+                            self.mark_lost(LossReason::RenewRefused, &refusal.to_string());
                             self.start_cancel(CancelReason::LeaseLost, job);
                         }
                         Err(e) => {

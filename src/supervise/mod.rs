@@ -30,7 +30,7 @@ use chrono::{DateTime, Utc};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::events;
+use crate::events::{self, LossReason};
 use crate::fence;
 use crate::job_env::ChildEnv;
 use crate::names::Name;
@@ -459,13 +459,13 @@ impl Supervisor {
                         Some(&spec.job),
                         lease,
                         &self.node,
-                        "release_refused",
+                        LossReason::ReleaseRefused,
                         &r.to_string(),
                     );
                     // The job ended before we noticed the loss (it finished
                     // while this process was paused, say): a stale-owner
                     // event like any other, so it is stored too.
-                    self.record_lost(spec, lease, "release_refused");
+                    self.record_lost(spec, lease, LossReason::ReleaseRefused);
                     return;
                 }
                 Err(e) => {
@@ -517,12 +517,12 @@ impl Supervisor {
 
     /// Records a lost lease in the store, retrying in the background while
     /// the store is unreachable (the event itself is already logged).
-    fn record_lost(&self, spec: &RunSpec, lease: &Lease, reason: &str) {
+    fn record_lost(&self, spec: &RunSpec, lease: &Lease, reason: LossReason) {
         fence::record_in_background(
             self.store.clone(),
             fence::PendingRecord {
                 kind: StaleKind::LeaseLost,
-                reason: reason.to_string(),
+                reason: reason.as_str().to_string(),
                 resource: spec.resource.to_string(),
                 owner_id: Some(lease.owner_id.to_string()),
                 token: lease.token,

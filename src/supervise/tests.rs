@@ -11,7 +11,6 @@ use std::os::unix::process::ExitStatusExt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::store::OwnerId;
 use nix::sys::signal::Signal;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -21,7 +20,7 @@ use super::{
 };
 use crate::clock::Clock;
 use crate::names::Name;
-use crate::store::{AcquireOutcome, AcquireRequest, Lease, StaleKind, Store, StoreTime};
+use crate::store::{AcquireOutcome, AcquireRequest, Lease, OwnerId, StaleKind, Store, StoreTime};
 use crate::testing::epoch_wall;
 use crate::testing::job::{FakeLauncher, JobHandle, Script};
 use crate::testing::store::{Commit, Fault, Gate, MemoryStore, Op};
