@@ -143,6 +143,9 @@ pub struct Job {
     /// `catchup`: whether the newest instant that fell due while this
     /// daemon could not fire it (paused, suspended, starved) still runs.
     pub catchup: Catchup,
+    /// `overlap`: what an instant does while a run of an earlier one still
+    /// holds the lease.
+    pub overlap: Overlap,
     /// `on_failure`: argv run once after a run that did not succeed.
     pub on_failure: Option<Vec<String>>,
     /// Where its keys were written, for messages about them.
@@ -158,6 +161,20 @@ pub enum Catchup {
     Latest,
     /// Run none of them (`missed`); the next instant runs on time.
     None,
+}
+
+/// What an instant does while a run of an earlier instant (or a manual run)
+/// still holds the job's lease.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Overlap {
+    /// Skip the instant (`held`); the running one finishes.
+    #[default]
+    Skip,
+    /// Take the lease from the running owner with a new, higher token. Its
+    /// next renewal is refused, so it is terminated through the lease-loss
+    /// path on whichever host it runs, and its writes with the old token
+    /// are rejected from the moment the new token exists.
+    Replace,
 }
 
 /// How late an instant may be fired and still count as on time under
@@ -279,6 +296,7 @@ struct RawDefaults {
     jitter: Option<Spanned<String>>,
     starting_deadline: Option<Spanned<String>>,
     catchup: Option<Spanned<String>>,
+    overlap: Option<Spanned<String>>,
     on_failure: Option<Spanned<Vec<String>>>,
     stale_exit_code: Option<Spanned<i64>>,
     retries: Option<Spanned<i64>>,
@@ -303,6 +321,7 @@ struct RawJob {
     jitter: Option<Spanned<String>>,
     starting_deadline: Option<Spanned<String>>,
     catchup: Option<Spanned<String>>,
+    overlap: Option<Spanned<String>>,
     on_failure: Option<Spanned<Vec<String>>>,
     stale_exit_code: Option<Spanned<i64>>,
     retries: Option<Spanned<i64>>,
@@ -758,6 +777,20 @@ impl Parser<'_> {
                 ))
             }
         };
+        let (overlap_value, overlap_key) = pick(&raw.overlap, &defaults.overlap, "overlap");
+        let overlap = match overlap_value.map(|c| (c, c.get_ref().as_str())) {
+            None | Some((_, "skip")) => Overlap::Skip,
+            Some((_, "replace")) => Overlap::Replace,
+            Some((c, other)) => {
+                return Err(self.at(
+                    c.span(),
+                    &overlap_key,
+                    format!(
+                    "`{other}` is not an overlap policy; use \"skip\" (the default) or \"replace\""
+                ),
+                ))
+            }
+        };
         let retry = self.retry(raw, defaults, &key)?;
         let starting_deadline = match deadline_value {
             Some(d) => match self.duration(d, &deadline_key)? {
@@ -906,6 +939,7 @@ impl Parser<'_> {
             starting_deadline,
             retry,
             catchup,
+            overlap,
             on_failure,
             place: Place {
                 command: line_col(self.text, raw.command.span().start),
@@ -1162,6 +1196,21 @@ mod tests {
         let e = err(&format!("{JOB}catchup = \"all\"\n"));
         assert_eq!(e.line, Some(5), "{e}");
         assert!(e.to_string().contains("is not a catch-up policy"), "{e}");
+    }
+
+    #[test]
+    fn overlap_skip_or_replace() {
+        let c = parse(
+            Path::new("jobs.toml"),
+            &format!("{JOB}overlap = \"replace\"\n"),
+        )
+        .unwrap();
+        assert_eq!(c.jobs[0].overlap, Overlap::Replace);
+        let c = parse(Path::new("jobs.toml"), JOB).unwrap();
+        assert_eq!(c.jobs[0].overlap, Overlap::Skip);
+        let e = err(&format!("{JOB}overlap = \"queue\"\n"));
+        assert_eq!(e.line, Some(5), "{e}");
+        assert!(e.to_string().contains("is not an overlap policy"), "{e}");
     }
 
     #[test]

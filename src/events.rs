@@ -424,6 +424,32 @@ pub fn job_spawn_failed(job: &str, token: Token, error: &str) {
     );
 }
 
+/// `overlap = "replace"`: this node's acquire for `scheduled_at` ended the
+/// lease generation `previous_token` of a run still holding the job's lease
+/// (an earlier instant's, or a manual run), and takes the lease over with a
+/// new token. The replaced run is terminated when its next renewal is
+/// refused (`lease_lost` with `renew_refused` on its node). WARN: a run
+/// outlived its interval.
+pub fn run_replaced(
+    job: &str,
+    scheduled_at: &str,
+    node: &str,
+    previous_owner_id: &str,
+    previous_node: Option<&str>,
+    previous_token: Token,
+) {
+    warn!(
+        event = "run_replaced",
+        job,
+        scheduled_at,
+        node,
+        previous_owner_id,
+        previous_node,
+        previous_token,
+        "a run still holding the lease is replaced (overlap = \"replace\")"
+    );
+}
+
 /// An occurrence was not run here.
 pub fn occurrence_skipped(job: &str, scheduled_at: &str, reason: SkipReason, detail: &str) {
     let reason = reason.as_str();

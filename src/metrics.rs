@@ -463,6 +463,15 @@ impl Store for Observed {
         observe("release", self.inner.release(resource, owner_id, token)).await
     }
 
+    async fn preempt(
+        &self,
+        resource: &Name,
+        token: Token,
+        occurrence: StoreTime,
+    ) -> Result<bool, StoreError> {
+        observe("preempt", self.inner.preempt(resource, token, occurrence)).await
+    }
+
     async fn give_back(
         &self,
         resource: &Name,

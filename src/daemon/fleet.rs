@@ -83,12 +83,7 @@ async fn run_triggered(shared: Shared, job: Arc<Job>, trigger: TriggerInfo) {
     let store = shared.supervisor.store().clone();
     let name = job.name.as_str();
     let resource = job.resource.to_string();
-    let fresh = shared
-        .running
-        .lock()
-        .map(|mut r| r.insert(resource.clone()))
-        .unwrap_or(false);
-    if !fresh {
+    let Some(_running) = shared.running.enter(&resource, false) else {
         let detail = format!(
             "{name} is being acquired or run on {} already",
             shared.supervisor.node()
@@ -96,10 +91,6 @@ async fn run_triggered(shared: Shared, job: Arc<Job>, trigger: TriggerInfo) {
         settle(&store, &trigger, trigger_state::REFUSED, None, &detail).await;
         events::trigger_refused(name, &trigger.id, &detail);
         return;
-    }
-    let _running = super::occurrence::RunningGuard {
-        running: shared.running.clone(),
-        resource,
     };
     let sent = Instant::now();
     let acquired = store

@@ -20,8 +20,7 @@ mod scheduler;
 #[cfg(test)]
 mod tests;
 
-use std::collections::HashSet;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use sd_notify::NotifyState;
@@ -37,6 +36,7 @@ use crate::runs::{self, RunRecords};
 use crate::store::{self, OpenOptions, Store};
 use crate::supervise::Supervisor;
 
+use occurrence::Running;
 use scheduler::Scheduler;
 
 /// Time limit for one store call made by the daemon.
@@ -158,7 +158,7 @@ async fn serve(
     }
 
     let (reload_tx, reload_rx) = mpsc::channel(4);
-    let running = Arc::new(Mutex::new(HashSet::new()));
+    let running = Running::default();
     let scheduler = Scheduler::new(Shared {
         supervisor,
         running: running.clone(),
@@ -191,7 +191,7 @@ async fn serve(
         NotifyState::Stopping,
         NotifyState::Status("stopping: terminating jobs and releasing leases"),
     ]);
-    let in_progress = running.lock().map(|r| r.len()).unwrap_or(0);
+    let in_progress = running.len();
     events::daemon_stopping(reason, in_progress);
     shutdown.cancel();
     tracker.close();
@@ -264,7 +264,7 @@ async fn ensure_ready(ready: &OnceCell<()>, store: &dyn Store) -> Result<(), sto
 struct Shared {
     supervisor: Supervisor,
     /// Resources with a run in progress on this node.
-    running: Arc<Mutex<HashSet<String>>>,
+    running: Running,
     /// Set once migrations are applied.
     ready: Arc<OnceCell<()>>,
     /// Cancelled at SIGTERM/SIGINT.

@@ -21,7 +21,7 @@
 //! due. Wall time comes from the [`Clock`] seam, waiting from tokio's
 //! clock, so the whole policy runs in tests on tokio's paused clock.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -30,7 +30,7 @@ use chrono::{DateTime, Utc};
 use tokio::time::Instant;
 
 use super::{ensure_ready, hook, Shared, CALL_TIMEOUT};
-use crate::config::Job;
+use crate::config::{Job, Overlap};
 use crate::events::{self, AbandonReason, Outcome, SkipReason};
 use crate::fence;
 use crate::store::{
@@ -67,16 +67,48 @@ pub(super) struct Occurrence {
     pub(super) at: DateTime<Utc>,
 }
 
-/// Removes a resource from the node's running set when the run ends.
+/// The resources with an occurrence (or a manual run) being acquired or
+/// run on this node, and how many: more than one only under
+/// `overlap = "replace"`, while the replaced run is being terminated.
+#[derive(Clone, Default)]
+pub(super) struct Running(Arc<Mutex<HashMap<String, usize>>>);
+
+impl Running {
+    /// Enters `resource`; `None` when it is in progress here already and
+    /// `overlap` does not allow a second one.
+    pub(super) fn enter(&self, resource: &str, overlap: bool) -> Option<RunningGuard> {
+        let mut r = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let n = r.entry(resource.to_string()).or_insert(0);
+        if *n > 0 && !overlap {
+            return None;
+        }
+        *n += 1;
+        Some(RunningGuard {
+            running: self.clone(),
+            resource: resource.to_string(),
+        })
+    }
+
+    /// How many resources are in progress.
+    pub(super) fn len(&self) -> usize {
+        self.0.lock().map(|r| r.len()).unwrap_or(0)
+    }
+}
+
+/// Leaves a resource of the node's running set when its run ends.
 pub(super) struct RunningGuard {
-    pub(super) running: Arc<Mutex<HashSet<String>>>,
-    pub(super) resource: String,
+    running: Running,
+    resource: String,
 }
 
 impl Drop for RunningGuard {
     fn drop(&mut self) {
-        if let Ok(mut r) = self.running.lock() {
-            r.remove(&self.resource);
+        let mut r = self.running.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = r.get_mut(&self.resource) {
+            *n -= 1;
+            if *n == 0 {
+                r.remove(&self.resource);
+            }
         }
     }
 }
@@ -87,27 +119,18 @@ impl Occurrence {
     /// attempt, a sweep) runs on the daemon's task tracker.
     pub(super) async fn run(self) -> Ending {
         let job = &self.job;
-        let resource = job.resource.to_string();
-        {
-            let mut running = self
-                .shared
-                .running
-                .lock()
-                .unwrap_or_else(|p| p.into_inner());
-            if !running.insert(resource.clone()) {
-                // Known locally; no need to ask the store.
-                events::occurrence_skipped(
-                    job.name.as_str(),
-                    &rfc3339(self.at),
-                    SkipReason::Held,
-                    "an earlier occurrence of this job is still being acquired or run on this node",
-                );
-                return Ending::Skipped(SkipReason::Held);
-            }
-        }
-        let _guard = RunningGuard {
-            running: self.shared.running.clone(),
-            resource,
+        // Under `overlap = "replace"` the new instant competes anyway: the
+        // store ends the earlier run's lease, wherever it runs.
+        let replace = job.overlap == Overlap::Replace;
+        let Some(_guard) = self.shared.running.enter(job.resource.as_str(), replace) else {
+            // Known locally; no need to ask the store.
+            events::occurrence_skipped(
+                job.name.as_str(),
+                &rfc3339(self.at),
+                SkipReason::Held,
+                "an earlier occurrence of this job is still being acquired or run on this node",
+            );
+            return Ending::Skipped(SkipReason::Held);
         };
 
         // One owner id for every attempt at this occurrence on this node: an
@@ -535,21 +558,49 @@ async fn acquire_attempt(
     (at, next): (DateTime<Utc>, Option<DateTime<Utc>>),
 ) -> Result<AcquireOutcome, StoreError> {
     ensure_ready(&ready, store.as_ref()).await?;
-    store
-        .acquire(&AcquireRequest {
-            resource: &job.resource,
-            lease: job.timing.lease,
-            node: &node,
-            owner_id,
-            occurrence: Some(StoreTime::from_utc(at)),
-            next_occurrence: next.map(StoreTime::from_utc),
-            run: Some(RunStart {
-                job: job.name.as_str(),
-                started_by: StartedBy::Schedule,
-                scheduled_at: Some(StoreTime::from_utc(at)),
-            }),
-        })
-        .await
+    let occurrence = StoreTime::from_utc(at);
+    let req = AcquireRequest {
+        resource: &job.resource,
+        lease: job.timing.lease,
+        node: &node,
+        owner_id,
+        occurrence: Some(occurrence),
+        next_occurrence: next.map(StoreTime::from_utc),
+        run: Some(RunStart {
+            job: job.name.as_str(),
+            started_by: StartedBy::Schedule,
+            scheduled_at: Some(occurrence),
+        }),
+    };
+    let outcome = store.acquire(&req).await?;
+    // `overlap = "replace"`: a run of an earlier instant (or a manual run)
+    // holds the lease. End its generation and take the lease over with a
+    // new token; the old owner's next renewal is refused, which terminates
+    // it through the lease-loss path on whichever node it runs. Once per
+    // attempt: whatever the second acquire answers stands.
+    let AcquireOutcome::Held {
+        owner_id: Some(held_by),
+        node: held_on,
+        token,
+        ..
+    } = &outcome
+    else {
+        return Ok(outcome);
+    };
+    if job.overlap != Overlap::Replace {
+        return Ok(outcome);
+    }
+    if store.preempt(&job.resource, *token, occurrence).await? {
+        events::run_replaced(
+            job.name.as_str(),
+            &rfc3339(at),
+            &node,
+            held_by,
+            held_on.as_deref(),
+            *token,
+        );
+    }
+    store.acquire(&req).await
 }
 
 /// Gives back a lease that was won too late to be used, and its occurrence

@@ -6,8 +6,8 @@
 //! The job fires every minute with a 10 s lease: an occurrence is given up
 //! 10 s after its instant (a lease length; the next instant is 60 s away).
 
-use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::OnceCell;
@@ -18,13 +18,13 @@ use tokio_util::task::TaskTracker;
 use super::occurrence::{Ending, Occurrence};
 use super::Shared;
 use crate::clock::Clock;
-use crate::config::Job;
+use crate::config::{Job, Overlap};
 use crate::events::SkipReason;
 use crate::names::Name;
 use crate::schedule::Schedule;
 use crate::store::{
-    trigger_state, AcquireOutcome, AcquireRequest, OwnerId, PauseInfo, RunStart, StartedBy, Store,
-    StoreTime, TriggerInfo,
+    trigger_state, AcquireOutcome, AcquireRequest, OwnerId, PauseInfo, Refusal, RenewOutcome,
+    RunStart, StartedBy, Store, StoreTime, TriggerInfo,
 };
 use crate::supervise::{LeaseTiming, Supervisor};
 use crate::testing::epoch_wall;
@@ -70,7 +70,7 @@ impl Rig {
             Supervisor::with_launcher(Arc::new(store.clone()), "node-a".into(), launcher.clone());
         let shared = Shared {
             supervisor,
-            running: Arc::new(Mutex::new(HashSet::new())),
+            running: Default::default(),
             ready: Arc::new(OnceCell::new()),
             shutdown: CancellationToken::new(),
             tracker: TaskTracker::new(),
@@ -92,6 +92,7 @@ impl Rig {
             starting_deadline: None,
             retry: Default::default(),
             catchup: Default::default(),
+            overlap: Default::default(),
             on_failure: None,
             place: Default::default(),
         };
@@ -430,9 +431,81 @@ async fn a_statement_delivered_after_the_next_instant_wins_nothing() {
 #[tokio::test(start_paused = true)]
 async fn a_run_in_progress_on_this_node_skips_without_asking_the_store() {
     let rig = Rig::new();
-    rig.shared.running.lock().unwrap().insert("job".into());
+    let _running = rig.shared.running.enter("job", false).unwrap();
     assert_eq!(rig.run().await, Ending::Skipped(SkipReason::Held));
     assert!(rig.log(Op::Acquire).is_empty());
+}
+
+/// `overlap = "replace"`: a lease held for an earlier instant is ended and
+/// taken over with the next token, and its owner's renewal is refused from
+/// then on; with the default `skip` the same lease makes the instant skip.
+#[tokio::test(start_paused = true)]
+async fn replace_takes_over_a_lease_held_for_an_earlier_instant() {
+    for overlap in [Overlap::Skip, Overlap::Replace] {
+        let mut rig = Rig::new();
+        Arc::get_mut(&mut rig.job).unwrap().overlap = overlap;
+        let earlier = StoreTime(at().0 - 60_000);
+        let AcquireOutcome::Acquired(old) = rig.acquire_elsewhere(Some(earlier)).await else {
+            panic!("acquire elsewhere");
+        };
+        let ending = rig.run().await;
+        let renewed = rig
+            .store
+            .renew(
+                &rig.job.resource,
+                old.owner_id,
+                old.token,
+                rig.job.timing.lease,
+            )
+            .await
+            .unwrap();
+        if overlap == Overlap::Skip {
+            assert_eq!(ending, Ending::Skipped(SkipReason::Held));
+            assert!(rig.log(Op::Preempt).is_empty());
+            assert!(
+                matches!(renewed, RenewOutcome::Renewed { .. }),
+                "{renewed:?}"
+            );
+            continue;
+        }
+        assert_eq!(ending, Ending::Won);
+        assert_eq!(
+            rig.log(Op::Preempt),
+            log(&[(0, &format!("preempted {}", old.token))])
+        );
+        assert_eq!(rig.runs(), [(ms(0), old.token + 1)], "the next token");
+        assert!(
+            matches!(renewed, RenewOutcome::Refused(Refusal::NotOwner { current_token, .. }) if current_token == old.token + 1),
+            "the replaced owner is refused: {renewed:?}"
+        );
+    }
+}
+
+/// `overlap = "replace"` never takes an instant from the node that won it:
+/// a lease held for this very instant is the instant taken.
+#[tokio::test(start_paused = true)]
+async fn replace_leaves_a_lease_held_for_the_same_instant() {
+    let mut rig = Rig::new();
+    Arc::get_mut(&mut rig.job).unwrap().overlap = Overlap::Replace;
+    let AcquireOutcome::Acquired(_) = rig.acquire_elsewhere(Some(at())).await else {
+        panic!("acquire elsewhere");
+    };
+    assert_eq!(rig.run().await, Ending::Taken);
+    assert!(rig.log(Op::Preempt).is_empty());
+    assert!(rig.runs().is_empty());
+}
+
+/// On the node of the run it replaces, a `replace` instant does not skip
+/// locally: it competes (and the store ends the earlier run's lease).
+#[tokio::test(start_paused = true)]
+async fn replace_competes_while_this_node_runs_the_job() {
+    let mut rig = Rig::new();
+    Arc::get_mut(&mut rig.job).unwrap().overlap = Overlap::Replace;
+    let running = rig.shared.running.enter("job", false).unwrap();
+    assert_eq!(rig.run().await, Ending::Won);
+    assert_eq!(rig.log(Op::Acquire), log(&[(0, "acquired 1")]));
+    drop(running);
+    assert_eq!(rig.shared.running.len(), 0, "both left the running set");
 }
 
 #[tokio::test(start_paused = true)]

@@ -28,6 +28,15 @@ const FINISH_RUN: &str = "UPDATE fencecron_runs
 const FORGET_UNRUN: &str = "DELETE FROM fencecron_runs
  WHERE resource = $1 AND owner_id = $2 AND finished_at_ms IS NULL";
 
+/// `overlap = "replace"` ([`super::Store::preempt`]): the lease generation
+/// `$2` of `$1`, unexpired and not taken for instant `$3` or a later one,
+/// expires as of the moment it was acquired (a time the store's clock has
+/// passed, so no clock is read here), unreleased, so that the next acquire
+/// takes it over with a new token and records whom it replaced.
+const PREEMPT: &str = "UPDATE fencecron_leases SET expires_at_ms = acquired_at_ms
+ WHERE resource = $1 AND fence = $2 AND NOT released AND expires_at_ms > acquired_at_ms
+   AND (last_occurrence_ms IS NULL OR last_occurrence_ms < $3)";
+
 /// Each run with its lease row, to tell a run in progress from one whose
 /// node died ([`run_state`]). `{resource}` is the run's resource as text
 /// (MySQL keeps names as bytes).
@@ -93,6 +102,7 @@ const PRUNE_PAUSES: &str = "DELETE FROM fencecron_pauses WHERE until_ms < $1";
 pub(super) struct FleetSql {
     finish_run: String,
     forget_unrun: String,
+    preempt: String,
     runs: String,
     prune_runs: String,
     pause: String,
@@ -114,6 +124,7 @@ impl FleetSql {
         FleetSql {
             finish_run: sql(FINISH_RUN),
             forget_unrun: sql(FORGET_UNRUN),
+            preempt: sql(PREEMPT),
             runs: sql(&RUNS.replace(
                 "{resource}",
                 match backend {
@@ -207,6 +218,14 @@ pub(super) trait FleetDb: Database {
         resource: &str,
         owner_id: &str,
     ) -> Result<u64, sqlx::Error>;
+
+    async fn preempt(
+        pool: &Pool<Self>,
+        sql: &FleetSql,
+        resource: &str,
+        token: i64,
+        occurrence: StoreTime,
+    ) -> Result<bool, sqlx::Error>;
 
     async fn runs(
         pool: &Pool<Self>,
@@ -325,6 +344,22 @@ where
             .execute(pool)
             .await?;
         Ok(done.rows_affected())
+    }
+
+    async fn preempt(
+        pool: &Pool<Self>,
+        sql: &FleetSql,
+        resource: &str,
+        token: i64,
+        occurrence: StoreTime,
+    ) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query(&sql.preempt)
+            .bind(resource)
+            .bind(token)
+            .bind(occurrence.0)
+            .execute(pool)
+            .await?;
+        Ok(done.rows_affected() == 1)
     }
 
     async fn runs(

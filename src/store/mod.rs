@@ -121,6 +121,22 @@ pub trait Store: Send + Sync + 'static {
     /// Every lease ever taken, held or not, ordered by resource.
     async fn list(&self) -> Result<Vec<LeaseInfo>, StoreError>;
 
+    /// `overlap = "replace"`: ends the unexpired lease generation `token` of
+    /// `resource` early (expired as of when it was acquired, and not
+    /// released, so the next acquire reports it as taken over) unless it was
+    /// taken for `occurrence` or a later instant. The next acquire for
+    /// `occurrence` then takes the lease with a new, higher token; the
+    /// replaced owner's renewals are refused from then on, and its writes
+    /// with the old token once the new one exists. `true` when it ended that
+    /// generation, `false` when the lease had moved on (released, expired,
+    /// another generation, or taken for this instant already).
+    async fn preempt(
+        &self,
+        resource: &Name,
+        token: Token,
+        occurrence: StoreTime,
+    ) -> Result<bool, StoreError>;
+
     /// A fenced write, accepted only when the token *is* the resource's
     /// fence (the newest token issued for it: no newer generation exists),
     /// the lease row's owner id is `req.owner_id` (the store issued exactly

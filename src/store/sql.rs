@@ -605,6 +605,25 @@ impl<D: Dialect> Store for SqlStore<D> {
         self.call(self.dialect.advance_epoch(&self.db)).await
     }
 
+    async fn preempt(
+        &self,
+        resource: &Name,
+        token: Token,
+        occurrence: StoreTime,
+    ) -> Result<bool, StoreError> {
+        self.call(async {
+            Ok(D::DB::preempt(
+                &self.db.pool,
+                &self.fleet,
+                resource.as_str(),
+                token,
+                occurrence,
+            )
+            .await?)
+        })
+        .await
+    }
+
     async fn finish_run(&self, end: &RunEnd<'_>) -> Result<bool, StoreError> {
         self.call(async { Ok(D::DB::finish_run(&self.db.pool, &self.fleet, end).await?) })
             .await

@@ -48,6 +48,8 @@ pub(crate) enum Op {
     Renew,
     Release,
     GiveBack,
+    /// `preempt` (`overlap = "replace"`).
+    Preempt,
     Put,
     RecordStale,
     /// `finish_run`.
@@ -667,6 +669,40 @@ impl Store for MemoryStore {
             };
             s.note(Op::GiveBack, what);
             out
+        })
+        .await
+    }
+
+    async fn preempt(
+        &self,
+        resource: &Name,
+        token: Token,
+        occurrence: StoreTime,
+    ) -> Result<bool, StoreError> {
+        let resource = resource.to_string();
+        let occ = occurrence.0;
+        self.call(Op::Preempt, move |s, _| {
+            let ended = match s.leases.get_mut(&resource) {
+                Some(r)
+                    if r.fence == token
+                        && !r.released
+                        && r.expires_at > r.acquired_at
+                        && r.last_occurrence.is_none_or(|last| last < occ) =>
+                {
+                    r.expires_at = r.acquired_at;
+                    true
+                }
+                _ => false,
+            };
+            s.note(
+                Op::Preempt,
+                if ended {
+                    format!("preempted {token}")
+                } else {
+                    "refused".to_string()
+                },
+            );
+            ended
         })
         .await
     }
