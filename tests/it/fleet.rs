@@ -572,3 +572,124 @@ fn bench_runs_postgres() {
 fn bench_runs_mysql() {
     bench_runs(Backend::MySql, "bench_runs_mysql");
 }
+
+/// `overlap = "replace"` (issue 11): a run that outlives its interval is
+/// replaced by the next instant, on whichever daemon it runs. Daemon A
+/// (the default `skip`) runs an instant whose job never ends; daemon B
+/// (`replace`) takes the lease for a later instant with the next token and
+/// logs `run_replaced`; A's next renewal is refused (`lease_lost`,
+/// `renew_refused`) and its run ends `lease_lost`. Once A is gone, B's next
+/// instant replaces B's own run the same way. The history shows each
+/// replaced run as `lease_lost` on its node.
+fn overlap_replace_ends_the_old_run(backend: Backend, test: &str) {
+    let Some(store) = TestStore::new(backend, test) else {
+        return;
+    };
+    let (dir_a, dir_b) = (
+        tempfile::tempdir().expect("temp dir"),
+        tempfile::tempdir().expect("temp dir"),
+    );
+    let job = unique("replaced");
+    let config = |dir: &Path, extra: &str| {
+        write_config(
+            dir,
+            "lease = \"5s\"",
+            &[job_toml(
+                &job,
+                "*/10 * * * * *",
+                &sh("exec sleep 600"),
+                extra,
+            )],
+        )
+    };
+    let config_a = config(dir_a.path(), "");
+    let config_b = config(dir_b.path(), "overlap = \"replace\"");
+    let mut a = Daemon::spawn(DaemonOpts::new("replace-a", &config_a, &store.url));
+    let first = a.expect("A runs an instant", of_job("job_started", &job), secs(30));
+    let old = token_of(&first);
+    let mut b = Daemon::spawn(DaemonOpts::new("replace-b", &config_b, &store.url));
+
+    let replaced = b.expect("B replaces A's run", of_job("run_replaced", &job), secs(40));
+    assert_eq!(str_field(&replaced, "previous_node"), Some("replace-a"));
+    assert_eq!(i64_field(&replaced, "previous_token"), Some(old));
+    let at = instant(&replaced);
+    let started = b.expect(
+        "B runs the replacing instant",
+        |e| of_job("job_started", &job)(e) && instant(e) == at,
+        secs(10),
+    );
+    assert_eq!(token_of(&started), old + 1, "the next token");
+    let lost = a.expect(
+        "A's renewal is refused",
+        |e| of_job("lease_lost", &job)(e) && token_of(e) == old,
+        secs(20),
+    );
+    assert_eq!(str_field(&lost, "reason"), Some("renew_refused"), "{lost}");
+    let ended = a.expect(
+        "A's run ends",
+        |e| of_job("job_finished", &job)(e) && token_of(e) == old,
+        secs(20),
+    );
+    assert_eq!(str_field(&ended, "outcome"), Some("lease_lost"), "{ended}");
+    assert!(
+        a.stop(secs(30)).is_some_and(|s| s.success()),
+        "{}",
+        a.summary()
+    );
+
+    // The same node: B's next instant replaces B's own run.
+    let again = b.expect(
+        "B replaces its own run",
+        |e| of_job("run_replaced", &job)(e) && i64_field(e, "previous_token") == Some(old + 1),
+        secs(30),
+    );
+    assert_eq!(str_field(&again, "previous_node"), Some("replace-b"));
+    let lost = b.expect(
+        "B's earlier run is refused",
+        |e| of_job("lease_lost", &job)(e) && token_of(e) == old + 1,
+        secs(20),
+    );
+    assert_eq!(str_field(&lost, "reason"), Some("renew_refused"), "{lost}");
+    b.expect(
+        "B's earlier run ends",
+        |e| {
+            of_job("job_finished", &job)(e)
+                && token_of(e) == old + 1
+                && str_field(e, "outcome") == Some("lease_lost")
+        },
+        secs(20),
+    );
+    b.expect(
+        "B runs the instant that replaced it",
+        |e| of_job("job_started", &job)(e) && token_of(e) == old + 2,
+        secs(10),
+    );
+    assert!(
+        b.stop(secs(30)).is_some_and(|s| s.success()),
+        "{}",
+        b.summary()
+    );
+
+    let history = runs(dir_b.path(), &store.url, &config_b);
+    let row = |token: i64| {
+        history
+            .iter()
+            .find(|r| str_field(r, "job") == Some(job.as_str()) && token_of(r) == token)
+            .unwrap_or_else(|| panic!("no run with token {token}: {history:?}"))
+    };
+    for (token, node) in [(old, "replace-a"), (old + 1, "replace-b")] {
+        let r = row(token);
+        assert_eq!(str_field(r, "outcome"), Some("lease_lost"), "{r}");
+        assert_eq!(str_field(r, "node"), Some(node), "{r}");
+    }
+}
+
+#[test]
+fn overlap_replace_ends_the_old_run_sqlite() {
+    overlap_replace_ends_the_old_run(Backend::Sqlite, "replace_sqlite");
+}
+
+#[test]
+fn overlap_replace_ends_the_old_run_postgres() {
+    overlap_replace_ends_the_old_run(Backend::Postgres, "replace_postgres");
+}

@@ -1809,6 +1809,66 @@ async fn case_expiry_is_a_takeover(store: Arc<dyn Store>) {
     assert_eq!(d.taken_over, None);
 }
 
+/// `overlap = "replace"`: `preempt` ends only the generation it names, and
+/// only when that generation was not taken for the instant (or a later
+/// one). The next acquire for the instant then takes the lease over with
+/// the next token and names the replaced owner, whose renewal and release
+/// are refused from then on; a released or expired lease is not preempted.
+async fn case_preempt_ends_only_an_earlier_instants_lease(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let r = resource("preempt");
+    let t1 = StoreTime(s.now().await.unwrap().0 / 1000 * 1000 - 60_000);
+    let t2 = StoreTime(t1.0 + 30_000);
+    let a = acquired(acquire_as(s, &r, "node-a", Some(t1)).await, "a for t1");
+    assert!(!s.preempt(&r, a.token, t1).await.unwrap(), "same instant");
+    assert!(
+        !s.preempt(&r, a.token + 1, t2).await.unwrap(),
+        "another generation"
+    );
+    assert!(row(s, &r).await.held, "nothing ended yet");
+    assert!(
+        s.preempt(&r, a.token, t2).await.unwrap(),
+        "an earlier instant"
+    );
+    assert!(!row(s, &r).await.held, "the generation ended");
+    assert!(
+        !s.preempt(&r, a.token, t2).await.unwrap(),
+        "an ended generation is not ended again"
+    );
+    let b = acquired(acquire_as(s, &r, "node-b", Some(t2)).await, "b for t2");
+    assert_eq!(b.token, a.token + 1, "the next token");
+    let replaced = b.taken_over.as_ref().expect("b names whom it replaced");
+    assert_eq!(
+        (
+            replaced.owner_id.as_str(),
+            replaced.node.as_str(),
+            replaced.token
+        ),
+        (a.owner_id.as_str(), "node-a", a.token)
+    );
+    assert!(matches!(
+        s.renew(&r, a.owner_id, a.token, LEASE).await.unwrap(),
+        RenewOutcome::Refused(Refusal::NotOwner { current_token, .. }) if current_token == b.token
+    ));
+    assert!(matches!(
+        s.release(&r, a.owner_id, a.token).await.unwrap(),
+        ReleaseOutcome::Refused(Refusal::NotOwner { .. })
+    ));
+    // An ad-hoc holder (a manual run) is an earlier instant's too.
+    must_release(s, &b).await;
+    let c = acquired(acquire_as(s, &r, "node-c", None).await, "ad hoc");
+    let t3 = StoreTime(t2.0 + 10_000);
+    assert!(s.preempt(&r, c.token, t3).await.unwrap(), "ad-hoc holder");
+    let d = acquired(acquire_as(s, &r, "node-d", Some(t3)).await, "d for t3");
+    assert_eq!(d.token, c.token + 1);
+    // Released: nothing to end.
+    must_release(s, &d).await;
+    assert!(!s
+        .preempt(&r, d.token, StoreTime(t3.0 + 1_000))
+        .await
+        .unwrap());
+}
+
 /// A losing acquire changes nothing: the row (owner, node, token, expiry,
 /// last occurrence) is exactly as before, whether it lost to a holder, an
 /// occurrence already taken or one not yet due; and the next takeover still
@@ -2490,6 +2550,7 @@ conformance!(
     case_purge_prefix,
     case_release_is_no_takeover,
     case_expiry_is_a_takeover,
+    case_preempt_ends_only_an_earlier_instants_lease,
     case_losing_acquire_changes_nothing,
     case_retry_adopts_its_own_win,
     case_retry_adopts_an_expired_win,
