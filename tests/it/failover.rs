@@ -31,7 +31,6 @@ use crate::common;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -45,6 +44,7 @@ use serde_json::Value;
 use sqlx::{Executor, PgPool};
 
 use common::harness::{code, describe, fencecron};
+use common::pg::{as_postgres, pg_bindir, unavailable, Instance};
 use common::proxy::Proxy;
 
 const TEST: &str = "failover::async_standby_never_reissues_a_token";
@@ -52,114 +52,6 @@ const LEASE: Duration = Duration::from_secs(5);
 const WAIT: Duration = Duration::from_secs(20);
 
 // ------------------------------------------------------------- instances
-
-/// The directory of `initdb`, `pg_ctl`, `pg_basebackup`, if any.
-fn pg_bindir() -> Option<PathBuf> {
-    if let Ok(dir) = std::env::var("FENCECRON_TEST_PG_BINDIR") {
-        return Some(PathBuf::from(dir));
-    }
-    let mut found: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
-        .ok()?
-        .filter_map(|e| e.ok())
-        .map(|e| e.path().join("bin"))
-        .filter(|bin| bin.join("initdb").is_file() && bin.join("pg_basebackup").is_file())
-        .collect();
-    found.sort();
-    found.pop()
-}
-
-/// Why the test cannot run here, if it cannot.
-fn unavailable() -> Option<String> {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    if unsafe { libc::geteuid() } != 0 {
-        return Some("it must run as root to start PostgreSQL as the postgres user".into());
-    }
-    if pg_bindir().is_none() {
-        return Some(
-            "no PostgreSQL server binaries (set FENCECRON_TEST_PG_BINDIR or install postgresql)"
-                .into(),
-        );
-    }
-    let postgres_user = Command::new("id").args(["-u", "postgres"]).output();
-    if !postgres_user.is_ok_and(|o| o.status.success()) {
-        return Some("there is no `postgres` OS user".into());
-    }
-    None
-}
-
-/// Runs a PostgreSQL program as the `postgres` OS user; panics with its
-/// output when it fails.
-fn as_postgres(bindir: &Path, program: &str, args: &[&str]) -> Output {
-    let out = Command::new("runuser")
-        .args(["-u", "postgres", "--"])
-        .arg(bindir.join(program))
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {program}: {e}"));
-    assert!(
-        out.status.success(),
-        "{program} {args:?} failed: {}",
-        describe(&out)
-    );
-    out
-}
-
-/// One PostgreSQL server of the test.
-struct Instance {
-    name: &'static str,
-    bindir: PathBuf,
-    data: PathBuf,
-    sockets: PathBuf,
-    port: u16,
-}
-
-impl Instance {
-    fn start(&self) {
-        let opts = format!(
-            "-c listen_addresses=127.0.0.1 -c port={} -k {} -c fsync=off -c wal_keep_size=64MB",
-            self.port,
-            self.sockets.display()
-        );
-        let log = self.data.with_extension("log");
-        as_postgres(
-            &self.bindir,
-            "pg_ctl",
-            &[
-                "-D",
-                &self.data.display().to_string(),
-                "-l",
-                &log.display().to_string(),
-                "-w",
-                "-t",
-                "30",
-                "-o",
-                &opts,
-                "start",
-            ],
-        );
-    }
-
-    /// `pg_ctl stop -m immediate`: no shutdown checkpoint, no waiting for
-    /// the standby; a crash, as far as the data is concerned.
-    fn crash(&self) -> std::io::Result<Output> {
-        Command::new("runuser")
-            .args(["-u", "postgres", "--"])
-            .arg(self.bindir.join("pg_ctl"))
-            .args(["-D", &self.data.display().to_string()])
-            .args(["-m", "immediate", "-w", "-t", "30", "stop"])
-            .output()
-    }
-
-    fn url(&self, db: &str) -> String {
-        format!("postgres://postgres@127.0.0.1:{}/{db}", self.port)
-    }
-
-    fn log_tail(&self) -> String {
-        let log = std::fs::read_to_string(self.data.with_extension("log")).unwrap_or_default();
-        let lines: Vec<&str> = log.lines().collect();
-        lines[lines.len().saturating_sub(30)..].join("\n")
-    }
-}
 
 /// A primary and its standby; both are stopped when this is dropped, also
 /// when the test panics (and their logs are printed then).

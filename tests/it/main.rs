@@ -28,6 +28,7 @@ mod fleet;
 mod hardening;
 mod job_credentials;
 mod migrate;
+mod policies;
 mod recipes;
 mod store_conformance;
 mod store_errors;

@@ -102,4 +102,5 @@ pub mod harness;
 
 pub mod daemon;
 pub mod fresh;
+pub mod pg;
 pub mod proxy;
