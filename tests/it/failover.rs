@@ -31,7 +31,7 @@ use crate::common;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::process::{Command, Output};
+use std::process::Output;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -44,7 +44,7 @@ use serde_json::Value;
 use sqlx::{Executor, PgPool};
 
 use common::harness::{code, describe, fencecron};
-use common::pg::{as_postgres, pg_bindir, unavailable, Instance};
+use common::pg::{as_postgres, postgres_dir, unavailable, Instance};
 use common::proxy::Proxy;
 
 const TEST: &str = "failover::async_standby_never_reissues_a_token";
@@ -67,38 +67,10 @@ impl Cluster {
     /// initdb, start the primary, pg_basebackup a standby that streams
     /// through the proxy, start it.
     fn start() -> Cluster {
-        let bindir = pg_bindir().expect("checked by unavailable()");
-        let dir = tempfile::Builder::new()
-            .prefix("fencecron-failover-")
-            .tempdir()
-            .expect("temp dir");
-        let chown = Command::new("chown")
-            .args(["postgres:", &dir.path().display().to_string()])
-            .output()
-            .expect("chown");
-        assert!(chown.status.success(), "{}", describe(&chown));
-        let instance = |name: &'static str| Instance {
-            name,
-            bindir: bindir.clone(),
-            data: dir.path().join(name),
-            sockets: dir.path().to_path_buf(),
-            port: common::free_port(),
-        };
-        let primary = instance("primary");
-        let standby = instance("standby");
-        as_postgres(
-            &bindir,
-            "initdb",
-            &[
-                "-D",
-                &primary.data.display().to_string(),
-                "-U",
-                "postgres",
-                "-A",
-                "trust",
-                "--no-sync",
-            ],
-        );
+        let dir = postgres_dir();
+        let primary = Instance::new(dir.path(), "primary");
+        let standby = Instance::new(dir.path(), "standby");
+        primary.initdb();
         primary.start();
         let proxy = Proxy::start(SocketAddr::from(([127, 0, 0, 1], primary.port)));
         let cluster = Cluster {
@@ -110,7 +82,7 @@ impl Cluster {
         // -R writes standby.signal and a primary_conninfo naming the
         // address it copied from: the proxy.
         as_postgres(
-            &bindir,
+            &cluster.standby.bindir,
             "pg_basebackup",
             &[
                 "-h",

@@ -174,10 +174,9 @@ impl Instance {
     }
 }
 
-/// One initialised server (not started) in its own temporary directory,
-/// which goes when the returned directory is dropped.
-pub fn standalone(name: &'static str) -> (tempfile::TempDir, Instance) {
-    let bindir = pg_bindir().expect("checked by unavailable()");
+/// A temporary directory the `postgres` OS user owns, for servers' data
+/// and sockets; it goes when dropped.
+pub fn postgres_dir() -> tempfile::TempDir {
     let dir = tempfile::Builder::new()
         .prefix("fencecron-pg-")
         .tempdir()
@@ -187,25 +186,45 @@ pub fn standalone(name: &'static str) -> (tempfile::TempDir, Instance) {
         .output()
         .expect("chown");
     assert!(chown.status.success(), "{}", describe(&chown));
-    let pg = Instance {
-        name,
-        bindir: bindir.clone(),
-        data: dir.path().join(name),
-        sockets: dir.path().to_path_buf(),
-        port: super::free_port(),
-    };
-    as_postgres(
-        &bindir,
-        "initdb",
-        &[
-            "-D",
-            &pg.data.display().to_string(),
-            "-U",
-            "postgres",
-            "-A",
-            "trust",
-            "--no-sync",
-        ],
-    );
+    dir
+}
+
+impl Instance {
+    /// A server named `name` with its data in `dir` (from [`postgres_dir`])
+    /// on a free port; nothing is created yet.
+    pub fn new(dir: &Path, name: &'static str) -> Instance {
+        Instance {
+            name,
+            bindir: pg_bindir().expect("checked by unavailable()"),
+            data: dir.join(name),
+            sockets: dir.to_path_buf(),
+            port: super::free_port(),
+        }
+    }
+
+    /// `initdb`: trust authentication for `postgres`, no fsync.
+    pub fn initdb(&self) {
+        as_postgres(
+            &self.bindir,
+            "initdb",
+            &[
+                "-D",
+                &self.data.display().to_string(),
+                "-U",
+                "postgres",
+                "-A",
+                "trust",
+                "--no-sync",
+            ],
+        );
+    }
+}
+
+/// One initialised server (not started) in its own temporary directory,
+/// which goes when the returned directory is dropped.
+pub fn standalone(name: &'static str) -> (tempfile::TempDir, Instance) {
+    let dir = postgres_dir();
+    let pg = Instance::new(dir.path(), name);
+    pg.initdb();
     (dir, pg)
 }
