@@ -215,7 +215,6 @@ pub async fn dispatch(cli: Cli) -> Result<Exit> {
     }
 }
 
-/// Prints a value as one line of JSON.
 /// An owner id given on the command line or in the job's environment: a
 /// UUID (every owner id the store issues is one), or a usage error that says
 /// where a real one comes from. A string that is not a UUID never reaches the
@@ -228,6 +227,7 @@ pub(crate) fn owner_id_arg(o: &str) -> Result<store::OwnerId> {
     })
 }
 
+/// Prints a value as one line of JSON.
 pub(crate) fn print_json<T: serde::Serialize>(v: &T) -> Result<()> {
     let s =
         serde_json::to_string(v).map_err(|e| Error::Runtime(format!("cannot encode JSON: {e}")))?;

@@ -573,6 +573,9 @@ async fn acquire_attempt(
         }),
     };
     let outcome = store.acquire(&req).await?;
+    if job.overlap != Overlap::Replace {
+        return Ok(outcome);
+    }
     // `overlap = "replace"`: a run of an earlier instant (or a manual run)
     // holds the lease. End its generation and take the lease over with a
     // new token; the old owner's next renewal is refused, which terminates
@@ -587,9 +590,6 @@ async fn acquire_attempt(
     else {
         return Ok(outcome);
     };
-    if job.overlap != Overlap::Replace {
-        return Ok(outcome);
-    }
     if store.preempt(&job.resource, *token, occurrence).await? {
         events::run_replaced(
             job.name.as_str(),

@@ -57,7 +57,6 @@ use mysql::MySqlStore;
 use postgres::PostgresStore;
 use sqlite::SqliteStore;
 pub use types::*;
-
 pub use url::{is_secret_param, redact, Backend, StoreUrl};
 
 /// The lease store. One SQL implementation (one dialect per backend), and

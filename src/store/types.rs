@@ -638,12 +638,6 @@ impl<'de> serde::Deserialize<'de> for OwnerId {
     }
 }
 
-impl PartialEq<str> for OwnerId {
-    fn eq(&self, other: &str) -> bool {
-        self.as_str() == other
-    }
-}
-
 impl PartialEq<String> for OwnerId {
     fn eq(&self, other: &String) -> bool {
         self.as_str() == other

@@ -11,7 +11,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use crate::common::daemon::{
-    ev, i64_field, is, job_toml, secs, str_field, token_of, write_config, Daemon, DaemonOpts,
+    ev, i64_field, is, job_toml, secs, sh, str_field, token_of, write_config, Daemon, DaemonOpts,
 };
 use crate::common::harness::{code, describe, fencecron, run};
 use crate::common::{unique, Backend, TestStore};
@@ -42,10 +42,6 @@ fn runs(dir: &Path, store: &str, config: &Path) -> Vec<Value> {
         Value::Array(a) => a,
         other => panic!("runs --json is not an array: {other}"),
     }
-}
-
-fn sh(script: &str) -> Vec<String> {
-    vec!["sh".into(), "-c".into(), script.into()]
 }
 
 fn of_job<'a>(name: &'static str, job: &'a str) -> impl Fn(&Value) -> bool + 'a {

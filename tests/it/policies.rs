@@ -13,16 +13,12 @@ use std::path::Path;
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 
-use crate::common::daemon::{job_toml, secs, str_field, write_config, Daemon, DaemonOpts};
+use crate::common::daemon::{job_toml, secs, sh, str_field, write_config, Daemon, DaemonOpts};
 use crate::common::harness::{code, describe, fencecron, run};
-use crate::common::pg::{standalone, unavailable};
+use crate::common::pg::{skip_unless_available, standalone};
 use crate::common::unique;
 
 const TEST: &str = "policies::dst_gap_and_fold_run_once_in_berlin";
-
-fn sh(script: &str) -> Vec<String> {
-    vec!["sh".into(), "-c".into(), script.into()]
-}
 
 fn utc(s: &str) -> DateTime<Utc> {
     DateTime::parse_from_rfc3339(s)
@@ -65,11 +61,7 @@ fn history(dir: &Path, store: &str, config: &Path, job: &str) -> Vec<DateTime<Ut
 ///   job ticking every second on it proves its clock passed.
 #[test]
 fn dst_gap_and_fold_run_once_in_berlin() {
-    if let Some(why) = unavailable() {
-        if std::env::var("CI").as_deref() == Ok("true") {
-            panic!("{TEST}: {why}; under CI=true this test must run");
-        }
-        skipped!("\n*** SKIPPED {TEST}: {why}. ***\n");
+    if skip_unless_available(TEST) {
         return;
     }
     let (_pg_dir, pg) = standalone("dst");

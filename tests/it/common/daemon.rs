@@ -582,6 +582,11 @@ pub fn toml_str(s: &str) -> String {
     toml::Value::String(s.to_string()).to_string()
 }
 
+/// A job command run through `sh -c`.
+pub fn sh(script: &str) -> Vec<String> {
+    vec!["sh".into(), "-c".into(), script.into()]
+}
+
 /// One `[[job]]` table; `extra` is further raw TOML lines (`lease = "5s"`).
 pub fn job_toml(name: &str, schedule: &str, argv: &[String], extra: &str) -> String {
     let argv: Vec<String> = argv.iter().map(|a| toml_str(a)).collect();

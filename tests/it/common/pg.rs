@@ -24,7 +24,7 @@ pub fn pg_bindir() -> Option<PathBuf> {
 }
 
 /// Why the test cannot run here, if it cannot.
-pub fn unavailable() -> Option<String> {
+fn unavailable() -> Option<String> {
     // SAFETY: geteuid has no preconditions and cannot fail.
     if unsafe { libc::geteuid() } != 0 {
         return Some("it must run as root to start PostgreSQL as the postgres user".into());
@@ -40,6 +40,19 @@ pub fn unavailable() -> Option<String> {
         return Some("there is no `postgres` OS user".into());
     }
     None
+}
+
+/// Whether `test` must skip because it cannot start servers here: it then
+/// says why (`*** SKIPPED … ***`); under `CI=true` it fails instead.
+pub fn skip_unless_available(test: &str) -> bool {
+    let Some(why) = unavailable() else {
+        return false;
+    };
+    if std::env::var("CI").as_deref() == Ok("true") {
+        panic!("{test}: {why}; under CI=true this test must run");
+    }
+    skipped!("\n*** SKIPPED {test}: {why}. ***\n");
+    true
 }
 
 /// Runs a PostgreSQL program as the `postgres` OS user; panics with its
