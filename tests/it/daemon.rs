@@ -194,27 +194,44 @@ fn check_runs(
         "scheduled instants that never ran while all daemons were up ({t0} .. {t1}): {missing:?}; ran: {:?}",
         ordered.iter().map(|r| &r.raw_scheduled_at).collect::<Vec<_>>()
     );
-    // The daemons' logs agree with what the job saw.
-    let mut started: Vec<(String, i64)> = Vec::new();
+    // The daemons' logs agree with what the job saw: every run the job
+    // recorded was logged as started, and every run that succeeded recorded
+    // itself. (A run the final SIGTERM stopped, `shutdown`, may have been
+    // terminated before its `echo`.)
+    let mut started: BTreeSet<(String, i64)> = BTreeSet::new();
+    let mut succeeded: BTreeSet<i64> = BTreeSet::new();
     for d in daemons {
-        for e in d.events("job_started") {
-            if str_field(&e, "job") == Some(job) {
-                started.push((
+        for e in d.all() {
+            if str_field(&e, "job") != Some(job) {
+                continue;
+            }
+            if is(&e, "job_started") {
+                started.insert((
                     str_field(&e, "scheduled_at").unwrap_or("").to_string(),
                     token_of(&e),
                 ));
+            } else if is(&e, "job_finished") && str_field(&e, "outcome") == Some("succeeded") {
+                succeeded.insert(token_of(&e));
             }
         }
     }
-    started.sort();
-    let mut recorded: Vec<(String, i64)> = runs
+    let recorded: BTreeSet<(String, i64)> = runs
         .iter()
         .map(|r| (r.raw_scheduled_at.clone(), r.token))
         .collect();
-    recorded.sort();
-    assert_eq!(
-        started, recorded,
-        "job_started events (scheduled_at, token) differ from what the job recorded"
+    let unlogged: Vec<_> = recorded.difference(&started).collect();
+    assert!(
+        unlogged.is_empty(),
+        "runs the job recorded without a job_started event: {unlogged:?}; started: {started:?}"
+    );
+    let unrecorded: Vec<_> = started
+        .iter()
+        .filter(|(_, token)| succeeded.contains(token))
+        .filter(|run| !recorded.contains(*run))
+        .collect();
+    assert!(
+        unrecorded.is_empty(),
+        "runs that succeeded without recording themselves: {unrecorded:?}; recorded: {recorded:?}"
     );
 }
 
