@@ -35,6 +35,9 @@ pub const MAX_CONFIG_BYTES: u64 = 1024 * 1024;
 /// The largest `store.max_connections` accepted.
 pub const MAX_STORE_CONNECTIONS: u32 = 64;
 
+/// The largest `node.max_running`.
+pub const MAX_RUNNING: u32 = 100_000;
+
 /// The largest `jitter`: a day, the longest sensible spread of a job.
 pub const MAX_JITTER: Duration = Duration::from_secs(24 * 3600);
 
@@ -52,6 +55,9 @@ pub struct Config {
     pub store_max_connections: Option<u32>,
     /// The node id, when the file sets one.
     pub node_id: Option<String>,
+    /// `node.max_running`: how many runs this daemon holds at once; `None`
+    /// (the default) for no limit.
+    pub node_max_running: Option<u32>,
     /// `[http] listen`: where the daemon serves `/metrics`, `/livez` and
     /// `/readyz`; `None` (the default) serves nothing.
     pub http_listen: Option<std::net::SocketAddr>,
@@ -284,6 +290,7 @@ struct RawHistory {
 #[serde(deny_unknown_fields)]
 struct RawNode {
     id: Option<Spanned<String>>,
+    max_running: Option<Spanned<i64>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -469,6 +476,24 @@ impl Parser<'_> {
             }
             None => None,
         };
+        let node_max_running = match raw.node.as_ref().and_then(|n| n.max_running.as_ref()) {
+            Some(n) => Some(
+                u32::try_from(*n.get_ref())
+                    .ok()
+                    .filter(|n| (1..=MAX_RUNNING).contains(n))
+                    .ok_or_else(|| {
+                        self.at(
+                            n.span(),
+                            "node.max_running",
+                            format!(
+                                "{} is not between 1 and {MAX_RUNNING}; it bounds the runs this daemon holds at once (leave it out for no limit)",
+                                n.get_ref()
+                            ),
+                        )
+                    })?,
+            ),
+            None => None,
+        };
         let http_listen =
             match &raw.http {
                 Some(h) => Some(h.listen.get_ref().parse::<std::net::SocketAddr>().map_err(
@@ -534,6 +559,7 @@ impl Parser<'_> {
             store_url_env,
             store_max_connections,
             node_id,
+            node_max_running,
             http_listen,
             history,
             jobs,

@@ -262,6 +262,9 @@ pub enum SkipReason {
     Missed,
     /// The store answered too late to run the job safely within the lease.
     AcquiredTooLate,
+    /// This node held `node.max_running` runs until the occurrence was no
+    /// longer worth starting.
+    Capacity,
 }
 
 impl SkipReason {
@@ -275,6 +278,7 @@ impl SkipReason {
             SkipReason::ClockBehind => "clock_behind",
             SkipReason::Missed => "missed",
             SkipReason::AcquiredTooLate => "acquired_too_late",
+            SkipReason::Capacity => "capacity",
         }
     }
 }
@@ -609,6 +613,16 @@ pub fn occurrence_taken(job: &str, scheduled_at: &str) {
     debug!(
         event = "occurrence_taken",
         job, scheduled_at, "occurrence taken by another instance"
+    );
+}
+
+/// This node holds `node.max_running` runs: the occurrence waits for one
+/// to end before it competes (debug level; `occurrence_skipped` with
+/// reason `capacity` if none ends in time).
+pub fn occurrence_waiting(job: &str, scheduled_at: &str, max_running: usize) {
+    debug!(
+        event = "occurrence_waiting",
+        job, scheduled_at, max_running, "node at capacity; the occurrence waits for a run to end"
     );
 }
 

@@ -36,6 +36,7 @@ pub async fn run(cli: &Cli, node_flag: Option<String>) -> Result<Exit> {
         store: config.store.clone(),
         store_max_connections: config.store_max_connections,
         node_id: config.node_id.clone(),
+        node_max_running: config.node_max_running,
         http_listen: config.http_listen,
     };
     let node = node_flag.unwrap_or_else(|| ctx.node.clone());
@@ -65,6 +66,7 @@ pub async fn run(cli: &Cli, node_flag: Option<String>) -> Result<Exit> {
     };
     let settings = Settings {
         node,
+        max_running: config.node_max_running,
         history: config.history,
         jobs: config.jobs,
         store,
@@ -100,6 +102,7 @@ struct StartedWith {
     store: Option<StoreUrl>,
     store_max_connections: Option<u32>,
     node_id: Option<String>,
+    node_max_running: Option<u32>,
     http_listen: Option<std::net::SocketAddr>,
 }
 
@@ -143,6 +146,12 @@ fn reload(ctx: &Context, original: &StartedWith) -> Result<Vec<Job>, String> {
         events::config_ignored(
             "http.listen",
             "the metrics and health endpoint cannot move while running; restart the daemon",
+        );
+    }
+    if new.node_max_running != original.node_max_running {
+        events::config_ignored(
+            "node.max_running",
+            "the node's capacity cannot change while running; restart the daemon",
         );
     }
     if new.node_id != original.node_id {

@@ -5,7 +5,8 @@
 //! scheduler loop starts one `pending_triggers` read (never two at once),
 //! the idle cost of the feature: 30 statements a minute per daemon, one
 //! indexed read of a table that is empty unless a trigger waits. A pending trigger for one of this
-//! daemon's jobs is claimed (exactly one daemon's claim succeeds), then the
+//! daemon's jobs is claimed (exactly one daemon's claim succeeds; a daemon
+//! at `node.max_running` claims none), then the
 //! job's lease is acquired like `exec` acquires one (no occurrence: a new
 //! token) with the run recorded as `manual`; the trigger then says
 //! `started` with that token, or `refused` with the holder when the job is
@@ -22,7 +23,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::occurrence::{on_failure, run_under_lease};
+use super::occurrence::{on_failure, run_under_lease, Slot};
 use super::{ensure_ready, Shared};
 use crate::config::Job;
 use crate::events;
@@ -58,6 +59,11 @@ pub(super) async fn poll_triggers(shared: Shared, jobs: HashMap<String, Arc<Job>
         let Some(job) = jobs.get(&trigger.job) else {
             continue;
         };
+        // A node at capacity does not claim: the trigger stays pending for
+        // another daemon, or for this one's next poll.
+        let Some(slot) = shared.capacity.try_take() else {
+            break;
+        };
         match store
             .claim_trigger(&trigger.id, shared.supervisor.node())
             .await
@@ -67,7 +73,7 @@ pub(super) async fn poll_triggers(shared: Shared, jobs: HashMap<String, Arc<Job>
                 shared
                     .tracker
                     .clone()
-                    .spawn(async move { run_triggered(shared, job, trigger).await });
+                    .spawn(async move { run_triggered(shared, job, trigger, slot).await });
             }
             Ok(false) => {}
             Err(e) => {
@@ -78,8 +84,9 @@ pub(super) async fn poll_triggers(shared: Shared, jobs: HashMap<String, Arc<Job>
 }
 
 /// Runs a trigger this daemon claimed: a manual run under a new token, or
-/// the refusal when the job holds its lease somewhere.
-async fn run_triggered(shared: Shared, job: Arc<Job>, trigger: TriggerInfo) {
+/// the refusal when the job holds its lease somewhere. The run holds `_slot`
+/// of the node's capacity until it ends.
+async fn run_triggered(shared: Shared, job: Arc<Job>, trigger: TriggerInfo, _slot: Slot) {
     let store = shared.supervisor.store().clone();
     let name = job.name.as_str();
     let resource = job.resource.to_string();

@@ -36,7 +36,7 @@ use crate::runs::{self, RunRecords};
 use crate::store::{self, OpenOptions, Store};
 use crate::supervise::Supervisor;
 
-use occurrence::Running;
+use occurrence::{Capacity, Running};
 use scheduler::Scheduler;
 
 /// Time limit for one store call made by the daemon.
@@ -61,6 +61,9 @@ pub fn store_options(max_connections: Option<u32>) -> OpenOptions {
 pub struct Settings {
     /// This node's id (validated).
     pub node: String,
+    /// `node.max_running`: how many runs this daemon holds at once; `None`
+    /// for no limit.
+    pub max_running: Option<u32>,
     /// The jobs to schedule. Held once, by the scheduler: with croner's
     /// schedules at about 5 KB each, every copy of 1,000 jobs costs 5 MB.
     pub jobs: Vec<Job>,
@@ -122,6 +125,7 @@ async fn serve(
 ) {
     let Settings {
         node,
+        max_running,
         jobs,
         store,
         records,
@@ -162,6 +166,7 @@ async fn serve(
     let scheduler = Scheduler::new(Shared {
         supervisor,
         running: running.clone(),
+        capacity: Capacity::new(max_running),
         ready: ready.clone(),
         shutdown: shutdown.clone(),
         tracker: tracker.clone(),
@@ -265,6 +270,8 @@ struct Shared {
     supervisor: Supervisor,
     /// Resources with a run in progress on this node.
     running: Running,
+    /// `node.max_running`.
+    capacity: Capacity,
     /// Set once migrations are applied.
     ready: Arc<OnceCell<()>>,
     /// Cancelled at SIGTERM/SIGINT.

@@ -27,6 +27,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 use super::{ensure_ready, hook, Shared, CALL_TIMEOUT};
@@ -95,6 +96,43 @@ impl Running {
     }
 }
 
+/// `node.max_running`: how many runs this node holds at once. A run holds
+/// a [`Slot`] from before it competes until its lease is released (its
+/// retries included), so a node at capacity does not claim.
+#[derive(Clone, Default)]
+pub(super) struct Capacity(Option<(Arc<Semaphore>, usize)>);
+
+/// A place in the node's capacity (nothing to hold without a limit).
+pub(super) type Slot = Option<OwnedSemaphorePermit>;
+
+impl Capacity {
+    pub(super) fn new(max_running: Option<u32>) -> Capacity {
+        Capacity(max_running.map(|n| (Arc::new(Semaphore::new(n as usize)), n as usize)))
+    }
+
+    /// The limit, if there is one.
+    pub(super) fn limit(&self) -> Option<usize> {
+        self.0.as_ref().map(|(_, n)| *n)
+    }
+
+    /// A slot if one is free now (always without a limit).
+    pub(super) fn try_take(&self) -> Option<Slot> {
+        match &self.0 {
+            None => Some(None),
+            Some((s, _)) => s.clone().try_acquire_owned().ok().map(Some),
+        }
+    }
+
+    /// Waits for a free slot (first come, first served).
+    pub(super) async fn take(&self) -> Slot {
+        match &self.0 {
+            None => None,
+            // The semaphore is never closed.
+            Some((s, _)) => s.clone().acquire_owned().await.ok(),
+        }
+    }
+}
+
 /// Leaves a resource of the node's running set when its run ends.
 pub(super) struct RunningGuard {
     running: Running,
@@ -133,6 +171,11 @@ impl Occurrence {
             return Ending::Skipped(SkipReason::Held);
         };
 
+        let _slot = match self.slot().await {
+            Ok(slot) => slot,
+            Err(ending) => return ending,
+        };
+
         // One owner id for every attempt at this occurrence on this node: an
         // attempt that timed out here may still have won in the store, and
         // the next attempt then adopts that win instead of finding its own
@@ -167,22 +210,12 @@ impl Occurrence {
         let at = rfc3339(self.at);
         let next = job.schedule.next_after(self.at);
         // Retry a failing store until the occurrence is no longer worth
-        // starting: the next occurrence is due or a lease length has passed.
-        let mut give_up =
-            self.at + chrono::Duration::from_std(job.timing.lease).unwrap_or_default();
-        if let Some(next) = next {
-            give_up = give_up.min(next);
-        }
-        // `starting_deadline`: not started by then, not at all.
-        let deadline = job
-            .starting_deadline
-            .map(|d| self.at + chrono::Duration::from_std(d).unwrap_or_default())
-            .filter(|d| *d < give_up);
+        // starting.
+        let (mut give_up, deadline) = self.give_up();
         if let Some(deadline) = deadline {
             if self.shared.clock.now() >= deadline {
                 return self.past_deadline(deadline);
             }
-            give_up = deadline;
         }
         let mut delay = Duration::from_millis(100);
         loop {
@@ -271,6 +304,60 @@ impl Occurrence {
                 _ = tokio::time::sleep(wait) => {}
                 _ = self.shared.shutdown.cancelled() => return Ending::Stopped,
             }
+        }
+    }
+
+    /// When the occurrence is no longer worth starting (the job's next
+    /// instant is due or a lease length has passed, or its
+    /// `starting_deadline` if that comes first), and that deadline.
+    fn give_up(&self) -> (DateTime<Utc>, Option<DateTime<Utc>>) {
+        let job = &self.job;
+        let mut give_up =
+            self.at + chrono::Duration::from_std(job.timing.lease).unwrap_or_default();
+        if let Some(next) = job.schedule.next_after(self.at) {
+            give_up = give_up.min(next);
+        }
+        // `starting_deadline`: not started by then, not at all.
+        let deadline = job
+            .starting_deadline
+            .map(|d| self.at + chrono::Duration::from_std(d).unwrap_or_default())
+            .filter(|d| *d < give_up);
+        (deadline.unwrap_or(give_up), deadline)
+    }
+
+    /// A place in the node's capacity (`node.max_running`), waited for
+    /// until the occurrence is no longer worth starting: a node at capacity
+    /// does not compete, and an occurrence it cannot take in time is left to
+    /// the other nodes.
+    async fn slot(&self) -> Result<Slot, Ending> {
+        if let Some(slot) = self.shared.capacity.try_take() {
+            return Ok(slot);
+        }
+        let (name, at) = (self.name(), rfc3339(self.at));
+        let max = self.shared.capacity.limit().unwrap_or_default();
+        events::occurrence_waiting(name, &at, max);
+        let (give_up, deadline) = self.give_up();
+        let wait = (give_up - self.shared.clock.now())
+            .to_std()
+            .unwrap_or(Duration::ZERO);
+        tokio::select! {
+            slot = self.shared.capacity.take() => Ok(slot),
+            _ = tokio::time::sleep(wait) => {
+                if deadline.is_some() {
+                    return Err(self.past_deadline(give_up));
+                }
+                events::occurrence_skipped(
+                    name,
+                    &at,
+                    SkipReason::Capacity,
+                    &format!(
+                        "this node held node.max_running = {max} runs until {}, when the occurrence was no longer worth starting",
+                        rfc3339(give_up)
+                    ),
+                );
+                Err(Ending::Skipped(SkipReason::Capacity))
+            }
+            _ = self.shared.shutdown.cancelled() => Err(Ending::Stopped),
         }
     }
 

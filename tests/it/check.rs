@@ -115,6 +115,25 @@ fn lease_outside_5s_to_300s() {
 }
 
 #[test]
+fn node_max_running_out_of_range() {
+    for n in ["0", "100001", "-3"] {
+        let msg = expect_error(
+            &format!("[node]\nmax_running = {n}\n{JOB_A}"),
+            2,
+            Some("node.max_running"),
+        );
+        assert!(msg.contains("between 1 and 100000"), "{msg}");
+    }
+    let (_d, _p, out) = check(&format!("[node]\nmax_running = 1\n{JOB_A}"));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
 fn store_max_connections_out_of_range() {
     for n in ["0", "65", "-1"] {
         let msg = expect_error(

@@ -689,3 +689,112 @@ fn overlap_replace_ends_the_old_run_sqlite() {
 fn overlap_replace_ends_the_old_run_postgres() {
     overlap_replace_ends_the_old_run(Backend::Postgres, "replace_postgres");
 }
+
+/// `node.max_running = 1` through the real binary. Two jobs fall due at the
+/// same instant. A daemon alone runs one, and the other waits for it to end
+/// (`occurrence_waiting`) and runs late under the same instant; it never
+/// runs two at once. With a second daemon of the same capacity, each instant
+/// is spread: one job on each node, and still never two at once on a node.
+#[test]
+fn max_running_spreads_an_instant_over_the_nodes_sqlite() {
+    let Some(store) = TestStore::new(Backend::Sqlite, "max_running_sqlite") else {
+        return;
+    };
+    let (dir_a, dir_b) = (
+        tempfile::tempdir().expect("temp dir"),
+        tempfile::tempdir().expect("temp dir"),
+    );
+    let (j1, j2) = (unique("cap-one"), unique("cap-two"));
+    let config = |dir: &Path| {
+        let mut text = "[node]\nmax_running = 1\n\n[defaults]\nlease = \"5s\"\n\n".to_string();
+        for j in [&j1, &j2] {
+            text.push_str(&job_toml(j, "*/10 * * * * *", &sh("sleep 3"), ""));
+        }
+        let path = dir.join("jobs.toml");
+        std::fs::write(&path, text).expect("write jobs.toml");
+        path
+    };
+    let ours = |e: &Value| [&j1, &j2].iter().any(|j| str_field(e, "job") == Some(j));
+    let (config_a, config_b) = (config(dir_a.path()), config(dir_b.path()));
+    let mut a = Daemon::spawn(DaemonOpts::new("cap-a", &config_a, &store.url).debug());
+
+    // Alone: one job at the instant, the other once it ended, same instant.
+    let first = a.expect(
+        "A runs one job",
+        |e| is(e, "job_started") && ours(e),
+        secs(30),
+    );
+    let at = instant(&first);
+    let other = if str_field(&first, "job") == Some(&j1) {
+        &j2
+    } else {
+        &j1
+    };
+    a.expect(
+        "the other waits for capacity",
+        |e| is(e, "occurrence_waiting") && str_field(e, "job") == Some(other) && instant(e) == at,
+        secs(5),
+    );
+    a.expect(
+        "the other runs under the same instant",
+        |e| is(e, "job_started") && str_field(e, "job") == Some(other) && instant(e) == at,
+        secs(10),
+    );
+
+    // Two nodes: an instant after B is up runs one job on each.
+    let mut b = Daemon::spawn(DaemonOpts::new("cap-b", &config_b, &store.url));
+    b.expect("B is up", ev("daemon_started"), secs(20));
+    let spread = |d: &Daemon| {
+        d.events("job_started")
+            .into_iter()
+            .filter(|e| ours(e))
+            .map(|e| (instant(&e), str_field(&e, "job").unwrap_or("").to_string()))
+            .collect::<Vec<_>>()
+    };
+    let shared_instant = || {
+        let (on_a, on_b) = (spread(&a), spread(&b));
+        on_b.iter()
+            .find(|(t, _)| on_a.iter().any(|(u, _)| u == t))
+            .map(|(t, _)| t.clone())
+    };
+    let deadline = std::time::Instant::now() + secs(40);
+    let t = loop {
+        if let Some(t) = shared_instant() {
+            break t;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no instant ran on both nodes\nA: {}\nB: {}",
+            a.summary(),
+            b.summary()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let jobs_at = |d: &Daemon| {
+        spread(d)
+            .into_iter()
+            .filter(|(u, _)| *u == t)
+            .map(|(_, j)| j)
+            .collect::<Vec<_>>()
+    };
+    let (on_a, on_b) = (jobs_at(&a), jobs_at(&b));
+    assert_eq!((on_a.len(), on_b.len()), (1, 1), "A {on_a:?}, B {on_b:?}");
+    assert_ne!(on_a, on_b, "one job on each node");
+    for d in [&mut a, &mut b] {
+        assert!(
+            d.stop(secs(30)).is_some_and(|s| s.success()),
+            "{}",
+            d.summary()
+        );
+        // Never two runs at once on one node: starts and ends alternate.
+        let mut running = 0;
+        for e in d.all().iter().filter(|e| ours(e)) {
+            if is(e, "job_started") {
+                running += 1;
+                assert!(running <= 1, "two runs at once: {}", d.summary());
+            } else if is(e, "job_finished") {
+                running -= 1;
+            }
+        }
+    }
+}
