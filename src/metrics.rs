@@ -29,9 +29,10 @@ use tokio_util::sync::CancellationToken;
 use crate::events::Outcome;
 use crate::names::Name;
 use crate::store::{
-    AcquireOutcome, AcquireRequest, Backend, EpochInfo, LeaseInfo, NewStaleRecord, OwnerId,
-    PauseInfo, PutOutcome, PutRequest, ReleaseOutcome, RenewOutcome, RunEnd, RunInfo, RunQuery,
-    StaleRecord, Store, StoreError, StoreTime, StoreUrl, StoredValue, Token, TriggerInfo,
+    AcquireOutcome, AcquireRequest, Backend, ClaimOutcome, ClaimRequest, EpochInfo, LeaseInfo,
+    NewStaleRecord, OwnerId, PauseInfo, PutOutcome, PutRequest, ReleaseOutcome, RenewOutcome,
+    RunEnd, RunInfo, RunQuery, StaleRecord, Store, StoreError, StoreTime, StoreUrl, StoredValue,
+    Token, TriggerInfo,
 };
 
 /// How long the scheduler loop may go without turning before `/livez` says
@@ -461,6 +462,10 @@ impl Store for Observed {
         token: Token,
     ) -> Result<ReleaseOutcome, StoreError> {
         observe("release", self.inner.release(resource, owner_id, token)).await
+    }
+
+    async fn claim(&self, req: &ClaimRequest<'_>) -> Result<Option<ClaimOutcome>, StoreError> {
+        observe("claim", self.inner.claim(req)).await
     }
 
     async fn preempt(

@@ -120,6 +120,18 @@ pub trait Store: Send + Sync + 'static {
     /// Every lease ever taken, held or not, ordered by resource.
     async fn list(&self) -> Result<Vec<LeaseInfo>, StoreError>;
 
+    /// Claims several scheduled occurrences in one operation, with every
+    /// guarantee of [`Store::acquire`] for each item it wins (store clock,
+    /// occurrence identity, fence bump, pause, the run recorded, losers
+    /// writing nothing), trying them in the request's order, winning at
+    /// most the claim's limit, and skipping rows another caller has locked
+    /// instead of waiting for them. `None` when the backend does not claim
+    /// in batches (the caller acquires one by one).
+    async fn claim(&self, req: &ClaimRequest<'_>) -> Result<Option<ClaimOutcome>, StoreError> {
+        let _ = req;
+        Ok(None)
+    }
+
     /// `overlap = "replace"`: ends the unexpired lease generation `token` of
     /// `resource` early (expired as of when it was acquired, and not
     /// released, so the next acquire reports it as taken over) unless it was

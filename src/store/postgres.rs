@@ -180,6 +180,109 @@ const ACQUIRE: &str = concat!(
       WHERE l.resource = $1 AND NOT EXISTS (SELECT 1 FROM won)"
 );
 
+/// A batch claim ([`Store::claim`]): `$1`..`$6` the items' resources, owner
+/// ids, jobs, instants, next instants and lease lengths (parallel arrays, in
+/// this node's order), `$7` the node, `$8` the limit, `$9` whether to bound
+/// it by the node's share, `$10`/`$11` [`NODE_BEAT`]/[`NODE_LIVE`] in ms.
+///
+/// `cand` is the single acquire's winning condition for a free lease
+/// (expired by the store's clock, instant newer than the last one taken,
+/// due, not superseded, job not paused), tried in order with `FOR UPDATE
+/// SKIP LOCKED` and the limit: a row another caller has locked is skipped,
+/// not waited for, and a row changed since the snapshot is re-checked
+/// against its newest version before it counts (READ COMMITTED). `won`
+/// is the acquire's `UPDATE` on exactly those rows (fence bump, `prev_*`,
+/// owner, expiry), and the final `SELECT` records each win's run
+/// (`fencecron_record_run`, called for won rows only) and reports every
+/// other item's row as the statement's snapshot saw it, classified like a
+/// losing acquire. Adoption is not needed: a claim's owner ids are fresh,
+/// and every later attempt is a single acquire. `beat` marks the node at
+/// most every `$10` ms, the only write a claim that wins nothing can make.
+const CLAIM: &str = concat!(
+    "WITH req AS (
+       SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::bigint[],
+                            $6::bigint[])
+              WITH ORDINALITY AS r(resource, owner_id, job, occ, next_occ, lease_ms, ord)),
+     beat AS (
+       INSERT INTO fencecron_nodes (node, seen_ms)
+       SELECT $7, ",
+    now_ms!(),
+    " WHERE NOT EXISTS (SELECT 1 FROM fencecron_nodes
+                          WHERE node = $7 AND seen_ms > ",
+    now_ms!(),
+    " - $10::bigint)
+       ON CONFLICT (node) DO UPDATE SET seen_ms = EXCLUDED.seen_ms),
+     lim AS (
+       SELECT CASE WHEN $9::boolean THEN LEAST($8::bigint,
+                CEIL((SELECT count(*) FROM req)::numeric
+                     / (1 + (SELECT count(*) FROM fencecron_nodes
+                              WHERE node <> $7 AND seen_ms > ",
+    now_ms!(),
+    " - $11::bigint)))::bigint + 1)
+              ELSE $8::bigint END AS n),
+     cand AS (
+       SELECT l.resource, r.owner_id, r.job, r.occ, r.lease_ms
+         FROM fencecron_leases l JOIN req r ON r.resource = l.resource
+        WHERE l.expires_at_ms <= ",
+    now_ms!(),
+    "
+          AND (l.last_occurrence_ms IS NULL OR l.last_occurrence_ms < r.occ)
+          AND r.occ <= ",
+    now_ms!(),
+    "
+          AND (r.next_occ IS NULL OR r.next_occ > ",
+    now_ms!(),
+    ")
+          AND NOT EXISTS (SELECT 1 FROM fencecron_pauses p
+                           WHERE p.job = r.job AND (p.until_ms IS NULL OR p.until_ms > ",
+    now_ms!(),
+    "))
+        ORDER BY r.ord
+        LIMIT (SELECT n FROM lim)
+        FOR UPDATE OF l SKIP LOCKED),
+     won AS (
+       UPDATE fencecron_leases l
+          SET prev_owner_id = CASE WHEN l.released THEN NULL ELSE l.owner_id END,
+              prev_node = CASE WHEN l.released THEN NULL ELSE l.node END,
+              prev_fence = CASE WHEN l.released THEN NULL ELSE l.fence END,
+              prev_expires_at_ms = CASE WHEN l.released THEN NULL ELSE l.expires_at_ms END,
+              released = FALSE,
+              fence = GREATEST(l.fence + 1, ",
+    epoch_floor!(),
+    "),
+              owner_id = c.owner_id, node = $7,
+              acquired_at_ms = ",
+    now_ms!(),
+    ", expires_at_ms = ",
+    now_ms!(),
+    " + c.lease_ms,
+              last_occurrence_ms = c.occ
+         FROM cand c
+        WHERE l.resource = c.resource
+    RETURNING l.resource, l.fence, l.expires_at_ms, l.acquired_at_ms, l.prev_owner_id,
+              l.prev_node, l.prev_fence, l.prev_expires_at_ms, c.job, c.occ, c.owner_id)
+     SELECT r.ord, w.resource IS NOT NULL AS won, w.fence AS won_fence,
+            w.expires_at_ms AS won_expires_at_ms, w.prev_owner_id, w.prev_node, w.prev_fence,
+            w.prev_expires_at_ms,
+            CASE WHEN w.resource IS NOT NULL
+                 THEN fencecron_record_run(w.job, w.resource, w.occ, 'schedule', $7, w.owner_id,
+                                           w.fence, w.acquired_at_ms)
+                 ELSE FALSE END AS recorded,
+            l.resource IS NOT NULL AS present, l.fence, l.expires_at_ms, l.owner_id, l.node,
+            l.last_occurrence_ms,
+            CASE WHEN w.resource IS NULL
+                 THEN EXISTS (SELECT 1 FROM fencecron_pauses p
+                               WHERE p.job = r.job AND (p.until_ms IS NULL OR p.until_ms > ",
+    now_ms!(),
+    "))
+                 ELSE FALSE END AS paused, ",
+    now_ms!(),
+    " AS now_ms, (SELECT n FROM lim) AS lim
+       FROM req r LEFT JOIN won w ON w.resource = r.resource
+                  LEFT JOIN fencecron_leases l ON l.resource = r.resource
+      ORDER BY r.ord"
+);
+
 /// A paused job whose resource was never leased (the acquire found no row
 /// and `CREATE` created none): the pause, noting the instant as skipped
 /// for the first caller. `$1` job, `$2` occurrence, `$3` next instant, `$4`
@@ -545,6 +648,76 @@ impl Dialect for Pg {
             ),
         }
         .into())
+    }
+
+    async fn claim(&self, db: &Db<Postgres>, req: &ClaimRequest<'_>) -> Sql<Option<ClaimOutcome>> {
+        let items = req.items;
+        let resources: Vec<&str> = items.iter().map(|i| i.resource.as_str()).collect();
+        let owners: Vec<String> = items.iter().map(|i| i.owner_id.to_string()).collect();
+        let jobs: Vec<&str> = items.iter().map(|i| i.job).collect();
+        let occs: Vec<i64> = items.iter().map(|i| i.occurrence.0).collect();
+        let nexts: Vec<Option<i64>> = items
+            .iter()
+            .map(|i| i.next_occurrence.map(|t| t.0))
+            .collect();
+        let leases: Vec<i64> = items.iter().map(|i| millis(i.lease)).collect();
+        let rows = sqlx::query(CLAIM)
+            .bind(&resources)
+            .bind(&owners)
+            .bind(&jobs)
+            .bind(&occs)
+            .bind(&nexts)
+            .bind(&leases)
+            .bind(req.node)
+            .bind(i64::try_from(req.limit).unwrap_or(i64::MAX))
+            .bind(req.share)
+            .bind(millis(NODE_BEAT))
+            .bind(millis(NODE_LIVE))
+            .fetch_all(&db.pool)
+            .await?;
+        let mut limit = req.limit;
+        let mut out = Vec::with_capacity(items.len());
+        for (row, item) in rows.iter().zip(items) {
+            limit = usize::try_from(row.try_get::<i64, _>("lim")?).unwrap_or(0);
+            if row.try_get("won")? {
+                out.push(Claimed::Won(Lease {
+                    resource: item.resource.to_string(),
+                    owner_id: item.owner_id,
+                    token: row.try_get("won_fence")?,
+                    expires_at: StoreTime(row.try_get("won_expires_at_ms")?),
+                    taken_over: rows::takeover(row, rows::PREV)?,
+                }));
+                continue;
+            }
+            if !row.try_get::<bool, _>("present")? || row.try_get::<bool, _>("paused")? {
+                out.push(Claimed::Ask);
+                continue;
+            }
+            let loss = LossRow {
+                fence: row.try_get("fence")?,
+                expires_at: row.try_get("expires_at_ms")?,
+                owner_id: row.try_get("owner_id")?,
+                node: row.try_get("node")?,
+                last_occurrence: row.try_get("last_occurrence_ms")?,
+                now: row.try_get("now_ms")?,
+            };
+            out.push(Claimed::from_loss(classify_loss(
+                loss,
+                &item.as_acquire(req.node),
+            )));
+        }
+        if out.len() != items.len() {
+            return Err(StoreError::Corrupt {
+                url: db.url.to_string(),
+                detail: format!(
+                    "a claim of {} items answered {} rows",
+                    items.len(),
+                    out.len()
+                ),
+            }
+            .into());
+        }
+        Ok(Some(ClaimOutcome { items: out, limit }))
     }
 
     async fn renew(

@@ -21,7 +21,9 @@ use super::{
     LeaseRow, NewStaleRecord, OpenOptions, PutOutcome, PutRequest, ReleaseOutcome, RenewOutcome,
     StaleRecord, Store, StoreError, StoreTime, StoreUrl, StoredValue, Token,
 };
-use super::{OwnerId, PauseInfo, RunEnd, RunInfo, RunQuery, TriggerInfo};
+use super::{
+    ClaimOutcome, ClaimRequest, OwnerId, PauseInfo, RunEnd, RunInfo, RunQuery, TriggerInfo,
+};
 use crate::names::Name;
 
 /// How a store call failed before it was given its public form: a driver
@@ -395,6 +397,12 @@ pub(super) trait Dialect: Send + Sync + 'static {
 
     async fn acquire(&self, db: &Db<Self::DB>, req: &AcquireRequest<'_>) -> Sql<AcquireOutcome>;
 
+    /// [`Store::claim`]; `None` (the default): no batch claims.
+    async fn claim(&self, db: &Db<Self::DB>, req: &ClaimRequest<'_>) -> Sql<Option<ClaimOutcome>> {
+        let _ = (db, req);
+        Ok(None)
+    }
+
     async fn renew(
         &self,
         db: &Db<Self::DB>,
@@ -505,6 +513,10 @@ impl<D: Dialect> Store for SqlStore<D> {
 
     async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<AcquireOutcome, StoreError> {
         self.call(self.dialect.acquire(&self.db, req)).await
+    }
+
+    async fn claim(&self, req: &ClaimRequest<'_>) -> Result<Option<ClaimOutcome>, StoreError> {
+        self.call(self.dialect.claim(&self.db, req)).await
     }
 
     async fn renew(

@@ -115,6 +115,115 @@ pub struct AcquireRequest<'a> {
     pub run: Option<RunStart<'a>>,
 }
 
+/// One scheduled occurrence in a batch claim ([`Store::claim`]): what an
+/// [`AcquireRequest`] for it would say, the run being recorded as
+/// `schedule`.
+#[derive(Debug, Clone)]
+pub struct ClaimItem<'a> {
+    pub resource: &'a Name,
+    pub job: &'a str,
+    pub owner_id: OwnerId,
+    pub lease: Duration,
+    pub occurrence: StoreTime,
+    pub next_occurrence: Option<StoreTime>,
+}
+
+impl<'a> ClaimItem<'a> {
+    /// The single acquire this item stands for.
+    pub fn as_acquire(&self, node: &'a str) -> AcquireRequest<'a> {
+        AcquireRequest {
+            resource: self.resource,
+            lease: self.lease,
+            node,
+            owner_id: self.owner_id,
+            occurrence: Some(self.occurrence),
+            next_occurrence: self.next_occurrence,
+            run: Some(RunStart {
+                job: self.job,
+                started_by: StartedBy::Schedule,
+                scheduled_at: Some(self.occurrence),
+            }),
+        }
+    }
+}
+
+/// A batch claim: this node's scheduled occurrences, in the order it tries
+/// them.
+#[derive(Debug, Clone)]
+pub struct ClaimRequest<'a> {
+    pub node: &'a str,
+    pub items: &'a [ClaimItem<'a>],
+    /// The most occurrences to win (this node's free capacity).
+    pub limit: usize,
+    /// Also bound the wins by this node's share of the live nodes
+    /// ([`ClaimOutcome::limit`]); `false` for a second round that takes
+    /// what the others left.
+    pub share: bool,
+}
+
+/// What a batch claim did for one item.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Claimed {
+    /// Won, exactly as a winning [`Store::acquire`] (run recorded).
+    Won(Lease),
+    /// Lost to a holder or an earlier taker, as a losing acquire reports it
+    /// (`Held` with an owner, `OccurrenceTaken`).
+    Lost(AcquireOutcome),
+    /// Takeable by the statement's snapshot, not won: another claimer had
+    /// the row locked (or took it meanwhile), or this claim reached its
+    /// limit first.
+    Skipped,
+    /// Not decided by the claim (no row yet, paused, not yet due or
+    /// superseded by the store's clock): the single acquire decides it.
+    Ask,
+}
+
+impl Claimed {
+    /// An item the claim did not win, from how a losing acquire of it is
+    /// classified ([`super::classify_loss`]).
+    pub fn from_loss(outcome: AcquireOutcome) -> Claimed {
+        match outcome {
+            // The snapshot showed the lease free: locked by another caller,
+            // taken meanwhile, or past the claim's limit.
+            AcquireOutcome::Held { owner_id: None, .. } => Claimed::Skipped,
+            AcquireOutcome::NotYetDue { .. } | AcquireOutcome::Superseded { .. } => Claimed::Ask,
+            AcquireOutcome::Paused { .. } => Claimed::Ask,
+            lost => Claimed::Lost(lost),
+        }
+    }
+}
+
+/// The answer of a batch claim.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimOutcome {
+    /// One per item, in the request's order.
+    pub items: Vec<Claimed>,
+    /// The limit the claim applied: the request's, or with `share` at most
+    /// `ceil(items / live nodes) + 1`, the live nodes being those that
+    /// claimed in the last [`NODE_LIVE`].
+    pub limit: usize,
+}
+
+impl ClaimOutcome {
+    /// The claim stopped at its limit while items it skipped may still be
+    /// free: someone should look at them again.
+    pub fn left_some(&self) -> bool {
+        let won = self
+            .items
+            .iter()
+            .filter(|c| matches!(c, Claimed::Won(_)))
+            .count();
+        won >= self.limit && self.items.iter().any(|c| *c == Claimed::Skipped)
+    }
+}
+
+/// A node counts as live for a claim's share while it claimed within this
+/// long; a claim refreshes its node's mark at most every [`NODE_BEAT`].
+pub const NODE_LIVE: Duration = Duration::from_secs(30);
+
+/// See [`NODE_LIVE`].
+pub const NODE_BEAT: Duration = Duration::from_secs(10);
+
 /// The run a winning acquire records ([`AcquireRequest::run`]).
 #[derive(Debug, Clone, Copy)]
 pub struct RunStart<'a> {
