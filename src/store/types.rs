@@ -213,7 +213,7 @@ impl ClaimOutcome {
             .iter()
             .filter(|c| matches!(c, Claimed::Won(_)))
             .count();
-        won >= self.limit && self.items.iter().any(|c| *c == Claimed::Skipped)
+        won >= self.limit && self.items.contains(&Claimed::Skipped)
     }
 }
 
