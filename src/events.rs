@@ -616,6 +616,16 @@ pub fn occurrence_taken(job: &str, scheduled_at: &str) {
     );
 }
 
+/// A batch claim answered (debug level): of `items` occurrences due at
+/// `scheduled_at`, this node won `won`, under a limit of `limit` (its free
+/// capacity and, in the first `round`, its share of the live nodes).
+pub fn occurrences_claimed(scheduled_at: &str, round: u32, items: usize, won: usize, limit: usize) {
+    debug!(
+        event = "occurrences_claimed",
+        scheduled_at, round, items, won, limit, "batch claim answered"
+    );
+}
+
 /// This node holds `node.max_running` runs: the occurrence waits for one
 /// to end before it competes (debug level; `occurrence_skipped` with
 /// reason `capacity` if none ends in time).

@@ -468,6 +468,10 @@ impl Store for Observed {
         observe("claim", self.inner.claim(req)).await
     }
 
+    fn claims(&self) -> bool {
+        self.inner.claims()
+    }
+
     async fn preempt(
         &self,
         resource: &Name,

@@ -13,6 +13,7 @@
 //! says what the daemon waits for), RELOADING, STATUS, STOPPING and, with
 //! `WatchdogSec=`, WATCHDOG pings from the scheduler loop itself.
 
+mod claim;
 mod fleet;
 mod hook;
 mod occurrence;

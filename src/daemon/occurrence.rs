@@ -156,11 +156,26 @@ impl Occurrence {
     /// returns how it ended here. Background work it leaves (an abandoned
     /// attempt, a sweep) runs on the daemon's task tracker.
     pub(super) async fn run(self) -> Ending {
+        let Some(guard) = self.enter() else {
+            return Ending::Skipped(SkipReason::Held);
+        };
+        // One owner id for every attempt at this occurrence on this node: an
+        // attempt that timed out here may still have won in the store, and
+        // the next attempt then adopts that win instead of finding its own
+        // occurrence taken (see `AcquireRequest::owner_id`).
+        self.run_entered(guard, None, OwnerId::fresh(), None, false)
+            .await
+    }
+
+    /// Enters the job in the node's running set, or logs the skip (`held`)
+    /// when an earlier occurrence of it is in progress here (unless
+    /// `overlap = "replace"`: the new instant competes anyway, and the store
+    /// ends the earlier run's lease, wherever it runs).
+    pub(super) fn enter(&self) -> Option<RunningGuard> {
         let job = &self.job;
-        // Under `overlap = "replace"` the new instant competes anyway: the
-        // store ends the earlier run's lease, wherever it runs.
         let replace = job.overlap == Overlap::Replace;
-        let Some(_guard) = self.shared.running.enter(job.resource.as_str(), replace) else {
+        let guard = self.shared.running.enter(job.resource.as_str(), replace);
+        if guard.is_none() {
             // Known locally; no need to ask the store.
             events::occurrence_skipped(
                 job.name.as_str(),
@@ -168,21 +183,38 @@ impl Occurrence {
                 SkipReason::Held,
                 "an earlier occurrence of this job is still being acquired or run on this node",
             );
-            return Ending::Skipped(SkipReason::Held);
-        };
+        }
+        guard
+    }
 
-        let _slot = match self.slot().await {
-            Ok(slot) => slot,
-            Err(ending) => return ending,
+    /// The rest of [`Occurrence::run`] once the job is in the running set:
+    /// a place in the capacity (`slot`, or waited for), then compete under
+    /// `owner_id`. `first` is the first attempt's answer when a batch claim
+    /// already made it ([`super::claim`]) or why that claim failed, with
+    /// when it was sent;
+    /// `unanswered` when an earlier attempt of this owner id may have won
+    /// unseen.
+    pub(super) async fn run_entered(
+        self,
+        _guard: RunningGuard,
+        slot: Option<Slot>,
+        owner_id: OwnerId,
+        first: Option<(Result<AcquireOutcome, String>, Instant)>,
+        mut unanswered: bool,
+    ) -> Ending {
+        let _slot = match slot {
+            Some(slot) => slot,
+            None => match self.slot().await {
+                Ok(slot) => slot,
+                Err(ending) => {
+                    if unanswered {
+                        self.sweep(owner_id);
+                    }
+                    return ending;
+                }
+            },
         };
-
-        // One owner id for every attempt at this occurrence on this node: an
-        // attempt that timed out here may still have won in the store, and
-        // the next attempt then adopts that win instead of finding its own
-        // occurrence taken (see `AcquireRequest::owner_id`).
-        let owner_id = OwnerId::fresh();
-        let mut unanswered = false;
-        let ending = self.compete(owner_id, &mut unanswered).await;
+        let ending = self.compete(owner_id, first, &mut unanswered).await;
         if ending != Ending::Won && unanswered {
             self.sweep(owner_id);
         }
@@ -204,7 +236,12 @@ impl Occurrence {
     /// Competes for the occurrence until it runs here, is decided elsewhere
     /// or is given up. `unanswered` is set when an attempt ended without an
     /// answer, so its statement may still win in the store.
-    async fn compete(&self, owner_id: OwnerId, unanswered: &mut bool) -> Ending {
+    async fn compete(
+        &self,
+        owner_id: OwnerId,
+        mut first: Option<(Result<AcquireOutcome, String>, Instant)>,
+        unanswered: &mut bool,
+    ) -> Ending {
         let job = &self.job;
         let name = self.name();
         let at = rfc3339(self.at);
@@ -212,7 +249,7 @@ impl Occurrence {
         // Retry a failing store until the occurrence is no longer worth
         // starting.
         let (mut give_up, deadline) = self.give_up();
-        if let Some(deadline) = deadline {
+        if let Some(deadline) = deadline.filter(|_| first.is_none()) {
             if self.shared.clock.now() >= deadline {
                 return self.past_deadline(deadline);
             }
@@ -225,39 +262,46 @@ impl Occurrence {
             // then skips locally.
             let sent_wall = self.shared.clock.now();
             let give_up_in = (give_up - sent_wall).to_std().unwrap_or(Duration::ZERO);
-            let sent = Instant::now();
-            let mut attempt = Box::pin(acquire_attempt(
-                self.store().clone(),
-                self.shared.ready.clone(),
-                job.clone(),
-                self.node().to_string(),
-                owner_id,
-                (self.at, next),
-            ));
-            let outcome = tokio::select! {
-                r = &mut attempt => r,
-                _ = tokio::time::sleep_until(sent + give_up_in) => {
-                    if deadline == Some(give_up) {
+            let (outcome, sent) = if let Some((outcome, sent)) = first.take() {
+                // A batch claim's answer (received before the give-up
+                // time), or why it failed.
+                (outcome, sent)
+            } else {
+                let sent = Instant::now();
+                let mut attempt = Box::pin(acquire_attempt(
+                    self.store().clone(),
+                    self.shared.ready.clone(),
+                    job.clone(),
+                    self.node().to_string(),
+                    owner_id,
+                    (self.at, next),
+                ));
+                let outcome = tokio::select! {
+                    r = &mut attempt => r,
+                    _ = tokio::time::sleep_until(sent + give_up_in) => {
+                        if deadline == Some(give_up) {
+                            *unanswered = true;
+                            self.release_if_won(attempt);
+                            return self.past_deadline(give_up);
+                        }
+                        let detail = format!(
+                            "the store did not answer before {}, when the occurrence was no longer worth starting",
+                            rfc3339(give_up)
+                        );
+                        events::store_unavailable("acquire", Some(name), &detail, None);
+                        events::occurrence_skipped(name, &at, SkipReason::StoreUnavailable, &detail);
+                        // Should the store time this call out, its statement may
+                        // still commit later, out of `release_if_won`'s sight.
                         *unanswered = true;
                         self.release_if_won(attempt);
-                        return self.past_deadline(give_up);
+                        return Ending::Skipped(SkipReason::StoreUnavailable);
                     }
-                    let detail = format!(
-                        "the store did not answer before {}, when the occurrence was no longer worth starting",
-                        rfc3339(give_up)
-                    );
-                    events::store_unavailable("acquire", Some(name), &detail, None);
-                    events::occurrence_skipped(name, &at, SkipReason::StoreUnavailable, &detail);
-                    // Should the store time this call out, its statement may
-                    // still commit later, out of `release_if_won`'s sight.
-                    *unanswered = true;
-                    self.release_if_won(attempt);
-                    return Ending::Skipped(SkipReason::StoreUnavailable);
-                }
-                _ = self.shared.shutdown.cancelled() => {
-                    self.release_if_won(attempt);
-                    return Ending::Stopped;
-                }
+                    _ = self.shared.shutdown.cancelled() => {
+                        self.release_if_won(attempt);
+                        return Ending::Stopped;
+                    }
+                };
+                (outcome.map_err(|e| e.to_string()), sent)
             };
             let wait = match outcome {
                 Ok(AcquireOutcome::Acquired(lease)) => return self.run_won(lease, sent).await,
@@ -310,7 +354,7 @@ impl Occurrence {
     /// When the occurrence is no longer worth starting (the job's next
     /// instant is due or a lease length has passed, or its
     /// `starting_deadline` if that comes first), and that deadline.
-    fn give_up(&self) -> (DateTime<Utc>, Option<DateTime<Utc>>) {
+    pub(super) fn give_up(&self) -> (DateTime<Utc>, Option<DateTime<Utc>>) {
         let job = &self.job;
         let mut give_up =
             self.at + chrono::Duration::from_std(job.timing.lease).unwrap_or_default();
@@ -463,7 +507,7 @@ impl Occurrence {
 
     /// Another owner holds the lease or took the occurrence, or the job is
     /// paused.
-    fn lost(&self, outcome: AcquireOutcome) -> Ending {
+    pub(super) fn lost(&self, outcome: AcquireOutcome) -> Ending {
         let (name, at) = (self.name(), rfc3339(self.at));
         match outcome {
             AcquireOutcome::Paused { note, until, first } => {
@@ -692,7 +736,12 @@ async fn acquire_attempt(
 
 /// Gives back a lease that was won too late to be used, and its occurrence
 /// with it (see [`Store::give_back`]).
-async fn give_back_unused(store: &dyn Store, job: &Job, lease: &Lease, at: DateTime<Utc>) {
+pub(super) async fn give_back_unused(
+    store: &dyn Store,
+    job: &Job,
+    lease: &Lease,
+    at: DateTime<Utc>,
+) {
     match store
         .give_back(
             &job.resource,

@@ -18,9 +18,9 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use tokio::sync::mpsc;
 
-use super::fleet;
 use super::occurrence::Occurrence;
 use super::Shared;
+use super::{claim, fleet};
 use crate::config::{Catchup, Job, CATCHUP_TOLERANCE};
 use crate::events::{self, SkipReason};
 use crate::store::rfc3339;
@@ -170,9 +170,12 @@ impl Scheduler {
         }
     }
 
-    /// Fires every occurrence that is due.
+    /// Fires every occurrence that is due: where the store claims in
+    /// batches, the occurrences of each instant together
+    /// ([`super::claim`]), else each on its own.
     fn fire_due(&mut self) {
         let now = self.shared.clock.now();
+        let mut due: Vec<Occurrence> = Vec::new();
         while let Some(Reverse((at, rank, generation, name))) = self.heap.peek().cloned() {
             if at > now {
                 break;
@@ -214,12 +217,27 @@ impl Scheduler {
                 );
                 continue;
             }
-            let occurrence = Occurrence {
+            due.push(Occurrence {
                 shared: self.shared.clone(),
                 job,
                 at,
-            };
-            self.shared.tracker.spawn(occurrence.run());
+            });
+        }
+        if !self.shared.supervisor.store().claims() {
+            for occurrence in due {
+                self.shared.tracker.spawn(occurrence.run());
+            }
+            return;
+        }
+        // In heap order: by instant, then by this node's rank.
+        while !due.is_empty() {
+            let at = due[0].at;
+            let split = due.iter().position(|o| o.at != at).unwrap_or(due.len());
+            let rest = due.split_off(split);
+            self.shared
+                .tracker
+                .spawn(claim::claim(self.shared.clone(), due));
+            due = rest;
         }
     }
 }

@@ -132,6 +132,11 @@ pub trait Store: Send + Sync + 'static {
         Ok(None)
     }
 
+    /// Whether [`Store::claim`] claims (PostgreSQL) or answers `None`.
+    fn claims(&self) -> bool {
+        false
+    }
+
     /// `overlap = "replace"`: ends the unexpired lease generation `token` of
     /// `resource` early (expired as of when it was acquired, and not
     /// released, so the next acquire reports it as taken over) unless it was

@@ -505,6 +505,7 @@ impl Dialect for Pg {
     const LIST: &'static str = LIST;
     const EPOCH: &'static str = EPOCH;
     const ADVANCE_EPOCH: &'static str = ADVANCE_EPOCH;
+    const CLAIMS: bool = true;
 
     async fn migrate(&self, db: &Db<Postgres>) -> Result<(), StoreError> {
         // Under fencecron's advisory lock, so many instances starting at

@@ -397,6 +397,9 @@ pub(super) trait Dialect: Send + Sync + 'static {
 
     async fn acquire(&self, db: &Db<Self::DB>, req: &AcquireRequest<'_>) -> Sql<AcquireOutcome>;
 
+    /// Whether [`Dialect::claim`] claims.
+    const CLAIMS: bool = false;
+
     /// [`Store::claim`]; `None` (the default): no batch claims.
     async fn claim(&self, db: &Db<Self::DB>, req: &ClaimRequest<'_>) -> Sql<Option<ClaimOutcome>> {
         let _ = (db, req);
@@ -517,6 +520,10 @@ impl<D: Dialect> Store for SqlStore<D> {
 
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<Option<ClaimOutcome>, StoreError> {
         self.call(self.dialect.claim(&self.db, req)).await
+    }
+
+    fn claims(&self) -> bool {
+        D::CLAIMS
     }
 
     async fn renew(

@@ -33,11 +33,11 @@ use crate::clock::Clock;
 use crate::names::Name;
 use crate::store::{
     classify_loss, classify_paused, classify_refusal, classify_rejection, first_token_of,
-    trigger_state, AcquireOutcome, AcquireRequest, Backend, EpochInfo, Lease, LeaseInfo, LeaseRow,
-    LossRow, NewStaleRecord, OwnerId, PauseInfo, PauseSeen, PutOutcome, PutRequest, ReleaseOutcome,
-    RenewOutcome, RunEnd, RunInfo, RunQuery, RunStart, StaleKind, StaleRecord, StartedBy, Store,
-    StoreError, StoreTime, StoreUrl, StoredValue, Takeover, Token, TriggerInfo, EPOCH_SHIFT,
-    RUNNING, UNKNOWN,
+    trigger_state, AcquireOutcome, AcquireRequest, Backend, ClaimOutcome, ClaimRequest, Claimed,
+    EpochInfo, Lease, LeaseInfo, LeaseRow, LossRow, NewStaleRecord, OwnerId, PauseInfo, PauseSeen,
+    PutOutcome, PutRequest, ReleaseOutcome, RenewOutcome, RunEnd, RunInfo, RunQuery, RunStart,
+    StaleKind, StaleRecord, StartedBy, Store, StoreError, StoreTime, StoreUrl, StoredValue,
+    Takeover, Token, TriggerInfo, EPOCH_SHIFT, NODE_LIVE, RUNNING, UNKNOWN,
 };
 
 /// The operations faults can be aimed at.
@@ -50,6 +50,8 @@ pub(crate) enum Op {
     GiveBack,
     /// `preempt` (`overlap = "replace"`).
     Preempt,
+    /// `claim` (batch claims, only with [`MemoryStore::claiming`]).
+    Claim,
     Put,
     RecordStale,
     /// `finish_run`.
@@ -141,6 +143,8 @@ struct State {
     /// Pauses by job, with the instant last noted as skipped.
     pauses: BTreeMap<String, (PauseInfo, Option<i64>)>,
     triggers: Vec<TriggerInfo>,
+    /// Nodes by when they last claimed (`fencecron_nodes`).
+    nodes: BTreeMap<String, i64>,
 }
 
 impl State {
@@ -159,6 +163,8 @@ pub(crate) struct MemoryStore {
     url: StoreUrl,
     clock: Clock,
     call_timeout: Option<Duration>,
+    /// Answers `claim` (as PostgreSQL does) instead of `None`.
+    claims: bool,
     state: Arc<Mutex<State>>,
 }
 
@@ -170,6 +176,7 @@ impl MemoryStore {
             url: StoreUrl::parse("sqlite://in-memory-test-store").expect("a valid URL"),
             clock,
             call_timeout: Some(Duration::from_secs(5)),
+            claims: false,
             state: Arc::default(),
         }
     }
@@ -178,6 +185,19 @@ impl MemoryStore {
     pub(crate) fn with_call_timeout(mut self, limit: Option<Duration>) -> MemoryStore {
         self.call_timeout = limit;
         self
+    }
+
+    /// Claims in batches, as PostgreSQL does (by default `claim` answers
+    /// `None`, as SQLite and MySQL do).
+    pub(crate) fn claiming(mut self) -> MemoryStore {
+        self.claims = true;
+        self
+    }
+
+    /// Marks `node` as having claimed now (it counts for a claim's share).
+    pub(crate) fn node_seen(&self, node: &str) {
+        let now = self.now_ms();
+        self.lock().nodes.insert(node.to_string(), now);
     }
 
     /// Puts the store's clock `ms` milliseconds ahead of the test's clock
@@ -472,6 +492,21 @@ struct OwnedAcquire {
 }
 
 impl OwnedAcquire {
+    fn of(req: &AcquireRequest<'_>) -> OwnedAcquire {
+        OwnedAcquire {
+            resource: req.resource.to_string(),
+            name: req.resource.clone(),
+            lease: req.lease,
+            node: req.node.to_string(),
+            owner_id: req.owner_id,
+            occurrence: req.occurrence,
+            next_occurrence: req.next_occurrence,
+            run: req
+                .run
+                .map(|r| (r.job.to_string(), r.started_by, r.scheduled_at)),
+        }
+    }
+
     fn borrowed(&self) -> AcquireRequest<'_> {
         AcquireRequest {
             resource: &self.name,
@@ -525,18 +560,7 @@ impl Store for MemoryStore {
     }
 
     async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<AcquireOutcome, StoreError> {
-        let req = OwnedAcquire {
-            resource: req.resource.to_string(),
-            name: req.resource.clone(),
-            lease: req.lease,
-            node: req.node.to_string(),
-            owner_id: req.owner_id,
-            occurrence: req.occurrence,
-            next_occurrence: req.next_occurrence,
-            run: req
-                .run
-                .map(|r| (r.job.to_string(), r.started_by, r.scheduled_at)),
-        };
+        let req = OwnedAcquire::of(req);
         self.call(Op::Acquire, move |s, now| {
             let before = s.leases.get(&req.resource).cloned();
             let out = acquire(s, now, &req);
@@ -546,6 +570,90 @@ impl Store for MemoryStore {
             out
         })
         .await
+    }
+
+    fn claims(&self) -> bool {
+        self.claims
+    }
+
+    async fn claim(&self, req: &ClaimRequest<'_>) -> Result<Option<ClaimOutcome>, StoreError> {
+        if !self.claims {
+            return Ok(None);
+        }
+        let node = req.node.to_string();
+        let items: Vec<OwnedAcquire> = req
+            .items
+            .iter()
+            .map(|i| OwnedAcquire::of(&i.as_acquire(req.node)))
+            .collect();
+        let (limit, share) = (req.limit, req.share);
+        self.call(Op::Claim, move |s, now| {
+            let live = millis(NODE_LIVE);
+            let others = s
+                .nodes
+                .iter()
+                .filter(|(n, seen)| **n != node && **seen > now - live)
+                .count();
+            s.nodes.insert(node, now);
+            let limit = if share {
+                limit.min(items.len().div_ceil(others + 1) + 1)
+            } else {
+                limit
+            };
+            let mut won = 0;
+            let mut out = Vec::with_capacity(items.len());
+            for req in &items {
+                let job = req.run.as_ref().map(|(j, _, _)| j.as_str()).unwrap_or("");
+                let paused = s
+                    .pauses
+                    .get(job)
+                    .is_some_and(|(p, _)| p.until.is_none_or(|u| u.0 > now));
+                let Some(row) = s.leases.get(&req.resource).filter(|_| !paused) else {
+                    out.push(Claimed::Ask);
+                    continue;
+                };
+                let (occ, next) = (
+                    req.occurrence.map_or(0, |o| o.0),
+                    req.next_occurrence.map(|n| n.0),
+                );
+                let takeable = row.expires_at <= now
+                    && row.last_occurrence.is_none_or(|l| l < occ)
+                    && occ <= now
+                    && next.is_none_or(|n| n > now);
+                let loss = LossRow {
+                    fence: row.fence,
+                    owner_id: row.owner_id.clone(),
+                    node: row.node.clone(),
+                    expires_at: row.expires_at,
+                    last_occurrence: row.last_occurrence,
+                    now,
+                };
+                out.push(if takeable && won < limit {
+                    won += 1;
+                    match acquire(s, now, req) {
+                        AcquireOutcome::Acquired(l) => Claimed::Won(l),
+                        other => Claimed::from_loss(other),
+                    }
+                } else if takeable {
+                    Claimed::Skipped
+                } else {
+                    Claimed::from_loss(classify_loss(loss, &req.borrowed()))
+                });
+            }
+            let what: Vec<String> = out
+                .iter()
+                .map(|c| match c {
+                    Claimed::Won(l) => format!("won {}", l.token),
+                    Claimed::Lost(_) => "lost".to_string(),
+                    Claimed::Skipped => "skipped".to_string(),
+                    Claimed::Ask => "ask".to_string(),
+                })
+                .collect();
+            s.note(Op::Claim, format!("limit {limit}: {}", what.join(", ")));
+            ClaimOutcome { items: out, limit }
+        })
+        .await
+        .map(Some)
     }
 
     async fn renew(

@@ -798,3 +798,84 @@ fn max_running_spreads_an_instant_over_the_nodes_sqlite() {
         }
     }
 }
+
+/// Batch claims through the real binary on PostgreSQL: three daemons, six
+/// jobs due every second. Every instant of every job runs at most once;
+/// once the daemons know of each other, a first-round claim is bounded by
+/// its share (below the six items), and the runs spread over the nodes.
+#[test]
+fn claims_spread_a_burst_over_the_nodes_postgres() {
+    let Some(store) = TestStore::new(Backend::Postgres, "claims_spread") else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let prefix = unique("spread");
+    let jobs: Vec<String> = (0..6).map(|i| format!("{prefix}-{i}")).collect();
+    let config = write_config(
+        dir.path(),
+        "lease = \"5s\"",
+        &jobs
+            .iter()
+            .map(|j| job_toml(j, "* * * * * *", &["true".to_string()], ""))
+            .collect::<Vec<_>>(),
+    );
+    let mut daemons: Vec<Daemon> = (0..3)
+        .map(|i| {
+            Daemon::spawn(DaemonOpts::new(&format!("spread-{i}"), &config, &store.url).debug())
+        })
+        .collect();
+    // The predicate sees one event at a time (it runs under the log's lock).
+    let shared_limit = |e: &Value| {
+        is(e, "occurrences_claimed")
+            && i64_field(e, "round") == Some(1)
+            && i64_field(e, "limit").is_some_and(|l| l < 6)
+    };
+    for d in &daemons {
+        d.expect(
+            "a first-round claim bounded by its share",
+            shared_limit,
+            secs(40),
+        );
+    }
+    // The first instants may run where the nodes did not know of each
+    // other yet; wait for one instant whose runs were spread.
+    let nodes_of = |t: &str| {
+        daemons
+            .iter()
+            .filter(|d| d.events("job_started").iter().any(|e| instant(e) == t))
+            .count()
+    };
+    let deadline = std::time::Instant::now() + secs(40);
+    loop {
+        let instants: std::collections::BTreeSet<String> = daemons
+            .iter()
+            .flat_map(|d| d.events("job_started"))
+            .map(|e| instant(&e))
+            .collect();
+        if instants.iter().any(|t| nodes_of(t) >= 2) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no instant's runs spread over two nodes: {:?}",
+            daemons.iter().map(Daemon::summary).collect::<Vec<_>>()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    for d in &mut daemons {
+        assert!(
+            d.stop(secs(30)).is_some_and(|s| s.success()),
+            "{}",
+            d.summary()
+        );
+    }
+    let mut seen = std::collections::BTreeMap::new();
+    for d in &daemons {
+        for e in d.events("job_started") {
+            let key = (str_field(&e, "job").unwrap_or("").to_string(), instant(&e));
+            if let Some(other) = seen.insert(key.clone(), d.node.clone()) {
+                panic!("{key:?} ran on {other} and {}", d.node);
+            }
+        }
+    }
+}
