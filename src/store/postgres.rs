@@ -30,7 +30,7 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sqlx::postgres::PgConnectOptions;
+use sqlx::postgres::{PgConnectOptions, PgSslMode};
 use sqlx::{Postgres, Row};
 
 use super::bench::{like_escape, RawDialect};
@@ -452,11 +452,38 @@ impl PostgresStore {
     pub fn open(url: StoreUrl, opts: &OpenOptions) -> Result<Self, StoreError> {
         let connect: PgConnectOptions = url.expose().parse().map_err(|e| unavailable(&url, e))?;
         let connect = connect.application_name("fencecron");
+        let env_chose = std::env::var_os("PGSSLMODE").is_some();
+        let connect = if loopback_without_ssl_choice(url.expose(), connect.get_host(), env_chose) {
+            connect.ssl_mode(PgSslMode::Disable)
+        } else {
+            connect
+        };
         Ok(SqlStore::new(
             Db::connect_lazy(url, opts, connect, |pool| pool),
             Pg,
         ))
     }
+}
+
+/// Whether TLS would only cost time: the server is on this host (a
+/// loopback address or `localhost`), and neither the URL (`sslmode`) nor
+/// `PGSSLMODE` asks for anything. libpq's and sqlx's default, `prefer`,
+/// would wrap every loopback round trip in TLS: about 17 µs each here
+/// (BENCHMARKS.md, "The client path"), and sqlx adds a second round trip
+/// per call (its ping when a connection returns to the pool).
+fn loopback_without_ssl_choice(url: &str, host: &str, env_chose: bool) -> bool {
+    let chosen_in_url = ::url::Url::parse(url).is_ok_and(|u| {
+        u.query_pairs()
+            .any(|(k, _)| k == "sslmode" || k == "ssl-mode")
+    });
+    if chosen_in_url || env_chose {
+        return false;
+    }
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 impl Pg {
@@ -916,5 +943,33 @@ impl RawDialect for Pg {
             &pattern,
         )
         .await?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::loopback_without_ssl_choice as plain;
+
+    #[test]
+    fn tls_is_left_out_only_on_loopback_when_nobody_asked_for_it() {
+        assert!(plain("postgres://u@127.0.0.1/db", "127.0.0.1", false));
+        assert!(plain("postgres://u@127.0.0.2:5433/db", "127.0.0.2", false));
+        assert!(plain("postgres://u@localhost/db", "localhost", false));
+        assert!(plain("postgres://u@[::1]/db", "[::1]", false));
+        assert!(plain("postgres://u@[::1]/db", "::1", false));
+        // Another host, an explicit choice in the URL or in PGSSLMODE: as asked.
+        assert!(!plain("postgres://u@db.internal/db", "db.internal", false));
+        assert!(!plain("postgres://u@10.0.0.5/db", "10.0.0.5", false));
+        assert!(!plain(
+            "postgres://u@127.0.0.1/db?sslmode=require",
+            "127.0.0.1",
+            false
+        ));
+        assert!(!plain(
+            "postgres://u@127.0.0.1/db?ssl-mode=prefer",
+            "127.0.0.1",
+            false
+        ));
+        assert!(!plain("postgres://u@127.0.0.1/db", "127.0.0.1", true));
     }
 }
