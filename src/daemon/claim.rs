@@ -48,6 +48,13 @@ use crate::store::{
 /// the other nodes left.
 pub(super) const SECOND_ROUND_AFTER: Duration = Duration::from_millis(200);
 
+/// What a claim sends for one occurrence: the job, its owner id, the instant.
+type ClaimJob = (
+    Arc<crate::config::Job>,
+    OwnerId,
+    chrono::DateTime<chrono::Utc>,
+);
+
 /// One occurrence in a claim: in the running set, its owner id chosen.
 struct Entered {
     occurrence: Occurrence,
@@ -110,10 +117,9 @@ fn take_slots(shared: &Shared, n: usize) -> Vec<Slot> {
 fn alone(shared: &Shared, entered: Vec<Entered>, failed: Option<(String, Instant)>) {
     for e in entered {
         let first = failed.clone().map(|(why, sent)| (Err(why), sent));
-        shared.tracker.spawn(
-            e.occurrence
-                .run_entered(e.guard, None, e.owner_id, first, false),
-        );
+        shared
+            .tracker
+            .spawn(e.occurrence.run_entered(e.guard, None, e.owner_id, first));
     }
 }
 
@@ -146,11 +152,7 @@ async fn round(
     let wait = (give_up - shared.clock.now())
         .to_std()
         .unwrap_or(Duration::ZERO);
-    let items: Vec<(
-        Arc<crate::config::Job>,
-        OwnerId,
-        chrono::DateTime<chrono::Utc>,
-    )> = entered
+    let items: Vec<ClaimJob> = entered
         .iter()
         .map(|e| (e.occurrence.job.clone(), e.owner_id, e.occurrence.at))
         .collect();
@@ -210,7 +212,6 @@ async fn round(
                     Some(slot),
                     e.owner_id,
                     first,
-                    false,
                 ));
             }
             Claimed::Lost(lost) => {
@@ -219,10 +220,9 @@ async fn round(
             Claimed::Skipped if again || !share => left.push(e),
             Claimed::Skipped => taken(&e),
             Claimed::Ask => {
-                shared.tracker.spawn(
-                    e.occurrence
-                        .run_entered(e.guard, None, e.owner_id, None, false),
-                );
+                shared
+                    .tracker
+                    .spawn(e.occurrence.run_entered(e.guard, None, e.owner_id, None));
             }
         }
     }
@@ -235,11 +235,7 @@ async fn claim_call(
     store: Arc<dyn crate::store::Store>,
     ready: Arc<tokio::sync::OnceCell<()>>,
     node: String,
-    items: Vec<(
-        Arc<crate::config::Job>,
-        OwnerId,
-        chrono::DateTime<chrono::Utc>,
-    )>,
+    items: Vec<ClaimJob>,
     limit: usize,
     share: bool,
 ) -> Result<Option<ClaimOutcome>, StoreError> {

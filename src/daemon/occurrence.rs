@@ -163,8 +163,7 @@ impl Occurrence {
         // attempt that timed out here may still have won in the store, and
         // the next attempt then adopts that win instead of finding its own
         // occurrence taken (see `AcquireRequest::owner_id`).
-        self.run_entered(guard, None, OwnerId::fresh(), None, false)
-            .await
+        self.run_entered(guard, None, OwnerId::fresh(), None).await
     }
 
     /// Enters the job in the node's running set, or logs the skip (`held`)
@@ -191,29 +190,22 @@ impl Occurrence {
     /// a place in the capacity (`slot`, or waited for), then compete under
     /// `owner_id`. `first` is the first attempt's answer when a batch claim
     /// already made it ([`super::claim`]) or why that claim failed, with
-    /// when it was sent;
-    /// `unanswered` when an earlier attempt of this owner id may have won
-    /// unseen.
+    /// when it was sent.
     pub(super) async fn run_entered(
         self,
         _guard: RunningGuard,
         slot: Option<Slot>,
         owner_id: OwnerId,
         first: Option<(Result<AcquireOutcome, String>, Instant)>,
-        mut unanswered: bool,
     ) -> Ending {
         let _slot = match slot {
             Some(slot) => slot,
             None => match self.slot().await {
                 Ok(slot) => slot,
-                Err(ending) => {
-                    if unanswered {
-                        self.sweep(owner_id);
-                    }
-                    return ending;
-                }
+                Err(ending) => return ending,
             },
         };
+        let mut unanswered = false;
         let ending = self.compete(owner_id, first, &mut unanswered).await;
         if ending != Ending::Won && unanswered {
             self.sweep(owner_id);

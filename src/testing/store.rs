@@ -115,6 +115,20 @@ pub(crate) struct Row {
     pub prev: Option<Takeover>,
 }
 
+impl Row {
+    /// What an acquire that lost to this row classifies, at `now`.
+    fn loss(&self, now: i64) -> LossRow {
+        LossRow {
+            fence: self.fence,
+            owner_id: self.owner_id.clone(),
+            node: self.node.clone(),
+            expires_at: self.expires_at,
+            last_occurrence: self.last_occurrence,
+            now,
+        }
+    }
+}
+
 /// What the store did, for tests to read back.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Entry {
@@ -439,15 +453,7 @@ fn acquire_lease(
     let free = row.expires_at <= now
         && (occ.is_none() || row.last_occurrence.is_none_or(|l| Some(l) < occ));
     if !((free || adopt) && due) {
-        let loss = LossRow {
-            fence: row.fence,
-            owner_id: row.owner_id.clone(),
-            node: row.node.clone(),
-            expires_at: row.expires_at,
-            last_occurrence: row.last_occurrence,
-            now,
-        };
-        return classify_loss(loss, &req.borrowed());
+        return classify_loss(row.loss(now), &req.borrowed());
     }
     if adopt {
         row.expires_at = row.expires_at.max(now + lease);
@@ -620,24 +626,17 @@ impl Store for MemoryStore {
                     && row.last_occurrence.is_none_or(|l| l < occ)
                     && occ <= now
                     && next.is_none_or(|n| n > now);
-                let loss = LossRow {
-                    fence: row.fence,
-                    owner_id: row.owner_id.clone(),
-                    node: row.node.clone(),
-                    expires_at: row.expires_at,
-                    last_occurrence: row.last_occurrence,
-                    now,
-                };
+                let loss = (!takeable).then(|| row.loss(now));
                 out.push(if takeable && won < limit {
                     won += 1;
                     match acquire(s, now, req) {
                         AcquireOutcome::Acquired(l) => Claimed::Won(l),
                         other => Claimed::from_loss(other),
                     }
-                } else if takeable {
-                    Claimed::Skipped
-                } else {
+                } else if let Some(loss) = loss {
                     Claimed::from_loss(classify_loss(loss, &req.borrowed()))
+                } else {
+                    Claimed::Skipped
                 });
             }
             let what: Vec<String> = out

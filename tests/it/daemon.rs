@@ -17,8 +17,8 @@ use serde_json::Value;
 
 use common::daemon::{
     ev, i64_field, is, job_toml, lease_list, long_cmd, pid_alive, pid_of, read_pid_file, read_runs,
-    record_cmd, rfc3339, secs, str_field, token_of, wait_pid_gone, write_config, Daemon,
-    DaemonOpts, Run,
+    record_cmd, rfc3339, secs, str_field, token_of, wait_pid_gone, wait_until, write_config,
+    Daemon, DaemonOpts, Run,
 };
 use common::harness::run;
 use common::proxy::Proxy;
@@ -1043,15 +1043,16 @@ fn jitter_is_the_same_on_every_daemon_sqlite() {
             .filter_map(|e| str_field(e, "scheduled_at").map(|t| t.parse().expect("instant")))
             .collect()
     };
-    let deadline = std::time::Instant::now() + secs(60);
-    while daemons.iter().map(|d| started_at(d).len()).sum::<usize>() < 4 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "fewer than 4 runs in 60 s: {:?}",
-            daemons.iter().map(Daemon::summary).collect::<Vec<_>>()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_until(
+        secs(60),
+        || daemons.iter().map(|d| started_at(d).len()).sum::<usize>() >= 4,
+        || {
+            format!(
+                "fewer than 4 runs in 60 s: {:?}",
+                daemons.iter().map(Daemon::summary).collect::<Vec<_>>()
+            )
+        },
+    );
     for d in &mut daemons {
         d.stop(secs(30));
     }

@@ -11,7 +11,8 @@ use std::time::Duration;
 use serde_json::Value;
 
 use crate::common::daemon::{
-    ev, i64_field, is, job_toml, secs, sh, str_field, token_of, write_config, Daemon, DaemonOpts,
+    ev, i64_field, is, job_toml, secs, sh, str_field, token_of, wait_until, write_config, Daemon,
+    DaemonOpts,
 };
 use crate::common::harness::{code, describe, fencecron, run};
 use crate::common::{unique, Backend, TestStore};
@@ -845,23 +846,21 @@ fn claims_spread_a_burst_over_the_nodes_postgres() {
             .filter(|d| d.events("job_started").iter().any(|e| instant(e) == t))
             .count()
     };
-    let deadline = std::time::Instant::now() + secs(40);
-    loop {
-        let instants: std::collections::BTreeSet<String> = daemons
-            .iter()
-            .flat_map(|d| d.events("job_started"))
-            .map(|e| instant(&e))
-            .collect();
-        if instants.iter().any(|t| nodes_of(t) >= 2) {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no instant's runs spread over two nodes: {:?}",
-            daemons.iter().map(Daemon::summary).collect::<Vec<_>>()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_until(
+        secs(40),
+        || {
+            daemons
+                .iter()
+                .flat_map(|d| d.events("job_started"))
+                .any(|e| nodes_of(&instant(&e)) >= 2)
+        },
+        || {
+            format!(
+                "no instant's runs spread over two nodes: {:?}",
+                daemons.iter().map(Daemon::summary).collect::<Vec<_>>()
+            )
+        },
+    );
     for d in &mut daemons {
         assert!(
             d.stop(secs(30)).is_some_and(|s| s.success()),

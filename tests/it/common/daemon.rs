@@ -665,6 +665,16 @@ pub fn secs(n: u64) -> Duration {
     Duration::from_secs(n)
 }
 
+/// Checks `done` every 100 ms until it holds, for up to `timeout`; panics
+/// with `what()` (say, the daemons' summaries) when it never does.
+pub fn wait_until(timeout: Duration, mut done: impl FnMut() -> bool, what: impl Fn() -> String) {
+    let deadline = Instant::now() + timeout;
+    while !done() {
+        assert!(Instant::now() < deadline, "{}", what());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// Writes `jobs.toml` into `dir`: a `[defaults]` table when `defaults` is
 /// not empty, then the jobs.
 pub fn write_config(dir: &Path, defaults: &str, jobs: &[String]) -> PathBuf {
