@@ -36,7 +36,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::occurrence::{give_back_unused, Ending, Occurrence, RunningGuard, Slot};
-use super::{ensure_ready, Shared};
+use super::{ensure_ready, sweep, Shared};
 use crate::config::Overlap;
 use crate::events;
 use crate::fence;
@@ -135,6 +135,12 @@ fn taken(e: &Entered) {
 /// won and settles what it lost. Returns the occurrences it skipped while
 /// stopping at its share (`share`) with rows still free, for a second
 /// round; without `share` every skipped occurrence is returned.
+///
+/// Each occurrence waits for the answer until its own give-up time, then
+/// ends as an unanswered acquire would; the claim itself is never dropped
+/// half-way (that would cost the connection): an answer that comes after
+/// some gave up is used for the others, and what it won for those goes
+/// back. Only a claim that fails leaves wins unseen, to be swept.
 async fn round(
     shared: &Shared,
     entered: Vec<Entered>,
@@ -143,49 +149,67 @@ async fn round(
 ) -> Vec<Entered> {
     let store = shared.supervisor.store().clone();
     let node = shared.supervisor.node().to_string();
-    // Answers that come after the earliest give-up time are not used.
-    let give_up = entered
-        .iter()
-        .map(|e| e.occurrence.give_up().0)
-        .min()
-        .unwrap_or_else(|| shared.clock.now());
-    let wait = (give_up - shared.clock.now())
-        .to_std()
-        .unwrap_or(Duration::ZERO);
     let items: Vec<ClaimJob> = entered
         .iter()
         .map(|e| (e.occurrence.job.clone(), e.owner_id, e.occurrence.at))
         .collect();
-    let limit = slots.len();
+    let at = entered
+        .first()
+        .map(|e| crate::store::rfc3339(e.occurrence.at))
+        .unwrap_or_default();
+    let (count, limit) = (entered.len(), slots.len());
     let sent = Instant::now();
     let mut call = Box::pin(claim_call(
         store.clone(),
         shared.ready.clone(),
         node.clone(),
-        items,
+        items.clone(),
         limit,
         share,
     ));
-    let answer = tokio::select! {
-        r = &mut call => r,
-        _ = tokio::time::sleep(wait) => {
-            let why = "the store did not answer a batch claim before an occurrence's give-up time";
-            alone(shared, entered, Some((why.to_string(), sent)));
+    // `None` once the occurrence gave up waiting.
+    let mut waiting: Vec<Option<Entered>> = entered.into_iter().map(Some).collect();
+    let answer = loop {
+        let Some(give_up) = waiting
+            .iter()
+            .flatten()
+            .map(|e| e.occurrence.give_up().0)
+            .min()
+        else {
+            settle_late(shared, call, items);
             return Vec::new();
-        }
-        _ = shared.shutdown.cancelled() => {
-            give_back_late(shared, call, entered);
-            return Vec::new();
+        };
+        let wait = (give_up - shared.clock.now())
+            .to_std()
+            .unwrap_or(Duration::ZERO);
+        tokio::select! {
+            r = &mut call => break r,
+            _ = tokio::time::sleep(wait) => {
+                let now = shared.clock.now();
+                for w in &mut waiting {
+                    if let Some(e) = w.take_if(|e| e.occurrence.give_up().0 <= now) {
+                        let (give_up, deadline) = e.occurrence.give_up();
+                        let _: Ending = e.occurrence.unanswered(give_up, deadline);
+                    }
+                }
+            }
+            _ = shared.shutdown.cancelled() => {
+                settle_late(shared, call, items);
+                return Vec::new();
+            }
         }
     };
     let outcome = match answer {
         Ok(Some(outcome)) => outcome,
         Ok(None) => {
-            alone(shared, entered, None);
+            alone(shared, waiting.into_iter().flatten().collect(), None);
             return Vec::new();
         }
         Err(e) => {
-            alone(shared, entered, Some((e.to_string(), sent)));
+            let gave_up = waiting.iter().zip(&items).filter(|(w, _)| w.is_none());
+            sweep(shared, gave_up.map(|(_, item)| item));
+            let waiting = waiting.into_iter().flatten().collect();
+            alone(shared, waiting, Some((e.to_string(), sent)));
             return Vec::new();
         }
     };
@@ -194,15 +218,18 @@ async fn round(
         .iter()
         .filter(|c| matches!(c, Claimed::Won(_)))
         .count();
-    let at = entered
-        .first()
-        .map(|e| crate::store::rfc3339(e.occurrence.at))
-        .unwrap_or_default();
     let round_no = if share { 1 } else { 2 };
-    events::occurrences_claimed(&at, round_no, entered.len(), won, outcome.limit);
+    events::occurrences_claimed(&at, round_no, count, won, outcome.limit);
     let again = share && outcome.left_some();
     let mut left = Vec::new();
-    for (e, claimed) in entered.into_iter().zip(outcome.items) {
+    for ((w, claimed), (job, _, at)) in waiting.into_iter().zip(outcome.items).zip(&items) {
+        let Some(e) = w else {
+            // Gave up before the answer came: a win goes back.
+            if let Claimed::Won(lease) = claimed {
+                settle_won(&store, job, &lease, *at, &node).await;
+            }
+            continue;
+        };
         match claimed {
             Claimed::Won(lease) => {
                 let slot = slots.pop().unwrap_or_default();
@@ -227,6 +254,18 @@ async fn round(
         }
     }
     left
+}
+
+/// A claim that failed may have committed: the owner ids of the
+/// occurrences that no longer wait for it are swept (the others are
+/// retried under theirs, which adopts or sweeps).
+fn sweep<'a>(shared: &Shared, gave_up: impl Iterator<Item = &'a ClaimJob>) {
+    for (job, owner_id, at) in gave_up {
+        let times = sweep::times(shared, job, *at);
+        shared
+            .sweeper
+            .add(shared, job.clone(), *owner_id, *at, times);
+    }
 }
 
 /// The claim itself, migrations first; owns what it uses, so that a claim
@@ -261,32 +300,44 @@ async fn claim_call(
         .await
 }
 
-/// The daemon is stopping while a claim is in flight: let it finish in the
-/// background and give back whatever it won, lease and occurrence, so that
-/// no lease is held with nothing running under it.
-fn give_back_late(
+/// Nobody waits for the claim any more (every occurrence gave up, or the
+/// daemon is stopping): let it finish in the background and give back
+/// whatever it won, lease and occurrence, so that no lease is held with
+/// nothing running under it; should it fail, sweep its owner ids.
+fn settle_late(
     shared: &Shared,
     call: impl std::future::Future<Output = Result<Option<ClaimOutcome>, StoreError>> + Send + 'static,
-    entered: Vec<Entered>,
+    items: Vec<ClaimJob>,
 ) {
     let (store, node) = (
         shared.supervisor.store().clone(),
         shared.supervisor.node().to_string(),
     );
-    let jobs: Vec<_> = entered
-        .into_iter()
-        .map(|e| (e.occurrence.job.clone(), e.occurrence.at))
-        .collect();
-    shared.tracker.spawn(async move {
-        let Ok(Some(outcome)) = call.await else {
-            return;
-        };
-        for ((job, at), claimed) in jobs.into_iter().zip(outcome.items) {
-            if let Claimed::Won(lease) = claimed {
-                events::lease_acquired(Some(job.name.as_str()), &lease, &node);
-                fence::taken_over(&store, Some(job.name.as_str()), &lease, &node);
-                give_back_unused(store.as_ref(), &job, &lease, at).await;
+    let shared = shared.clone();
+    shared.tracker.clone().spawn(async move {
+        match call.await {
+            Ok(Some(outcome)) => {
+                for ((job, _, at), claimed) in items.iter().zip(outcome.items) {
+                    if let Claimed::Won(lease) = claimed {
+                        settle_won(&store, job, &lease, *at, &node).await;
+                    }
+                }
             }
+            Ok(None) => {}
+            Err(_) => sweep(&shared, items.iter()),
         }
     });
+}
+
+/// A win nobody runs: logged as won, then given back with its occurrence.
+async fn settle_won(
+    store: &Arc<dyn crate::store::Store>,
+    job: &Arc<crate::config::Job>,
+    lease: &crate::store::Lease,
+    at: chrono::DateTime<chrono::Utc>,
+    node: &str,
+) {
+    events::lease_acquired(Some(job.name.as_str()), lease, node);
+    fence::taken_over(store, Some(job.name.as_str()), lease, node);
+    give_back_unused(store.as_ref(), job, lease, at).await;
 }

@@ -18,6 +18,7 @@ mod fleet;
 mod hook;
 mod occurrence;
 mod scheduler;
+mod sweep;
 #[cfg(test)]
 mod tests;
 
@@ -175,6 +176,7 @@ async fn serve(
         watchdog,
         hook_env: child_env,
         history,
+        sweeper: Default::default(),
     });
     let job_count = jobs.len();
     tracker.spawn(scheduler.run(jobs, reload_rx));
@@ -287,4 +289,6 @@ struct Shared {
     hook_env: ChildEnv,
     /// `[history]`.
     history: History,
+    /// Looks for wins whose answers never came.
+    sweeper: sweep::Sweeper,
 }

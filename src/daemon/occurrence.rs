@@ -30,7 +30,7 @@ use chrono::{DateTime, Utc};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
-use super::{ensure_ready, hook, Shared, CALL_TIMEOUT};
+use super::{ensure_ready, hook, Shared};
 use crate::config::{Job, Overlap};
 use crate::events::{self, AbandonReason, Outcome, SkipReason};
 use crate::fence;
@@ -271,22 +271,11 @@ impl Occurrence {
                 let outcome = tokio::select! {
                     r = &mut attempt => r,
                     _ = tokio::time::sleep_until(sent + give_up_in) => {
-                        if deadline == Some(give_up) {
-                            *unanswered = true;
-                            self.release_if_won(attempt);
-                            return self.past_deadline(give_up);
-                        }
-                        let detail = format!(
-                            "the store did not answer before {}, when the occurrence was no longer worth starting",
-                            rfc3339(give_up)
-                        );
-                        events::store_unavailable("acquire", Some(name), &detail, None);
-                        events::occurrence_skipped(name, &at, SkipReason::StoreUnavailable, &detail);
                         // Should the store time this call out, its statement may
                         // still commit later, out of `release_if_won`'s sight.
                         *unanswered = true;
                         self.release_if_won(attempt);
-                        return Ending::Skipped(SkipReason::StoreUnavailable);
+                        return self.unanswered(give_up, deadline);
                     }
                     _ = self.shared.shutdown.cancelled() => {
                         self.release_if_won(attempt);
@@ -341,6 +330,27 @@ impl Occurrence {
                 _ = self.shared.shutdown.cancelled() => return Ending::Stopped,
             }
         }
+    }
+
+    /// The store has not answered by `give_up`, when the occurrence is no
+    /// longer worth starting (`deadline`: its `starting_deadline`, if that
+    /// is what `give_up` is): how it ends.
+    pub(super) fn unanswered(
+        &self,
+        give_up: DateTime<Utc>,
+        deadline: Option<DateTime<Utc>>,
+    ) -> Ending {
+        if deadline == Some(give_up) {
+            return self.past_deadline(give_up);
+        }
+        let (name, at) = (self.name(), rfc3339(self.at));
+        let detail = format!(
+            "the store did not answer before {}, when the occurrence was no longer worth starting",
+            rfc3339(give_up)
+        );
+        events::store_unavailable("acquire", Some(name), &detail, None);
+        events::occurrence_skipped(name, &at, SkipReason::StoreUnavailable, &detail);
+        Ending::Skipped(SkipReason::StoreUnavailable)
     }
 
     /// When the occurrence is no longer worth starting (the job's next
@@ -623,49 +633,11 @@ impl Occurrence {
     /// could still block it (the store refuses this occurrence after that
     /// instant, [`AcquireOutcome::Superseded`]). At shutdown, tried at once.
     fn sweep(&self, owner_id: OwnerId) {
-        let (store, job) = (self.store().clone(), self.job.clone());
-        let node = self.node().to_string();
-        let (at, shutdown) = (self.at, self.shared.shutdown.clone());
-        // Soon, once a call's time limit later, and shortly before the next
-        // instant if the lease a ghost took could still be held then.
-        let now = Instant::now();
-        let mut times = vec![now + Duration::from_secs(1), now + CALL_TIMEOUT];
-        if let Some(next) = job.schedule.next_after(at) {
-            let before_next =
-                (next - self.shared.clock.now() - chrono::Duration::seconds(1)).to_std();
-            if let Ok(d) = before_next {
-                if d > Duration::from_secs(1) && d < job.timing.lease {
-                    times.push(now + d);
-                }
-            }
-        }
-        times.sort();
-        self.shared.tracker.spawn(async move {
-            let name = job.name.as_str();
-            let owner = owner_id;
-            for when in times {
-                tokio::select! {
-                    _ = tokio::time::sleep_until(when) => {}
-                    _ = shutdown.cancelled() => {}
-                }
-                match store
-                    .give_back(&job.resource, owner, None, StoreTime::from_utc(at))
-                    .await
-                {
-                    Ok(ReleaseOutcome::Released) => {
-                        events::occurrence_given_back(name, &rfc3339(at), owner, &node);
-                        return;
-                    }
-                    Ok(ReleaseOutcome::Refused(_)) => {}
-                    Err(e) => {
-                        events::store_unavailable("give_back", Some(name), &e.to_string(), None)
-                    }
-                }
-                if shutdown.is_cancelled() {
-                    return;
-                }
-            }
-        });
+        let shared = &self.shared;
+        let times = super::sweep::times(shared, &self.job, self.at);
+        shared
+            .sweeper
+            .add(shared, self.job.clone(), owner_id, self.at, times);
     }
 }
 

@@ -79,6 +79,7 @@ impl Rig {
             watchdog: None,
             hook_env: Default::default(),
             history: Default::default(),
+            sweeper: Default::default(),
         };
         let job = Job {
             name: Name::parse("job", "job").unwrap(),
@@ -1220,6 +1221,77 @@ async fn a_claim_answered_too_late_is_adopted_by_the_single_acquire() {
     );
     assert!(rig.log(Op::GiveBack).is_empty());
     drop(gate);
+}
+
+/// A claim the store holds past the occurrences' give-up time (10 s) and
+/// answers at 20 s, having won both: each occurrence ends at 10 s as an
+/// unanswered acquire would; the claim is not dropped, its answer comes,
+/// and exactly what it won goes back (with the tokens it won). Nothing is
+/// swept and nothing is acquired alone: a late answer costs the store one
+/// give-back per win, not a sweep and a retry per occurrence.
+#[tokio::test(start_paused = true)]
+async fn a_claim_answered_after_the_give_up_gives_back_what_it_won() {
+    let rig = Rig::with_store(|s| s.claiming().with_call_timeout(None));
+    let due = claimable(&rig, 2).await;
+    let gate = Gate::new();
+    rig.store
+        .fault(Op::Claim, Fault::Hang(gate.clone(), Commit::Before), 1);
+    tokio::spawn(async move {
+        tokio::time::sleep(ms(20_000)).await;
+        gate.open();
+    });
+    claim_all(&rig, due).await;
+    assert!(rig.launcher.started().is_empty(), "nothing ran");
+    assert_eq!(rig.log(Op::Acquire).len(), 2, "only the setup's acquires");
+    assert_eq!(
+        rig.log(Op::GiveBack),
+        log(&[(20_000, "given_back 2"), (20_000, "given_back 2")])
+    );
+    assert!(
+        rig.log(Op::Sweep).is_empty(),
+        "an answered claim is not swept"
+    );
+    for i in 0..2 {
+        let row = rig.store.row(&format!("c{i}")).unwrap();
+        assert!(row.released);
+        assert_eq!(
+            row.last_occurrence,
+            Some(at().0 - 1),
+            "the instant is free again"
+        );
+    }
+}
+
+/// A claim that times out (15 s) after its occurrences gave up (10 s), and
+/// whose statement commits later (18 s): nobody sees the wins, so both
+/// owner ids are swept, together, in one store call per look: at 16 s
+/// (nothing yet) and at 20 s (both given back).
+#[tokio::test(start_paused = true)]
+async fn a_failed_claim_nobody_waits_for_is_swept_in_one_call_per_look() {
+    let rig = Rig::with_store(|s| s.claiming().with_call_timeout(Some(ms(15_000))));
+    let due = claimable(&rig, 2).await;
+    let gate = Gate::new();
+    rig.store
+        .fault(Op::Claim, Fault::Hang(gate.clone(), Commit::After), 1);
+    tokio::spawn(async move {
+        tokio::time::sleep(ms(18_000)).await;
+        gate.open();
+    });
+    claim_all(&rig, due).await;
+    assert!(rig.launcher.started().is_empty(), "nothing ran");
+    assert_eq!(rig.log(Op::Sweep), log(&[(16_000, "2"), (20_000, "2")]));
+    assert_eq!(
+        rig.log(Op::GiveBack),
+        log(&[
+            (16_000, "refused"),
+            (16_000, "refused"),
+            (20_000, "given_back"),
+            (20_000, "given_back")
+        ])
+    );
+    for i in 0..2 {
+        assert!(rig.store.row(&format!("c{i}")).unwrap().released);
+    }
 }
 
 /// With another node live, a claim takes its share (4 jobs, 2 nodes: 3),

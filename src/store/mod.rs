@@ -117,6 +117,14 @@ pub trait Store: Send + Sync + 'static {
         occurrence: StoreTime,
     ) -> Result<ReleaseOutcome, StoreError>;
 
+    /// [`Store::give_back`] without a token for each item, in one
+    /// operation where the backend can (PostgreSQL): an unswept ghost costs
+    /// the fleet as much as a run, so a node sweeps everything it has to in
+    /// one statement. Answers, per item, whether a win was given back.
+    async fn give_back_unseen(&self, items: &[Unseen<'_>]) -> Result<Vec<bool>, StoreError> {
+        give_back_each(self, items).await
+    }
+
     /// Every lease ever taken, held or not, ordered by resource.
     async fn list(&self) -> Result<Vec<LeaseInfo>, StoreError>;
 
@@ -276,4 +284,19 @@ pub fn open(url: &StoreUrl, opts: &OpenOptions) -> Result<Arc<dyn Store>, StoreE
         Backend::Postgres => Arc::new(PostgresStore::open(url.clone(), opts)?),
         Backend::MySql => Arc::new(MySqlStore::open(url.clone(), opts)?),
     })
+}
+
+/// [`Store::give_back_unseen`] as one [`Store::give_back`] per item.
+pub(crate) async fn give_back_each<S: Store + ?Sized>(
+    store: &S,
+    items: &[Unseen<'_>],
+) -> Result<Vec<bool>, StoreError> {
+    let mut out = Vec::with_capacity(items.len());
+    for item in items {
+        let outcome = store
+            .give_back(item.resource, item.owner_id, None, item.occurrence)
+            .await?;
+        out.push(outcome == ReleaseOutcome::Released);
+    }
+    Ok(out)
 }

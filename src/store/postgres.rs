@@ -360,6 +360,21 @@ const GIVE_BACK: &str = concat!(
       RETURNING fence"
 );
 
+/// [`Store::give_back_unseen`]: `GIVE_BACK` without a token for every
+/// (`$1` resource, `$2` owner id, `$3` occurrence) at once; the ordinals
+/// of the items given back.
+const GIVE_BACK_UNSEEN: &str = concat!(
+    "UPDATE fencecron_leases l SET expires_at_ms = LEAST(l.expires_at_ms, ",
+    now_ms!(),
+    "), released = TRUE,
+            last_occurrence_ms = u.occ - 1
+       FROM unnest($1::text[], $2::text[], $3::bigint[])
+            WITH ORDINALITY AS u(resource, owner_id, occ, ord)
+      WHERE l.resource = u.resource AND l.owner_id = u.owner_id
+        AND NOT l.released AND l.last_occurrence_ms = u.occ
+      RETURNING u.ord"
+);
+
 const RELEASE: &str = concat!(
     "UPDATE fencecron_leases SET expires_at_ms = LEAST(expires_at_ms, ",
     now_ms!(),
@@ -803,6 +818,25 @@ impl Dialect for Pg {
                 token.unwrap_or(0),
             )),
         })
+    }
+
+    async fn give_back_unseen(&self, db: &Db<Postgres>, items: &[Unseen<'_>]) -> Sql<Vec<bool>> {
+        let resources: Vec<&str> = items.iter().map(|i| i.resource.as_str()).collect();
+        let owners: Vec<String> = items.iter().map(|i| i.owner_id.to_string()).collect();
+        let occs: Vec<i64> = items.iter().map(|i| i.occurrence.0).collect();
+        let given: Vec<i64> = sqlx::query_scalar(GIVE_BACK_UNSEEN)
+            .bind(&resources)
+            .bind(&owners)
+            .bind(&occs)
+            .fetch_all(&db.pool)
+            .await?;
+        let mut out = vec![false; items.len()];
+        for ord in given {
+            if let Some(g) = usize::try_from(ord - 1).ok().and_then(|i| out.get_mut(i)) {
+                *g = true;
+            }
+        }
+        Ok(out)
     }
 
     async fn put(&self, db: &Db<Postgres>, req: &PutRequest<'_>) -> Sql<PutOutcome> {

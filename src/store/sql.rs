@@ -22,7 +22,7 @@ use super::{
     StaleRecord, Store, StoreError, StoreTime, StoreUrl, StoredValue, Token,
 };
 use super::{
-    ClaimOutcome, ClaimRequest, OwnerId, PauseInfo, RunEnd, RunInfo, RunQuery, TriggerInfo,
+    ClaimOutcome, ClaimRequest, OwnerId, PauseInfo, RunEnd, RunInfo, RunQuery, TriggerInfo, Unseen,
 };
 use crate::names::Name;
 
@@ -426,6 +426,25 @@ pub(super) trait Dialect: Send + Sync + 'static {
         occurrence: Option<StoreTime>,
     ) -> Sql<ReleaseOutcome>;
 
+    /// [`Store::give_back_unseen`] without the run rows: which items were
+    /// given back. One `give_back` each unless the backend does better.
+    async fn give_back_unseen(&self, db: &Db<Self::DB>, items: &[Unseen<'_>]) -> Sql<Vec<bool>> {
+        let mut out = Vec::with_capacity(items.len());
+        for item in items {
+            let outcome = self
+                .release(
+                    db,
+                    item.resource,
+                    item.owner_id,
+                    None,
+                    Some(item.occurrence),
+                )
+                .await?;
+            out.push(outcome == ReleaseOutcome::Released);
+        }
+        Ok(out)
+    }
+
     async fn list(&self, db: &Db<Self::DB>) -> Sql<Vec<LeaseInfo>> {
         Ok(Self::DB::list(&db.pool, Self::LIST).await?)
     }
@@ -581,6 +600,26 @@ impl<D: Dialect> Store for SqlStore<D> {
             .await?;
         }
         Ok(outcome)
+    }
+
+    async fn give_back_unseen(&self, items: &[Unseen<'_>]) -> Result<Vec<bool>, StoreError> {
+        let given = self
+            .call(self.dialect.give_back_unseen(&self.db, items))
+            .await?;
+        for (item, _) in items.iter().zip(&given).filter(|(_, g)| **g) {
+            // Nothing ran under these leases: their run rows go too (rare).
+            self.call(async {
+                Ok(D::DB::forget_unrun(
+                    &self.db.pool,
+                    &self.fleet,
+                    item.resource.as_str(),
+                    item.owner_id.as_str(),
+                )
+                .await?)
+            })
+            .await?;
+        }
+        Ok(given)
     }
 
     async fn list(&self) -> Result<Vec<LeaseInfo>, StoreError> {

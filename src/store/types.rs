@@ -115,6 +115,16 @@ pub struct AcquireRequest<'a> {
     pub run: Option<RunStart<'a>>,
 }
 
+/// A win this owner may have made of `occurrence` without seeing the
+/// answer (an acquire or claim that went unanswered): what
+/// [`super::Store::give_back_unseen`] looks for.
+#[derive(Debug, Clone, Copy)]
+pub struct Unseen<'a> {
+    pub resource: &'a Name,
+    pub owner_id: OwnerId,
+    pub occurrence: StoreTime,
+}
+
 /// One scheduled occurrence in a batch claim ([`Store::claim`]): what an
 /// [`AcquireRequest`] for it would say, the run being recorded as
 /// `schedule`.

@@ -37,7 +37,7 @@ use crate::store::{
     EpochInfo, Lease, LeaseInfo, LeaseRow, LossRow, NewStaleRecord, OwnerId, PauseInfo, PauseSeen,
     PutOutcome, PutRequest, ReleaseOutcome, RenewOutcome, RunEnd, RunInfo, RunQuery, RunStart,
     StaleKind, StaleRecord, StartedBy, Store, StoreError, StoreTime, StoreUrl, StoredValue,
-    Takeover, Token, TriggerInfo, EPOCH_SHIFT, NODE_LIVE, RUNNING, UNKNOWN,
+    Takeover, Token, TriggerInfo, Unseen, EPOCH_SHIFT, NODE_LIVE, RUNNING, UNKNOWN,
 };
 
 /// The operations faults can be aimed at.
@@ -52,6 +52,9 @@ pub(crate) enum Op {
     Preempt,
     /// `claim` (batch claims, only with [`MemoryStore::claiming`]).
     Claim,
+    /// `give_back_unseen`: one entry per call, how many owner ids it
+    /// sweeps (each also logged as a `GiveBack`).
+    Sweep,
     Put,
     RecordStale,
     /// `finish_run`.
@@ -731,6 +734,13 @@ impl Store for MemoryStore {
             out
         })
         .await
+    }
+
+    async fn give_back_unseen(&self, items: &[Unseen<'_>]) -> Result<Vec<bool>, StoreError> {
+        let n = items.len();
+        self.call(Op::Sweep, move |s, _| s.note(Op::Sweep, n.to_string()))
+            .await?;
+        crate::store::give_back_each(self, items).await
     }
 
     async fn give_back(

@@ -19,6 +19,7 @@ use fencecron::store::{
     ClaimOutcome, ClaimRequest, Claimed, Lease, LeaseInfo, NewStaleRecord, OwnerId, PauseInfo,
     PutOutcome, PutRequest, Refusal, ReleaseOutcome, RenewOutcome, RunEnd, RunInfo, RunQuery,
     RunStart, StaleKind, StaleRecord, StartedBy, Store, StoreTime, Takeover, Token, TriggerInfo,
+    Unseen,
 };
 use tokio::sync::Barrier;
 use uuid::Uuid;
@@ -1680,6 +1681,91 @@ async fn case_give_back_leaves_the_instant_runnable(store: Arc<dyn Store>) {
     assert_eq!(row(s, &r).await.last_occurrence, Some(t3));
 }
 
+/// `give_back_unseen`: the token-less `give_back` of many (resource,
+/// owner, occurrence) at once, answered per item in the request's order:
+/// only an owner's unreleased win of exactly that occurrence goes back,
+/// with its occurrence and its run row; the rest is left alone.
+async fn case_give_back_unseen_sweeps_many_at_once(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let job = unique("sweep");
+    let now = s.now().await.unwrap();
+    let t = StoreTime(now.0 / 1000 * 1000 - 5_000);
+    let next = StoreTime(t.0 + 600_000);
+    let rs: Vec<Name> = (0..4).map(|i| resource(&format!("sweep-{i}"))).collect();
+    let mut owners = Vec::new();
+    for r in &rs {
+        let owner = OwnerId::fresh();
+        let won = s
+            .acquire(&AcquireRequest {
+                resource: r,
+                lease: LEASE,
+                node: NODE,
+                owner_id: owner,
+                occurrence: Some(t),
+                next_occurrence: Some(next),
+                run: Some(RunStart {
+                    job: &job,
+                    started_by: StartedBy::Schedule,
+                    scheduled_at: Some(t),
+                }),
+            })
+            .await
+            .unwrap();
+        owners.push((owner, acquired(won, "ghost")));
+    }
+    // 0: a ghost; 1: released already; 2: asked for another instant;
+    // 3: asked by another owner.
+    must_release(s, &owners[1].1).await;
+    let items = [
+        Unseen {
+            resource: &rs[0],
+            owner_id: owners[0].0,
+            occurrence: t,
+        },
+        Unseen {
+            resource: &rs[1],
+            owner_id: owners[1].0,
+            occurrence: t,
+        },
+        Unseen {
+            resource: &rs[2],
+            owner_id: owners[2].0,
+            occurrence: StoreTime(t.0 - 1_000),
+        },
+        Unseen {
+            resource: &rs[3],
+            owner_id: OwnerId::fresh(),
+            occurrence: t,
+        },
+    ];
+    assert_eq!(
+        s.give_back_unseen(&items).await.unwrap(),
+        [true, false, false, false]
+    );
+    let swept = row(s, &rs[0]).await;
+    assert!(!swept.held);
+    assert!(
+        swept.last_occurrence < Some(t),
+        "the instant is free again: {swept:?}"
+    );
+    for r in &rs[2..] {
+        let kept = row(s, r).await;
+        assert!(kept.held, "{r} is still held");
+        assert_eq!(kept.last_occurrence, Some(t));
+    }
+    let runs = runs_of(s, &job).await;
+    assert_eq!(runs.len(), 3, "the swept ghost's run row is gone: {runs:?}");
+    assert!(runs.iter().all(|run| run.resource != rs[0].as_str()));
+    assert_eq!(
+        s.give_back_unseen(&items[..1]).await.unwrap(),
+        [false],
+        "once given back, there is nothing left to sweep"
+    );
+    for (_, l) in &owners[2..] {
+        must_release(s, l).await;
+    }
+}
+
 // ------------------------------------------------------------ takeovers
 
 async fn acquire_as(
@@ -2893,6 +2979,7 @@ conformance!(
     case_retry_adopts_an_expired_win,
     case_superseded_occurrence_is_refused,
     case_give_back_leaves_the_instant_runnable,
+    case_give_back_unseen_sweeps_many_at_once,
     case_run_history_records_winners_only,
     case_pause_is_honoured_by_the_acquire,
     case_triggers_are_claimed_once,
