@@ -39,6 +39,10 @@ macro_rules! now_ms {
 /// holds the conditional `UPDATE`.
 const CALL_ACQUIRE: &str = "CALL fencecron_acquire_v3(?, ?, ?, ?, ?, ?, ?, ?, ?)";
 
+/// A batch claim (migration 0006): the items as JSON, node, limit, share,
+/// how often the node's mark is refreshed and how long a mark counts.
+const CALL_CLAIM: &str = "CALL fencecron_claim_v1(?, ?, ?, ?, ?, ?)";
+
 const RENEW: &str = concat!(
     "UPDATE fencecron_leases SET expires_at_ms = LAST_INSERT_ID(",
     now_ms!(),
@@ -219,6 +223,41 @@ impl Dialect for My {
             result
         })
         .await
+    }
+
+    const CLAIMS: bool = true;
+
+    /// One `CALL fencecron_claim_v1(…)` (migration 0006): the claim's
+    /// transaction (`FOR UPDATE SKIP LOCKED` over the items in order) and
+    /// the read of every item's row run on the server, in one round trip.
+    async fn claim(&self, db: &Db<MySql>, req: &ClaimRequest<'_>) -> Sql<Option<ClaimOutcome>> {
+        let items: Vec<serde_json::Value> = req
+            .items
+            .iter()
+            .map(|i| {
+                let mut item = serde_json::json!({
+                    "r": i.resource.as_str(),
+                    "o": i.owner_id.to_string(),
+                    "j": i.job,
+                    "q": i.occurrence.0,
+                    "l": millis(i.lease),
+                });
+                if let Some(next) = i.next_occurrence {
+                    item["n"] = next.0.into();
+                }
+                item
+            })
+            .collect();
+        let rows = sqlx::query(CALL_CLAIM)
+            .bind(serde_json::Value::Array(items).to_string())
+            .bind(req.node)
+            .bind(i64::try_from(req.limit).unwrap_or(i64::MAX))
+            .bind(i32::from(req.share))
+            .bind(millis(NODE_BEAT))
+            .bind(millis(NODE_LIVE))
+            .fetch_all(&db.pool)
+            .await?;
+        Ok(Some(rows::claim_outcome(&rows, req, &db.url.to_string())?))
     }
 
     /// One `CALL fencecron_acquire_v3(…)` (migration 0005): the pause check,

@@ -261,23 +261,23 @@ const CLAIM: &str = concat!(
         WHERE l.resource = c.resource
     RETURNING l.resource, l.fence, l.expires_at_ms, l.acquired_at_ms, l.prev_owner_id,
               l.prev_node, l.prev_fence, l.prev_expires_at_ms, c.job, c.occ, c.owner_id)
-     SELECT r.ord, w.resource IS NOT NULL AS won, w.fence AS won_fence,
+     SELECT (w.resource IS NOT NULL)::int::int8 AS won, w.fence AS won_fence,
             w.expires_at_ms AS won_expires_at_ms, w.prev_owner_id, w.prev_node, w.prev_fence,
             w.prev_expires_at_ms,
-            CASE WHEN w.resource IS NOT NULL
-                 THEN fencecron_record_run(w.job, w.resource, w.occ, 'schedule', $7, w.owner_id,
-                                           w.fence, w.acquired_at_ms)
-                 ELSE FALSE END AS recorded,
-            l.resource IS NOT NULL AS present, l.fence, l.expires_at_ms, l.owner_id, l.node,
-            l.last_occurrence_ms,
+            (l.resource IS NOT NULL)::int::int8 AS present, l.fence, l.expires_at_ms, l.owner_id,
+            l.node, l.last_occurrence_ms,
             CASE WHEN w.resource IS NULL
                  THEN EXISTS (SELECT 1 FROM fencecron_pauses p
                                WHERE p.job = r.job AND (p.until_ms IS NULL OR p.until_ms > ",
     now_ms!(),
     "))
-                 ELSE FALSE END AS paused, ",
+                 ELSE FALSE END::int::int8 AS paused, ",
     now_ms!(),
-    " AS now_ms, (SELECT n FROM lim) AS lim
+    " AS now_ms, (SELECT n FROM lim) AS lim,
+            CASE WHEN w.resource IS NOT NULL
+                 THEN fencecron_record_run(w.job, w.resource, w.occ, 'schedule', $7, w.owner_id,
+                                           w.fence, w.acquired_at_ms)
+                 ELSE FALSE END AS recorded
        FROM req r LEFT JOIN won w ON w.resource = r.resource
                   LEFT JOIN fencecron_leases l ON l.resource = r.resource
       ORDER BY r.ord"
@@ -718,49 +718,7 @@ impl Dialect for Pg {
             .bind(millis(NODE_LIVE))
             .fetch_all(&db.pool)
             .await?;
-        let mut limit = req.limit;
-        let mut out = Vec::with_capacity(items.len());
-        for (row, item) in rows.iter().zip(items) {
-            limit = usize::try_from(row.try_get::<i64, _>("lim")?).unwrap_or(0);
-            if row.try_get("won")? {
-                out.push(Claimed::Won(Lease {
-                    resource: item.resource.to_string(),
-                    owner_id: item.owner_id,
-                    token: row.try_get("won_fence")?,
-                    expires_at: StoreTime(row.try_get("won_expires_at_ms")?),
-                    taken_over: rows::takeover(row, rows::PREV)?,
-                }));
-                continue;
-            }
-            if !row.try_get::<bool, _>("present")? || row.try_get::<bool, _>("paused")? {
-                out.push(Claimed::Ask);
-                continue;
-            }
-            let loss = LossRow {
-                fence: row.try_get("fence")?,
-                expires_at: row.try_get("expires_at_ms")?,
-                owner_id: row.try_get("owner_id")?,
-                node: row.try_get("node")?,
-                last_occurrence: row.try_get("last_occurrence_ms")?,
-                now: row.try_get("now_ms")?,
-            };
-            out.push(Claimed::from_loss(classify_loss(
-                loss,
-                &item.as_acquire(req.node),
-            )));
-        }
-        if out.len() != items.len() {
-            return Err(StoreError::Corrupt {
-                url: db.url.to_string(),
-                detail: format!(
-                    "a claim of {} items answered {} rows",
-                    items.len(),
-                    out.len()
-                ),
-            }
-            .into());
-        }
-        Ok(Some(ClaimOutcome { items: out, limit }))
+        Ok(Some(rows::claim_outcome(&rows, req, &db.url.to_string())?))
     }
 
     async fn renew(

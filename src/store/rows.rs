@@ -4,8 +4,9 @@
 use sqlx::{ColumnIndex, Database, Decode, Row, Type};
 
 use super::{
-    classify_rejection, LeaseInfo, PutRequest, Rejection, StaleKind, StaleRecord, StoreTime,
-    StoredValue, Takeover,
+    classify_loss, classify_rejection, ClaimOutcome, ClaimRequest, Claimed, Lease, LeaseInfo,
+    LossRow, PutRequest, Rejection, StaleKind, StaleRecord, StoreError, StoreTime, StoredValue,
+    Takeover,
 };
 
 fn get<'r, R, T>(r: &'r R, col: &'static str) -> Result<T, sqlx::Error>
@@ -165,3 +166,81 @@ pub(crate) const PREV: [&str; 4] = [
     "prev_fence",
     "prev_expires_at_ms",
 ];
+
+/// A batch claim's answer, one row per item in the request's order, read
+/// by position (sqlx describes a MySQL `CALL` without its column names):
+/// won, won fence, won expiry, the takeover's four `prev_*`, present,
+/// fence, expiry, owner id, node, last occurrence, paused, the store's
+/// clock, the claim's limit. Flags are 0 or 1. PostgreSQL's `CLAIM` and
+/// MySQL's `fencecron_claim_v1` answer in this shape.
+pub(super) fn claim_outcome<'r, R, DB>(
+    rows: &'r [R],
+    req: &ClaimRequest<'_>,
+    url: &str,
+) -> super::sql::Sql<ClaimOutcome>
+where
+    DB: Database,
+    R: Row<Database = DB>,
+    usize: ColumnIndex<R>,
+    i64: Decode<'r, DB> + Type<DB>,
+    Option<i64>: Decode<'r, DB> + Type<DB>,
+    Option<String>: Decode<'r, DB> + Type<DB>,
+{
+    let items = req.items;
+    if rows.len() != items.len() {
+        return Err(StoreError::Corrupt {
+            url: url.to_string(),
+            detail: format!(
+                "a claim of {} items answered {} rows",
+                items.len(),
+                rows.len()
+            ),
+        }
+        .into());
+    }
+    let mut limit = req.limit;
+    let mut out = Vec::with_capacity(items.len());
+    for (row, item) in rows.iter().zip(items) {
+        limit = usize::try_from(row.try_get::<i64, _>(15)?).unwrap_or(0);
+        let (won, fence, expires_at): (i64, Option<i64>, Option<i64>) =
+            (row.try_get(0)?, row.try_get(1)?, row.try_get(2)?);
+        if let (1, Some(token), Some(expires_at)) = (won, fence, expires_at) {
+            out.push(Claimed::Won(Lease {
+                resource: item.resource.to_string(),
+                owner_id: item.owner_id,
+                token,
+                expires_at: StoreTime(expires_at),
+                taken_over: takeover(row, [3, 4, 5, 6])?,
+            }));
+            continue;
+        }
+        let present: i64 = row.try_get(7)?;
+        let paused: i64 = row.try_get(13)?;
+        let (fence, expires_at, owner_id, node) = (
+            row.try_get::<Option<i64>, _>(8)?,
+            row.try_get::<Option<i64>, _>(9)?,
+            row.try_get::<Option<String>, _>(10)?,
+            row.try_get::<Option<String>, _>(11)?,
+        );
+        let (1, 0, Some(fence), Some(expires_at), Some(owner_id), Some(node)) =
+            (present, paused, fence, expires_at, owner_id, node)
+        else {
+            // No row yet, or paused: the single acquire decides.
+            out.push(Claimed::Ask);
+            continue;
+        };
+        let loss = LossRow {
+            fence,
+            expires_at,
+            owner_id,
+            node,
+            last_occurrence: row.try_get(12)?,
+            now: row.try_get(14)?,
+        };
+        out.push(Claimed::from_loss(classify_loss(
+            loss,
+            &item.as_acquire(req.node),
+        )));
+    }
+    Ok(ClaimOutcome { items: out, limit })
+}

@@ -800,13 +800,23 @@ fn max_running_spreads_an_instant_over_the_nodes_sqlite() {
     }
 }
 
-/// Batch claims through the real binary on PostgreSQL: three daemons, six
-/// jobs due every second. Every instant of every job runs at most once;
-/// once the daemons know of each other, a first-round claim is bounded by
-/// its share (below the six items), and the runs spread over the nodes.
+/// Batch claims through the real binary on PostgreSQL and MySQL: three
+/// daemons, six jobs due every second. Every instant of every job runs at
+/// most once; once the daemons know of each other, a first-round claim is
+/// bounded by its share (below the six items), and the runs spread over the
+/// nodes.
 #[test]
 fn claims_spread_a_burst_over_the_nodes_postgres() {
-    let Some(store) = TestStore::new(Backend::Postgres, "claims_spread") else {
+    claims_spread(Backend::Postgres, "claims_spread_postgres");
+}
+
+#[test]
+fn claims_spread_a_burst_over_the_nodes_mysql() {
+    claims_spread(Backend::MySql, "claims_spread_mysql");
+}
+
+fn claims_spread(backend: Backend, test: &str) {
+    let Some(store) = TestStore::new(backend, test) else {
         return;
     };
     let dir = tempfile::tempdir().expect("temp dir");

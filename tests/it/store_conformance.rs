@@ -1991,8 +1991,8 @@ async fn claim(
         .expect("claim reaches the store");
     assert_eq!(
         out.is_some(),
-        s.backend() == StoreBackend::Postgres,
-        "PostgreSQL claims in batches, the others one by one"
+        s.backend() != StoreBackend::Sqlite,
+        "PostgreSQL and MySQL claim in batches, SQLite (one host) one by one"
     );
     if let Some(o) = &out {
         assert_eq!(o.items.len(), items.len(), "one answer per item");
@@ -2236,22 +2236,42 @@ async fn case_claim_once_under_concurrency_and_skips_locked_rows(store: Arc<dyn 
 
     // A row locked by another transaction is skipped, not waited for.
     let locked = released_rows(s, "claim-locked", 2).await;
-    let pool = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(1)
-        .connect(s.url().expose())
-        .await
-        .expect("a raw connection");
-    let mut tx = pool.begin().await.unwrap();
-    sqlx::query("SELECT 1 FROM fencecron_leases WHERE resource = $1 FOR UPDATE")
-        .bind(locked[0].as_str())
-        .execute(&mut *tx)
-        .await
-        .unwrap();
     let items = claim_items(&locked, t);
-    let out = claim(s, "node-l", &items, 100, false).await.unwrap();
+    let lock = "SELECT 1 FROM fencecron_leases WHERE resource = {} FOR UPDATE";
+    let url = s.url().expose();
+    let out = if s.backend() == StoreBackend::MySql {
+        let pool = sqlx::mysql::MySqlPoolOptions::new()
+            .max_connections(1)
+            .connect(url)
+            .await
+            .expect("a raw connection");
+        let mut tx = pool.begin().await.unwrap();
+        sqlx::query(&lock.replace("{}", "?"))
+            .bind(locked[0].as_str())
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        let out = claim(s, "node-l", &items, 100, false).await.unwrap();
+        tx.rollback().await.unwrap();
+        out
+    } else {
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(1)
+            .connect(url)
+            .await
+            .expect("a raw connection");
+        let mut tx = pool.begin().await.unwrap();
+        sqlx::query(&lock.replace("{}", "$1"))
+            .bind(locked[0].as_str())
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        let out = claim(s, "node-l", &items, 100, false).await.unwrap();
+        tx.rollback().await.unwrap();
+        out
+    };
     assert_eq!(out.items[0], Claimed::Skipped, "locked elsewhere");
     assert!(matches!(out.items[1], Claimed::Won(_)));
-    tx.rollback().await.unwrap();
     assert!(
         !row(s, &locked[0]).await.held,
         "the locked row is untouched"
