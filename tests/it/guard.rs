@@ -1,0 +1,620 @@
+//! The SQL guard (`fencecron guard`), on every backend, through the real
+//! binary and the databases' own command-line clients (`psql`, `mysql`,
+//! `sqlite3`), the way a job would use it.
+//!
+//! Each test works in databases of its own (a fresh PostgreSQL or MariaDB
+//! database, dropped afterwards; a SQLite file in a temporary directory),
+//! so the table names can be fixed and tests run in parallel with the
+//! suite. fencecron's own store is a SQLite file beside them.
+
+use crate::common;
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use sqlx::mysql::{MySqlPool, MySqlPoolOptions};
+use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions};
+use sqlx::{Executor, Row};
+
+use common::fresh::with_database;
+use common::harness::{code, describe, fencecron, run};
+use common::{bin, unique, Backend, TestStore};
+
+// ------------------------------------------------------------ databases
+
+/// A database of a test's own where the guard is installed: its URL for
+/// `--db`, the argv of the backend's client to run SQL from stdin, and a
+/// directory for files (fencecron's store, job scripts, markers).
+struct Target {
+    backend: Backend,
+    url: String,
+    client: Vec<String>,
+    dir: PathBuf,
+}
+
+/// Runs `body` with `n` fresh databases on `backend`'s server (or `None`
+/// after a loud skip when the server or the client tool is missing), and
+/// drops them whether the body passed or panicked.
+async fn with_targets<F, Fut>(backend: Backend, test: &str, n: usize, body: F)
+where
+    F: FnOnce(Vec<Target>) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let Some(ts) = TestStore::new(backend, test) else {
+        return;
+    };
+    let tool = match backend {
+        Backend::Postgres => "psql",
+        Backend::MySql => "mysql",
+        Backend::Sqlite => "sqlite3",
+    };
+    if Command::new(tool)
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_err()
+    {
+        if std::env::var("CI").as_deref() == Ok("true") {
+            panic!("{test}: the client `{tool}` is missing under CI=true; install it");
+        }
+        skipped!(
+            "\n*** SKIPPED {test} on {backend:?}: the client `{tool}` is not installed. ***\n"
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut names = Vec::new();
+    let mut targets = Vec::new();
+    for i in 0..n {
+        let files = dir.path().join(format!("t{i}"));
+        std::fs::create_dir(&files).expect("target dir");
+        let name = unique("guard").replace('-', "_");
+        let (url, client) = match backend {
+            Backend::Sqlite => {
+                let path = files.join("app.db");
+                // An empty file is an empty SQLite database; the guard
+                // refuses to create one on its own.
+                std::fs::write(&path, b"").expect("create app.db");
+                let url = format!("sqlite://{}", path.display());
+                let client = vec![
+                    "sqlite3".to_string(),
+                    "-bail".to_string(),
+                    "-cmd".to_string(),
+                    ".timeout 20000".to_string(),
+                    path.display().to_string(),
+                ];
+                (url, client)
+            }
+            Backend::Postgres => {
+                let url = with_database(&ts.url, &name);
+                let client = [
+                    "psql",
+                    "-X",
+                    "-q",
+                    "-v",
+                    "ON_ERROR_STOP=1",
+                    "-v",
+                    "VERBOSITY=verbose",
+                    &url,
+                ]
+                .map(str::to_string)
+                .to_vec();
+                (url, client)
+            }
+            Backend::MySql => {
+                let url = with_database(&ts.url, &name);
+                let u = url::Url::parse(&url).expect("mysql URL");
+                let mut client = vec![
+                    "mysql".to_string(),
+                    "--batch".to_string(),
+                    "-h".to_string(),
+                    u.host_str().unwrap_or("127.0.0.1").to_string(),
+                    "-P".to_string(),
+                    u.port().unwrap_or(3306).to_string(),
+                    "-u".to_string(),
+                    u.username().to_string(),
+                ];
+                if let Some(p) = u.password() {
+                    client.push(format!("--password={p}"));
+                }
+                client.push(name.clone());
+                (url, client)
+            }
+        };
+        names.push(name);
+        targets.push(Target {
+            backend,
+            url,
+            client,
+            dir: files,
+        });
+    }
+    let admin = Admin::connect(backend, &ts.url).await;
+    for name in &names {
+        admin.run(&format!("CREATE DATABASE {name}")).await;
+    }
+    let result = tokio::spawn(body(targets)).await;
+    for name in &names {
+        let drop = match backend {
+            Backend::Postgres => format!("DROP DATABASE {name} WITH (FORCE)"),
+            _ => format!("DROP DATABASE {name}"),
+        };
+        admin.run(&drop).await;
+    }
+    drop(dir);
+    if let Err(e) = result {
+        std::panic::resume_unwind(e.into_panic());
+    }
+}
+
+/// The server-wide connection that creates and drops the test's databases.
+enum Admin {
+    None,
+    Pg(PgPool),
+    My(MySqlPool),
+}
+
+impl Admin {
+    async fn connect(backend: Backend, url: &str) -> Admin {
+        match backend {
+            Backend::Sqlite => Admin::None,
+            Backend::Postgres => Admin::Pg(PgPool::connect(url).await.expect("connect")),
+            Backend::MySql => Admin::My(MySqlPool::connect(url).await.expect("connect")),
+        }
+    }
+
+    async fn run(&self, sql: &str) {
+        match self {
+            Admin::None => {}
+            Admin::Pg(p) => {
+                p.execute(sql).await.expect(sql);
+            }
+            Admin::My(p) => {
+                p.execute(sql).await.expect(sql);
+            }
+        }
+    }
+}
+
+/// A pool on a target, for the test's own reads (and the concurrency test's
+/// transactions).
+enum Db {
+    Pg(PgPool),
+    My(MySqlPool),
+    Lite(SqlitePool),
+}
+
+impl Db {
+    async fn connect(t: &Target) -> Db {
+        match t.backend {
+            Backend::Postgres => Db::Pg(
+                PgPoolOptions::new()
+                    .max_connections(3)
+                    .connect(&t.url)
+                    .await
+                    .expect("connect"),
+            ),
+            Backend::MySql => Db::My(
+                MySqlPoolOptions::new()
+                    .max_connections(3)
+                    .connect(&t.url)
+                    .await
+                    .expect("connect"),
+            ),
+            Backend::Sqlite => {
+                let path = t.url.trim_start_matches("sqlite://");
+                let opts = SqliteConnectOptions::new()
+                    .filename(path)
+                    .busy_timeout(Duration::from_secs(20));
+                Db::Lite(
+                    SqlitePoolOptions::new()
+                        .max_connections(3)
+                        .connect_with(opts)
+                        .await
+                        .expect("open SQLite"),
+                )
+            }
+        }
+    }
+
+    /// Every row of `sql` as its columns, rendered as text and joined by `|`.
+    async fn rows(&self, sql: &str) -> Vec<String> {
+        macro_rules! render {
+            ($pool:expr) => {{
+                let rows = sqlx::query(sql)
+                    .fetch_all($pool)
+                    .await
+                    .unwrap_or_else(|e| panic!("{sql}: {e}"));
+                rows.iter()
+                    .map(|row| {
+                        (0..row.len())
+                            .map(|i| {
+                                if let Ok(v) = row.try_get::<Option<String>, _>(i) {
+                                    v.unwrap_or_else(|| "NULL".into())
+                                } else if let Ok(v) = row.try_get::<Option<i64>, _>(i) {
+                                    v.map_or_else(|| "NULL".into(), |v| v.to_string())
+                                } else {
+                                    let v: Option<Vec<u8>> = row
+                                        .try_get(i)
+                                        .unwrap_or_else(|e| panic!("{sql} column {i}: {e}"));
+                                    v.map_or_else(
+                                        || "NULL".into(),
+                                        |v| String::from_utf8_lossy(&v).into_owned(),
+                                    )
+                                }
+                            })
+                            .collect::<Vec<_>>()
+                            .join("|")
+                    })
+                    .collect()
+            }};
+        }
+        match self {
+            Db::Pg(p) => render!(p),
+            Db::My(p) => render!(p),
+            Db::Lite(p) => render!(p),
+        }
+    }
+
+    async fn close(&self) {
+        match self {
+            Db::Pg(p) => p.close().await,
+            Db::My(p) => p.close().await,
+            Db::Lite(p) => p.close().await,
+        }
+    }
+}
+
+// ------------------------------------------------- the backends' SQL
+
+/// The job's side of the guard in each backend's SQL: what a job writes
+/// into its own database, with `@RESOURCE@` and `@TOKEN@` for the values
+/// its script puts in from `FENCECRON_RESOURCE` and `FENCECRON_TOKEN`.
+impl Target {
+    fn create_table(&self) -> &'static str {
+        match self.backend {
+            Backend::MySql => {
+                "CREATE TABLE guarded (k VARCHAR(64) NOT NULL PRIMARY KEY, v TEXT NOT NULL, token BIGINT NOT NULL) ENGINE=InnoDB;"
+            }
+            _ => "CREATE TABLE guarded (k TEXT PRIMARY KEY, v TEXT NOT NULL, token BIGINT NOT NULL);",
+        }
+    }
+
+    fn begin(&self) -> &'static str {
+        match self.backend {
+            Backend::Postgres => "BEGIN;",
+            Backend::MySql => "START TRANSACTION;",
+            // Take the write lock up front (RECIPES.md, SQLite).
+            Backend::Sqlite => "BEGIN IMMEDIATE;",
+        }
+    }
+
+    /// Writes row `k` with the run's token.
+    fn write(&self, k: &str) -> String {
+        match self.backend {
+            Backend::MySql => format!(
+                "INSERT INTO guarded (k, v, token) VALUES ('{k}', 'run-@TOKEN@', @TOKEN@) ON DUPLICATE KEY UPDATE v = VALUES(v), token = VALUES(token);"
+            ),
+            _ => format!(
+                "INSERT INTO guarded (k, v, token) VALUES ('{k}', 'run-@TOKEN@', @TOKEN@) ON CONFLICT (k) DO UPDATE SET v = excluded.v, token = excluded.token;"
+            ),
+        }
+    }
+
+    /// The guard's check, as the README shows it.
+    fn check(&self) -> &'static str {
+        match self.backend {
+            Backend::Postgres => "SELECT fencecron_guard('@RESOURCE@', @TOKEN@);",
+            Backend::MySql => "CALL fencecron_guard('@RESOURCE@', @TOKEN@);",
+            Backend::Sqlite => {
+                "INSERT INTO fencecron_guard_check (resource, token) VALUES ('@RESOURCE@', @TOKEN@);"
+            }
+        }
+    }
+
+    /// A shell command the client runs when it reaches this line (after
+    /// every statement before it has finished).
+    fn shell(&self, cmd: &str) -> String {
+        match self.backend {
+            Backend::Sqlite => format!(".shell {cmd}"),
+            _ => format!("\\! {cmd}"),
+        }
+    }
+
+    /// The store URL of fencecron's own (SQLite) store for this target.
+    fn store(&self) -> String {
+        format!("sqlite://{}", self.dir.join("fencecron.db").display())
+    }
+
+    /// Runs SQL through the client, as a DBA would.
+    fn client(&self, sql: &str) -> Output {
+        let mut cmd = Command::new(&self.client[0]);
+        cmd.args(&self.client[1..]).current_dir(&self.dir);
+        run(cmd, Some(sql.as_bytes()))
+    }
+
+    /// `fencecron` with the arguments, in this target's directory.
+    fn fencecron(&self, args: &[&str]) -> Output {
+        let mut cmd = fencecron(&self.dir);
+        cmd.args(args);
+        run(cmd, None)
+    }
+
+    fn install(&self) {
+        let out = self.fencecron(&["guard", "install", "--db", &self.url]);
+        assert_eq!(code(&out), 0, "guard install: {}", describe(&out));
+    }
+
+    /// A job: its SQL (with the placeholders) in a file, run through the
+    /// client by a shell script that fills in the run's resource and token
+    /// and, when the client fails, reports the refusal with `fencecron
+    /// guard record` and exits 42 (not a stale_exit_code: the record is
+    /// the guard's).
+    fn job(&self, name: &str, sql: &[String]) -> Vec<String> {
+        let file = self.dir.join(format!("{name}.sql"));
+        std::fs::write(&file, sql.join("\n") + "\n").expect("write job SQL");
+        let script = r#"
+sed -e "s/@TOKEN@/$FENCECRON_TOKEN/g" -e "s/@RESOURCE@/$FENCECRON_RESOURCE/g" "$JOB_SQL" | "$@"
+rc=$?
+[ "$rc" -eq 0 ] && exit 0
+"$FENCECRON_BIN" guard record --db "$GUARD_DB"
+exit 42
+"#;
+        let mut argv = vec![
+            "env".to_string(),
+            format!("JOB_SQL={}", file.display()),
+            format!("GUARD_DB={}", self.url),
+            format!("FENCECRON_BIN={}", bin().display()),
+            "sh".to_string(),
+            "-c".to_string(),
+            script.to_string(),
+            name.to_string(),
+        ];
+        argv.extend(self.client.iter().cloned());
+        argv
+    }
+
+    /// Runs a job under `fencecron exec` (a fresh token); its output.
+    fn exec(&self, resource: &str, job: &[String]) -> Output {
+        let store = self.store();
+        let mut cmd = fencecron(&self.dir);
+        cmd.args(["exec", resource, "--store", &store, "--"])
+            .args(job)
+            .env("FENCECRON_NODE", "node-new");
+        run(cmd, None)
+    }
+
+    fn files(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+}
+
+fn json(out: &Output) -> Value {
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {}", describe(out)))
+}
+
+/// Waits for `path` to exist (a marker a job's client writes).
+fn wait_for_file(path: &Path, what: &str, child: &mut Child) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !path.exists() {
+        if let Some(st) = child.try_wait().expect("try_wait") {
+            panic!("{what}: the job exited ({st}) before {}", path.display());
+        }
+        assert!(Instant::now() < deadline, "{what}: no {}", path.display());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+// ------------------------------------------------ jobs, paused owner
+
+/// Two runs (tokens N, N+1) write through the guard; then the paused-owner
+/// scenario: the old owner (token N+2) has written inside its transaction
+/// and stalls before its check (on SQLite, whose writers exclude each
+/// other, before its transaction), its lease ends, a newer run (N+3)
+/// writes and commits, and the old owner resumes: the guard refuses it, its
+/// whole transaction — also the rows written before the check — is rolled
+/// back, the newer data stays, and the refusal is recorded and listed by
+/// `fencecron stale --guard`.
+async fn paused_owner(t: Target) {
+    t.install();
+    let out = t.client(t.create_table());
+    assert_eq!(code(&out), 0, "create table: {}", describe(&out));
+    let resource = unique("guard");
+
+    // Two runs, one after the other: both accepted, the newer one wins.
+    let seq = t.job(
+        "seq",
+        &[
+            t.begin().into(),
+            t.write("shared"),
+            t.check().into(),
+            "COMMIT;".into(),
+        ],
+    );
+    for _ in 0..2 {
+        let out = t.exec(&resource, &seq);
+        assert_eq!(code(&out), 0, "a current run: {}", describe(&out));
+    }
+    let db = Db::connect(&t).await;
+    assert_eq!(
+        db.rows("SELECT k, v, token FROM guarded ORDER BY k").await,
+        vec!["shared|run-2|2"]
+    );
+    assert_eq!(
+        db.rows("SELECT resource, token FROM fencecron_guard").await,
+        vec![format!("{resource}|2")]
+    );
+
+    // The old owner: token 3, from a lease that then ends.
+    let out = t.fencecron(&[
+        "lease",
+        "acquire",
+        &resource,
+        "--json",
+        "--store",
+        &t.store(),
+    ]);
+    assert_eq!(code(&out), 0, "lease acquire: {}", describe(&out));
+    let lease = json(&out);
+    let old_token = lease["token"].as_i64().expect("token");
+    let old_owner = lease["owner_id"].as_str().expect("owner_id").to_string();
+    assert_eq!(old_token, 3);
+
+    let ready = t.files("old-ready");
+    let go = t.files("old-go");
+    let wait = t.files("wait.sh");
+    std::fs::write(
+        &wait,
+        format!("while [ ! -e {} ]; do sleep 0.02; done\n", go.display()),
+    )
+    .expect("wait.sh");
+    let pause = [
+        t.shell(&format!("touch {}", ready.display())),
+        t.shell(&format!("sh {}", wait.display())),
+    ];
+    let mut old_sql: Vec<String> = Vec::new();
+    if t.backend == Backend::Sqlite {
+        old_sql.extend(pause.iter().cloned());
+        old_sql.extend([t.begin().into(), t.write("old-1")]);
+    } else {
+        old_sql.extend([t.begin().into(), t.write("old-1")]);
+        old_sql.extend(pause.iter().cloned());
+    }
+    old_sql.extend([t.check().into(), t.write("old-2"), "COMMIT;".into()]);
+    let old_job = t.job("old", &old_sql);
+    let mut cmd = common::harness::clean(Command::new(&old_job[0]), &t.dir);
+    cmd.args(&old_job[1..])
+        .env("FENCECRON_TOKEN", old_token.to_string())
+        .env("FENCECRON_RESOURCE", &resource)
+        .env("FENCECRON_OWNER_ID", &old_owner)
+        .env("FENCECRON_NODE", "node-stale")
+        .env("FENCECRON_LOG_FORMAT", "json")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut old = cmd.spawn().expect("start the old owner's job");
+    wait_for_file(&ready, "the old owner", &mut old);
+
+    // Its lease ends (released here: as good as expired).
+    let out = t.fencecron(&[
+        "lease",
+        "release",
+        &resource,
+        "--owner-id",
+        &old_owner,
+        "--token",
+        &old_token.to_string(),
+        "--store",
+        &t.store(),
+    ]);
+    assert_eq!(code(&out), 0, "lease release: {}", describe(&out));
+
+    // The newer owner runs and commits while the old one is stalled.
+    let new_job = t.job(
+        "new",
+        &[
+            t.begin().into(),
+            t.write("new-1"),
+            t.write("shared"),
+            t.check().into(),
+            t.write("new-2"),
+            "COMMIT;".into(),
+        ],
+    );
+    let out = t.exec(&resource, &new_job);
+    assert_eq!(code(&out), 0, "the newer run: {}", describe(&out));
+
+    // The old owner resumes: refused, rolled back whole, reported.
+    std::fs::write(&go, b"").expect("go");
+    let out = old.wait_with_output().expect("old job");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(42),
+        "the stale run must fail: {}",
+        describe(&out)
+    );
+    assert!(
+        err.contains("fencecron_guard: stale token"),
+        "the client must show the guard's refusal: {}",
+        describe(&out)
+    );
+    if t.backend != Backend::Sqlite {
+        assert!(err.contains("FC001"), "SQLSTATE FC001: {}", describe(&out));
+    }
+    if t.backend != Backend::Sqlite {
+        assert!(
+            err.contains(&format!("stale token {old_token}")) && err.contains(&resource),
+            "the refusal names the token and the resource: {err}"
+        );
+    }
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("recorded: token 3"),
+        "guard record: {}",
+        describe(&out)
+    );
+    assert_eq!(
+        db.rows("SELECT k, v, token FROM guarded ORDER BY k").await,
+        vec!["new-1|run-4|4", "new-2|run-4|4", "shared|run-4|4"],
+        "the stale transaction left nothing, the newer run's rows are intact"
+    );
+    assert_eq!(
+        db.rows("SELECT resource, token FROM fencecron_guard").await,
+        vec![format!("{resource}|4")]
+    );
+
+    // One rejection on record, listed by `fencecron stale --guard`.
+    let out = t.fencecron(&["stale", "--json", "--store", &t.store(), "--guard", &t.url]);
+    assert_eq!(code(&out), 0, "stale --guard: {}", describe(&out));
+    let recs = json(&out);
+    let recs: Vec<&Value> = recs
+        .as_array()
+        .expect("array")
+        .iter()
+        .filter(|r| r["resource"] == resource.as_str())
+        .collect();
+    assert_eq!(recs.len(), 1, "{recs:?}");
+    let rec = recs[0];
+    assert_eq!(rec["kind"], "write_rejected", "{rec}");
+    assert_eq!(rec["reason"], "stale", "{rec}");
+    assert_eq!(rec["token"].as_i64(), Some(old_token), "{rec}");
+    assert_eq!(rec["accepted_token"].as_i64(), Some(4), "{rec}");
+    assert_eq!(rec["node"], "node-stale", "{rec}");
+    assert_eq!(rec["owner_id"], old_owner.as_str(), "{rec}");
+    // MySQL's procedure wrote the row itself; elsewhere the job's report did.
+    let stage = match t.backend {
+        Backend::MySql => "guard",
+        _ => "guard_reported",
+    };
+    assert_eq!(rec["stage"], stage, "{rec}");
+    db.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn guard_paused_owner_sqlite() {
+    with_targets(Backend::Sqlite, "guard_paused_owner_sqlite", 1, |t| {
+        paused_owner(t.into_iter().next().unwrap())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn guard_paused_owner_postgres() {
+    with_targets(Backend::Postgres, "guard_paused_owner_postgres", 1, |t| {
+        paused_owner(t.into_iter().next().unwrap())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn guard_paused_owner_mysql() {
+    with_targets(Backend::MySql, "guard_paused_owner_mysql", 1, |t| {
+        paused_owner(t.into_iter().next().unwrap())
+    })
+    .await;
+}
