@@ -618,3 +618,383 @@ async fn guard_paused_owner_mysql() {
     })
     .await;
 }
+
+// ------------------------------------------------------------ concurrency
+
+/// Two transactions check one resource. While the first holds its check
+/// uncommitted, the second waits for it (PostgreSQL and MariaDB: it is seen
+/// waiting on a lock; SQLite: on the database's write lock). An older token
+/// queued behind a newer one is refused once the newer commits, and its
+/// transaction is rolled back whole, the row it wrote before the check
+/// included, even though it then asks to COMMIT; a newer token queued behind
+/// an older one is accepted. MySQL keeps the refusal as a row by itself,
+/// PostgreSQL and SQLite cannot (their job reports it).
+macro_rules! race {
+    ($t:expr, $pool:expr, $begin:expr, $id_sql:expr, $waiting_sql:expr, $check:expr, $write:expr) => {{
+        let t: &Target = $t;
+        let pool = $pool.clone();
+        let resource = unique("guard");
+        for (held, queued, refused) in [(6_i64, 5_i64, true), (7, 8, false)] {
+            let mut tx = $begin(pool.clone()).await;
+            sqlx::query($check)
+                .bind(&resource)
+                .bind(held)
+                .execute(&mut *tx)
+                .await
+                .expect("the first check passes");
+            sqlx::query($write)
+                .bind(format!("held-{held}"))
+                .bind(held)
+                .execute(&mut *tx)
+                .await
+                .expect("the first transaction writes");
+
+            let (id_tx, id_rx) = tokio::sync::oneshot::channel::<i64>();
+            let second = {
+                let pool = pool.clone();
+                let resource = resource.clone();
+                tokio::spawn(async move {
+                    let mut tx = $begin(pool).await;
+                    let id: i64 = sqlx::query_scalar($id_sql)
+                        .fetch_one(&mut *tx)
+                        .await
+                        .expect("connection id");
+                    let _ = id_tx.send(id);
+                    sqlx::query($write)
+                        .bind(format!("queued-{queued}"))
+                        .bind(queued)
+                        .execute(&mut *tx)
+                        .await
+                        .expect("the second transaction writes before its check");
+                    let checked = sqlx::query($check)
+                        .bind(&resource)
+                        .bind(queued)
+                        .execute(&mut *tx)
+                        .await
+                        .map(|_| ());
+                    // A job that ignores the error and commits anyway.
+                    let committed = tx.commit().await;
+                    (checked, committed)
+                })
+            };
+            match $waiting_sql {
+                Some(sql) => {
+                    let id = tokio::time::timeout(Duration::from_secs(20), id_rx)
+                        .await
+                        .expect("the second transaction began")
+                        .expect("id");
+                    let deadline = Instant::now() + Duration::from_secs(20);
+                    loop {
+                        let waiting: i64 = sqlx::query_scalar(sql)
+                            .bind(id)
+                            .fetch_one(&pool)
+                            .await
+                            .expect("lock wait probe");
+                        if waiting > 0 {
+                            break;
+                        }
+                        assert!(
+                            !second.is_finished(),
+                            "{:?}: token {queued} finished its check while token {held} was uncommitted",
+                            t.backend
+                        );
+                        assert!(
+                            Instant::now() < deadline,
+                            "the second check never waited on the first"
+                        );
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                }
+                // SQLite: the second waits for the write lock in BEGIN
+                // IMMEDIATE, which shows nowhere; give it time to finish
+                // if it (wrongly) could.
+                None => tokio::time::sleep(Duration::from_millis(300)).await,
+            }
+            assert!(
+                !second.is_finished(),
+                "{:?}: token {queued} must wait while token {held} is uncommitted",
+                t.backend
+            );
+            tx.commit().await.expect("the first transaction commits");
+            let (checked, committed) = tokio::time::timeout(Duration::from_secs(20), second)
+                .await
+                .expect("the second transaction ends after the first commits")
+                .expect("join");
+            let keys: Vec<String> = sqlx::query_scalar("SELECT k FROM guarded ORDER BY k")
+                .fetch_all(&pool)
+                .await
+                .expect("read back");
+            let highest: i64 = sqlx::query_scalar(match t.backend {
+                Backend::Postgres => "SELECT token FROM fencecron_guard WHERE resource = $1",
+                _ => "SELECT token FROM fencecron_guard WHERE resource = ?",
+            })
+            .bind(&resource)
+            .fetch_one(&pool)
+            .await
+            .expect("guard row");
+            if refused {
+                let e = checked.expect_err("the older token must be refused");
+                let msg = e.to_string();
+                assert!(msg.contains("fencecron_guard: stale token"), "{msg}");
+                if t.backend != Backend::Sqlite {
+                    let code = e.as_database_error().and_then(|d| d.code()).map(|c| c.to_string());
+                    assert_eq!(code.as_deref(), Some("FC001"), "{msg}");
+                    assert!(msg.contains(&format!("{queued}")) && msg.contains(&format!("{held}")), "{msg}");
+                }
+                let _ = committed;
+                assert!(
+                    !keys.contains(&format!("queued-{queued}")),
+                    "{:?}: the refused transaction's write before the check was committed: {keys:?}",
+                    t.backend
+                );
+                assert_eq!(highest, held);
+            } else {
+                checked.expect("the newer token is accepted");
+                committed.expect("and commits");
+                assert!(keys.contains(&format!("queued-{queued}")), "{keys:?}");
+                assert_eq!(highest, queued);
+            }
+            assert!(keys.contains(&format!("held-{held}")), "{keys:?}");
+        }
+        let kept: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM fencecron_guard_rejections")
+            .fetch_one(&pool)
+            .await
+            .expect("count rejections");
+        let automatic = if t.backend == Backend::MySql { 1 } else { 0 };
+        assert_eq!(kept, automatic, "{:?}: rejection rows kept by the database itself", t.backend);
+    }};
+}
+
+async fn race(t: Target) {
+    t.install();
+    let out = t.client(t.create_table());
+    assert_eq!(code(&out), 0, "create table: {}", describe(&out));
+    let db = Db::connect(&t).await;
+    match &db {
+        Db::Pg(p) => race!(
+            &t,
+            p,
+            |p: PgPool| async move { p.begin().await.expect("begin") },
+            "SELECT pg_backend_pid()::BIGINT",
+            Some("SELECT COUNT(*) FROM pg_stat_activity WHERE pid = $1 AND wait_event_type = 'Lock'"),
+            "SELECT fencecron_guard($1, $2)",
+            "INSERT INTO guarded (k, v, token) VALUES ($1, 'x', $2)"
+        ),
+        Db::My(p) => race!(
+            &t,
+            p,
+            |p: MySqlPool| async move { p.begin().await.expect("begin") },
+            "SELECT CAST(CONNECTION_ID() AS SIGNED)",
+            // MariaDB's INNODB_TRX does not always say LOCK WAIT for this wait:
+            // the connection is seen inside the guard's upsert instead.
+            Some("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = ? AND INFO LIKE 'INSERT INTO fencecron_guard %'"),
+            "CALL fencecron_guard(?, ?)",
+            "INSERT INTO guarded (k, v, token) VALUES (?, 'x', ?)"
+        ),
+        Db::Lite(p) => race!(
+            &t,
+            p,
+            // A connection of its own each time: after RAISE(ROLLBACK)
+            // sqlx still counts the transaction as open, so a pooled
+            // connection would refuse the next BEGIN.
+            |p: SqlitePool| async move {
+                let own = SqlitePoolOptions::new()
+                    .max_connections(1)
+                    .connect_with((*p.connect_options()).clone())
+                    .await
+                    .expect("open SQLite");
+                own.begin_with("BEGIN IMMEDIATE").await.expect("begin")
+            },
+            "SELECT 0",
+            None::<&str>,
+            "INSERT INTO fencecron_guard_check (resource, token) VALUES (?, ?)",
+            "INSERT INTO guarded (k, v, token) VALUES (?, 'x', ?)"
+        ),
+    }
+    db.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn guard_concurrent_checks_sqlite() {
+    with_targets(Backend::Sqlite, "guard_concurrent_checks_sqlite", 1, |t| {
+        race(t.into_iter().next().unwrap())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn guard_concurrent_checks_postgres() {
+    with_targets(
+        Backend::Postgres,
+        "guard_concurrent_checks_postgres",
+        1,
+        |t| race(t.into_iter().next().unwrap()),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn guard_concurrent_checks_mysql() {
+    with_targets(Backend::MySql, "guard_concurrent_checks_mysql", 1, |t| {
+        race(t.into_iter().next().unwrap())
+    })
+    .await;
+}
+
+// ------------------------------------------------- DDL and install
+
+/// What a database holds, one line per object or column, led by the name
+/// of the table (or routine) it belongs to.
+async fn catalog(t: &Target, db: &Db) -> Vec<String> {
+    let queries: &[&str] = match t.backend {
+        Backend::Postgres => &[
+            "SELECT c.relname, c.relkind::TEXT FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+              WHERE n.nspname = 'public' ORDER BY 1",
+            "SELECT p.proname::TEXT, pg_get_functiondef(p.oid) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+              WHERE n.nspname = 'public' ORDER BY 1",
+            "SELECT table_name::TEXT, column_name::TEXT, data_type::TEXT, is_nullable::TEXT, COALESCE(column_default, '')
+               FROM information_schema.columns WHERE table_schema = 'public' ORDER BY table_name, ordinal_position",
+        ],
+        Backend::MySql => &[
+            "SELECT TABLE_NAME, ENGINE FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() ORDER BY 1",
+            "SELECT ROUTINE_NAME, ROUTINE_TYPE, ROUTINE_DEFINITION, SQL_DATA_ACCESS FROM information_schema.ROUTINES
+              WHERE ROUTINE_SCHEMA = DATABASE() ORDER BY 1",
+            "SELECT SPECIFIC_NAME, PARAMETER_NAME, DTD_IDENTIFIER FROM information_schema.PARAMETERS
+              WHERE SPECIFIC_SCHEMA = DATABASE() ORDER BY SPECIFIC_NAME, ORDINAL_POSITION",
+            "SELECT TABLE_NAME, COLUMN_NAME, COLUMN_TYPE, IS_NULLABLE, COALESCE(COLUMN_DEFAULT, ''), COLUMN_KEY, EXTRA
+               FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = DATABASE() ORDER BY TABLE_NAME, ORDINAL_POSITION",
+            "SELECT TRIGGER_NAME, ACTION_STATEMENT FROM information_schema.TRIGGERS WHERE TRIGGER_SCHEMA = DATABASE() ORDER BY 1",
+        ],
+        Backend::Sqlite => &[
+            "SELECT tbl_name, name, type, sql FROM sqlite_master WHERE name <> 'sqlite_sequence' ORDER BY tbl_name, name",
+        ],
+    };
+    let mut all = Vec::new();
+    for q in queries {
+        all.extend(db.rows(q).await);
+    }
+    all
+}
+
+fn guard_objects(catalog: &[String]) -> Vec<String> {
+    catalog
+        .iter()
+        .filter(|l| l.starts_with("fencecron_guard"))
+        .cloned()
+        .collect()
+}
+
+fn other_objects(catalog: &[String]) -> Vec<String> {
+    catalog
+        .iter()
+        .filter(|l| !l.starts_with("fencecron_guard"))
+        .cloned()
+        .collect()
+}
+
+/// `guard ddl` piped into the backend's own client creates exactly what
+/// `guard install` creates; `install` run twice keeps the guard's rows and
+/// changes nothing else, also in a database that holds fencecron's own
+/// store (its tables stay as they were).
+async fn ddl_is_install(targets: Vec<Target>) {
+    let (dba, installed) = (&targets[0], &targets[1]);
+    let backend = match dba.backend {
+        Backend::Postgres => "postgres",
+        Backend::MySql => "mysql",
+        Backend::Sqlite => "sqlite",
+    };
+    let out = dba.fencecron(&["guard", "ddl", "--backend", backend]);
+    assert_eq!(code(&out), 0, "guard ddl: {}", describe(&out));
+    let out = dba.client(&String::from_utf8_lossy(&out.stdout));
+    assert_eq!(
+        code(&out),
+        0,
+        "the DDL through the client: {}",
+        describe(&out)
+    );
+    let db = Db::connect(dba).await;
+    let by_dba = catalog(dba, &db).await;
+    db.close().await;
+    assert!(
+        by_dba
+            .iter()
+            .any(|l| l.starts_with("fencecron_guard_rejections")),
+        "{by_dba:?}"
+    );
+    assert_eq!(
+        guard_objects(&by_dba),
+        by_dba,
+        "the DDL creates only guard objects"
+    );
+
+    // fencecron's own store in the same database, then the guard, twice.
+    let out = installed.fencecron(&["lease", "acquire", "shared-db", "--store", &installed.url]);
+    assert_eq!(code(&out), 0, "fencecron's store: {}", describe(&out));
+    let db = Db::connect(installed).await;
+    let before = catalog(installed, &db).await;
+    assert!(
+        before.iter().any(|l| l.starts_with("fencecron_leases")),
+        "{before:?}"
+    );
+    installed.install();
+    let check = match installed.backend {
+        Backend::Postgres => "SELECT fencecron_guard('kept', 5);",
+        Backend::MySql => "CALL fencecron_guard('kept', 5);",
+        Backend::Sqlite => {
+            "INSERT INTO fencecron_guard_check (resource, token) VALUES ('kept', 5);"
+        }
+    };
+    let out = installed.client(check);
+    assert_eq!(code(&out), 0, "check: {}", describe(&out));
+    installed.install();
+    let after = catalog(installed, &db).await;
+    assert_eq!(
+        other_objects(&after),
+        other_objects(&before),
+        "install touched other objects"
+    );
+    assert_eq!(
+        guard_objects(&after),
+        by_dba,
+        "printed DDL and install differ"
+    );
+    assert_eq!(
+        db.rows("SELECT resource, token FROM fencecron_guard").await,
+        vec!["kept|5"],
+        "a second install keeps the guard's rows"
+    );
+    db.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn guard_ddl_is_install_sqlite() {
+    with_targets(
+        Backend::Sqlite,
+        "guard_ddl_is_install_sqlite",
+        2,
+        ddl_is_install,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn guard_ddl_is_install_postgres() {
+    with_targets(
+        Backend::Postgres,
+        "guard_ddl_is_install_postgres",
+        2,
+        ddl_is_install,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn guard_ddl_is_install_mysql() {
+    with_targets(
+        Backend::MySql,
+        "guard_ddl_is_install_mysql",
+        2,
+        ddl_is_install,
+    )
+    .await;
+}
