@@ -281,6 +281,21 @@ pub enum GuardCommand {
         #[arg(long, value_enum)]
         backend: GuardBackend,
     },
+    /// Print the DDL that attaches the guard to a table whose rows carry
+    /// their writer's token (PostgreSQL, SQLite).
+    Trigger {
+        #[arg(long, value_enum)]
+        backend: GuardBackend,
+        /// The table (a plain identifier, optionally schema.table).
+        #[arg(long, value_name = "T")]
+        table: String,
+        /// The column holding each row's token (FENCECRON_TOKEN).
+        #[arg(long, value_name = "C")]
+        column: String,
+        /// The resource the table's writers lease.
+        #[arg(long, value_name = "R")]
+        resource: String,
+    },
     /// After the guard refused this job's transaction: record the refusal
     /// in the guard's rejections table (and the daemon's log).
     Record {

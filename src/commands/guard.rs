@@ -17,12 +17,19 @@ pub async fn run(cmd: &GuardCommand) -> Result<Exit> {
     match cmd {
         GuardCommand::Install { db } => install(db).await,
         GuardCommand::Ddl { backend } => {
-            let backend = match backend {
-                GuardBackend::Postgres => Backend::Postgres,
-                GuardBackend::Mysql => Backend::MySql,
-                GuardBackend::Sqlite => Backend::Sqlite,
-            };
-            Out::stdout().write_all(guard::script(backend).as_bytes())?;
+            Out::stdout().write_all(guard::script(backend_of(*backend)).as_bytes())?;
+            Ok(Exit::Success)
+        }
+        GuardCommand::Trigger {
+            backend,
+            table,
+            column,
+            resource,
+        } => {
+            let resource = Name::parse("resource", resource).map_err(Error::Usage)?;
+            let ddl = guard::trigger_script(backend_of(*backend), table, column, &resource)
+                .map_err(Error::Usage)?;
+            Out::stdout().write_all(ddl.as_bytes())?;
             Ok(Exit::Success)
         }
         GuardCommand::Record {
@@ -31,6 +38,14 @@ pub async fn run(cmd: &GuardCommand) -> Result<Exit> {
             token,
             json,
         } => record(db, resource.as_deref(), *token, *json).await,
+    }
+}
+
+fn backend_of(b: GuardBackend) -> Backend {
+    match b {
+        GuardBackend::Postgres => Backend::Postgres,
+        GuardBackend::Mysql => Backend::MySql,
+        GuardBackend::Sqlite => Backend::Sqlite,
     }
 }
 

@@ -102,6 +102,14 @@ BEGIN
         HINT = 'Roll back and stop; never retry with this token. Report it with: fencecron guard record --db URL';
 END
 $fencecron$",
+    "CREATE OR REPLACE FUNCTION fencecron_guard_row() RETURNS trigger
+LANGUAGE plpgsql AS $fencecron$
+BEGIN
+    -- TG_ARGV: the resource, the name of the row's fence column.
+    PERFORM fencecron_guard(TG_ARGV[0], (to_jsonb(NEW) ->> TG_ARGV[1])::BIGINT);
+    RETURN NEW;
+END
+$fencecron$",
 ];
 
 /// The guard's objects in MySQL/MariaDB. The rejections table is MyISAM on
@@ -238,6 +246,82 @@ pub fn script(backend: Backend) -> String {
         }
     }
     s
+}
+
+/// The DDL that attaches the guard to a table whose rows carry their
+/// writer's token in `column`: every INSERT and UPDATE of a row runs the
+/// check for `resource` with the row's token, so a row written with an
+/// older token than the guard's highest fails its whole transaction, and a
+/// newer one raises the highest. PostgreSQL: a `BEFORE INSERT OR UPDATE`
+/// row trigger calling `fencecron_guard_row()` (installed with the guard);
+/// SQLite: two `BEFORE` triggers inserting into `fencecron_guard_check`.
+/// MySQL has none: a trigger may not run `ROLLBACK`, so its refusal would
+/// fail only the statement, not the transaction. The table and column
+/// must be plain identifiers (optionally `schema.table`) and are quoted;
+/// the resource is a string literal.
+pub fn trigger_script(
+    backend: Backend,
+    table: &str,
+    column: &str,
+    resource: &Name,
+) -> Result<String, String> {
+    let table_parts: Vec<&str> = table.split('.').collect();
+    if table_parts.len() > 2 || !table_parts.iter().all(|p| is_identifier(p)) {
+        return Err(format!(
+            "the table name `{table}` is not a plain identifier (letters, digits and `_`, not starting with a digit, at most 63 characters; optionally schema.table)"
+        ));
+    }
+    if !is_identifier(column) {
+        return Err(format!(
+            "the column name `{column}` is not a plain identifier (letters, digits and `_`, not starting with a digit, at most 63 characters)"
+        ));
+    }
+    let quoted_table = table_parts
+        .iter()
+        .map(|p| format!("\"{p}\""))
+        .collect::<Vec<_>>()
+        .join(".");
+    let bare_table = table_parts[table_parts.len() - 1];
+    let literal = format!("'{}'", resource.as_str().replace('\'', "''"));
+    let header = format!(
+        "-- fencecron {} SQL guard: check every row of {table} against resource {literal} with its token in {column}.\n",
+        env!("CARGO_PKG_VERSION")
+    );
+    match backend {
+        Backend::Postgres => Ok(format!(
+            "{header}CREATE OR REPLACE TRIGGER \"fencecron_guard_{column}\"
+    BEFORE INSERT OR UPDATE ON {quoted_table}
+    FOR EACH ROW EXECUTE FUNCTION fencecron_guard_row({literal}, '{column}');
+"
+        )),
+        Backend::Sqlite => {
+            let mut s = header;
+            for (event, suffix) in [("INSERT", "insert"), ("UPDATE", "update")] {
+                s.push_str(&format!(
+                    "DROP TRIGGER IF EXISTS \"fencecron_guard_{bare_table}_{column}_{suffix}\";
+CREATE TRIGGER \"fencecron_guard_{bare_table}_{column}_{suffix}\" BEFORE {event} ON {quoted_table}
+BEGIN
+    INSERT INTO fencecron_guard_check (resource, token) VALUES ({literal}, NEW.\"{column}\");
+END;
+"
+                ));
+            }
+            Ok(s)
+        }
+        Backend::MySql => Err(
+            "MySQL and MariaDB get no guard trigger: a trigger may not run ROLLBACK, so its refusal would fail only the statement and leave the rest of the transaction to be committed; call fencecron_guard in the transaction instead"
+                .to_string(),
+        ),
+    }
+}
+
+/// A plain SQL identifier: ASCII letters, digits and `_`, not starting with
+/// a digit, at most 63 characters (PostgreSQL's limit).
+fn is_identifier(s: &str) -> bool {
+    let mut chars = s.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && s.len() <= 63
 }
 
 /// How long one guard call may take (install waits for a concurrent
@@ -686,6 +770,42 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn trigger_names_are_validated_and_quoted() {
+        let r = Name::parse("resource", "it's").unwrap();
+        for bad in [
+            "",
+            "1x",
+            "x y",
+            "x;DROP TABLE y",
+            "a.b.c",
+            "x\"",
+            "é",
+            &"x".repeat(64),
+        ] {
+            assert!(
+                trigger_script(Backend::Postgres, bad, "fence", &r).is_err(),
+                "table {bad:?}"
+            );
+            assert!(
+                trigger_script(Backend::Sqlite, "t", bad, &r).is_err(),
+                "column {bad:?}"
+            );
+        }
+        let pg = trigger_script(Backend::Postgres, "app.ledger", "fence_token", &r).unwrap();
+        assert!(pg.contains("ON \"app\".\"ledger\""), "{pg}");
+        assert!(
+            pg.contains("fencecron_guard_row('it''s', 'fence_token')"),
+            "{pg}"
+        );
+        let lite = trigger_script(Backend::Sqlite, "ledger", "fence_token", &r).unwrap();
+        assert!(
+            lite.contains("VALUES ('it''s', NEW.\"fence_token\")"),
+            "{lite}"
+        );
+        assert!(trigger_script(Backend::MySql, "ledger", "fence_token", &r).is_err());
     }
 
     #[test]

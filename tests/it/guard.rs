@@ -998,3 +998,162 @@ async fn guard_ddl_is_install_mysql() {
     )
     .await;
 }
+
+// ------------------------------------------------ the fence-column trigger
+
+/// `guard trigger` attaches the guard to a table whose rows carry their
+/// writer's token: a row with an older token than the guard's highest fails
+/// its whole transaction, even when the client carries on after the error
+/// and sends COMMIT; rows with the newest token (or an equal one) pass and
+/// raise the highest. PostgreSQL and SQLite (MySQL has none: see
+/// `trigger_script`).
+async fn fence_column_trigger(t: Target) {
+    t.install();
+    let out = t.client(
+        "CREATE TABLE ledger (id VARCHAR(16) PRIMARY KEY, amount BIGINT NOT NULL, fence BIGINT);
+         CREATE TABLE other (id VARCHAR(16) PRIMARY KEY);",
+    );
+    assert_eq!(code(&out), 0, "create tables: {}", describe(&out));
+    let resource = format!("{}'s", unique("guard"));
+    let backend = if t.backend == Backend::Postgres {
+        "postgres"
+    } else {
+        "sqlite"
+    };
+    for _ in 0..2 {
+        let out = t.fencecron(&[
+            "guard",
+            "trigger",
+            "--backend",
+            backend,
+            "--table",
+            "ledger",
+            "--column",
+            "fence",
+            "--resource",
+            &resource,
+        ]);
+        assert_eq!(code(&out), 0, "guard trigger: {}", describe(&out));
+        let out = t.client(&String::from_utf8_lossy(&out.stdout));
+        assert_eq!(code(&out), 0, "attach the trigger: {}", describe(&out));
+    }
+    let out = t.client(&format!(
+        "{} INSERT INTO ledger VALUES ('a', 1, 5); COMMIT;",
+        t.begin()
+    ));
+    assert_eq!(code(&out), 0, "token 5: {}", describe(&out));
+
+    // A client that carries on after errors (no -bail / ON_ERROR_STOP).
+    let mut client = t.client.clone();
+    if let Some(i) = client.iter().position(|a| a == "ON_ERROR_STOP=1") {
+        client.drain(i - 1..=i);
+    }
+    client.retain(|a| a != "-bail");
+    let mut cmd = Command::new(&client[0]);
+    cmd.args(&client[1..]).current_dir(&t.dir);
+    let stale = format!(
+        "{}\nINSERT INTO other VALUES ('o');\nINSERT INTO ledger VALUES ('b', 2, 4);\nINSERT INTO other VALUES ('p');\nCOMMIT;\n",
+        t.begin()
+    );
+    let out = run(cmd, Some(stale.as_bytes()));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("fencecron_guard: stale token"),
+        "the older row must be refused: {}",
+        describe(&out)
+    );
+    let db = Db::connect(&t).await;
+    // What came before the refusal is gone. What the client sent after it
+    // is gone on PostgreSQL (the transaction stays aborted until it ends);
+    // on SQLite the transaction has ended, so the next statement ran on its
+    // own and committed: a job must stop at the error (README).
+    let after = match t.backend {
+        Backend::Postgres => Vec::<String>::new(),
+        _ => vec!["p".to_string()],
+    };
+    assert_eq!(
+        db.rows("SELECT id FROM other").await,
+        after,
+        "the refused transaction committed rows"
+    );
+    assert_eq!(
+        db.rows("SELECT id, amount, fence FROM ledger ORDER BY id")
+            .await,
+        vec!["a|1|5"]
+    );
+    // The owner of token 5 updates again without touching the fence
+    // column (equal token), then a newer owner writes.
+    let out = t.client(&format!(
+        "{} UPDATE ledger SET amount = 10 WHERE id = 'a'; INSERT INTO ledger VALUES ('c', 3, 6); COMMIT;",
+        t.begin()
+    ));
+    assert_eq!(code(&out), 0, "tokens 5 and 6: {}", describe(&out));
+    assert_eq!(
+        db.rows("SELECT id, amount, fence FROM ledger ORDER BY id")
+            .await,
+        vec!["a|10|5", "c|3|6"]
+    );
+    assert_eq!(
+        db.rows("SELECT resource, token FROM fencecron_guard").await,
+        vec![format!("{resource}|6")]
+    );
+    // Now token 5 is stale for this table too.
+    let out = t.client(&format!(
+        "{} UPDATE ledger SET amount = 11 WHERE id = 'a'; COMMIT;",
+        t.begin()
+    ));
+    assert_ne!(
+        code(&out),
+        0,
+        "a row of token 5 after token 6: {}",
+        describe(&out)
+    );
+    assert_eq!(
+        db.rows("SELECT amount FROM ledger WHERE id = 'a'").await,
+        vec!["10"]
+    );
+    db.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn guard_fence_column_trigger_sqlite() {
+    with_targets(
+        Backend::Sqlite,
+        "guard_fence_column_trigger_sqlite",
+        1,
+        |t| fence_column_trigger(t.into_iter().next().unwrap()),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn guard_fence_column_trigger_postgres() {
+    with_targets(
+        Backend::Postgres,
+        "guard_fence_column_trigger_postgres",
+        1,
+        |t| fence_column_trigger(t.into_iter().next().unwrap()),
+    )
+    .await;
+}
+
+#[test]
+fn guard_trigger_is_refused_for_mysql_and_bad_names() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    for (args, why) in [
+        (["mysql", "ledger", "fence"], "MySQL"),
+        (["postgres", "ledger; DROP TABLE x", "fence"], "table name"),
+        (["sqlite", "ledger", "fence\"--"], "column name"),
+    ] {
+        let mut cmd = fencecron(dir.path());
+        cmd.args(["guard", "trigger", "--backend", args[0], "--table", args[1]])
+            .args(["--column", args[2], "--resource", "r"]);
+        let out = run(cmd, None);
+        assert_eq!(code(&out), 2, "{args:?}: {}", describe(&out));
+        assert!(out.stdout.is_empty(), "{args:?}: no DDL printed");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains(why),
+            "{}",
+            describe(&out)
+        );
+    }
+}
