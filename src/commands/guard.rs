@@ -51,10 +51,24 @@ fn backend_of(b: GuardBackend) -> Backend {
 
 /// `--db URL` (or `--guard URL`) parsed as a store URL; the message never
 /// shows its password.
+/// A SQLite file must exist: the guard goes into the job's existing
+/// database, and a typo must not create an empty one that guards nothing.
 pub(super) fn db_url(flag: &str, raw: &str) -> Result<StoreUrl> {
-    StoreUrl::parse(raw)
+    let url = StoreUrl::parse(raw)
         .map(StoreUrl::absolutize)
-        .map_err(|m| Error::Usage(format!("{flag}: {m}")))
+        .map_err(|m| Error::Usage(format!("{flag}: {m}")))?;
+    if url.backend() == Backend::Sqlite {
+        let rest = url.expose().trim_start_matches("sqlite:");
+        let rest = rest.strip_prefix("//").unwrap_or(rest);
+        let path = rest.split('?').next().unwrap_or(rest);
+        let in_memory = path == ":memory:" || rest.contains("mode=memory");
+        if !in_memory && !std::path::Path::new(path).exists() {
+            return Err(Error::Usage(format!(
+                "{flag}: the SQLite database {path} does not exist; name the job's existing database file (fencecron does not create one for the guard)"
+            )));
+        }
+    }
+    Ok(url)
 }
 
 async fn install(db: &str) -> Result<Exit> {

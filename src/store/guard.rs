@@ -424,6 +424,17 @@ impl GuardDb {
         &self.url
     }
 
+    /// Gets the first connection fast, with the real reason when there is
+    /// none (the pool alone would retry a refused connection until its
+    /// timeout and report only that): every operation starts here.
+    async fn connected(&self) -> Result<(), sqlx::Error> {
+        match &self.pool {
+            Pool::Pg(p) => super::diagnose::first_connection(p).await.map(drop),
+            Pool::My(p) => super::diagnose::first_connection(p).await.map(drop),
+            Pool::Lite(p) => super::diagnose::first_connection(p).await.map(drop),
+        }
+    }
+
     /// Runs the guard's DDL ([`statements`]): on PostgreSQL and SQLite in
     /// one transaction, on MySQL (whose DDL commits by itself) under a named
     /// lock; concurrent installs are serialised either way. Re-running it is
@@ -431,6 +442,7 @@ impl GuardDb {
     pub async fn install(&self) -> Result<(), StoreError> {
         timed(&self.url, CALL_LIMIT, async {
             let r: Result<(), sqlx::Error> = async {
+                self.connected().await?;
                 match &self.pool {
                     Pool::Pg(p) => {
                         let mut tx = p.begin().await?;
@@ -479,6 +491,9 @@ impl GuardDb {
     /// The highest token the guard accepted for `resource`, if any.
     pub async fn highest(&self, resource: &Name) -> Result<Option<i64>, StoreError> {
         timed(&self.url, CALL_LIMIT, async {
+            self.connected()
+                .await
+                .map_err(|e| unavailable(&self.url, e))?;
             let r = match &self.pool {
                 Pool::Pg(p) => {
                     sqlx::query_scalar("SELECT token FROM fencecron_guard WHERE resource = $1")
@@ -633,6 +648,7 @@ impl GuardDb {
     pub async fn rejections(&self, since_ms: i64) -> Result<Vec<StaleRecord>, StoreError> {
         timed(&self.url, CALL_LIMIT, async {
             let r: Result<Vec<StaleRecord>, sqlx::Error> = async {
+                self.connected().await?;
                 macro_rules! list {
                     ($pool:expr, $sql:expr) => {{
                         let rows = sqlx::query(&$sql).bind(since_ms).fetch_all($pool).await?;

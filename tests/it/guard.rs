@@ -1157,3 +1157,45 @@ fn guard_trigger_is_refused_for_mysql_and_bad_names() {
         );
     }
 }
+
+/// A password in `--db` or `--guard` never reaches the output: the URL is
+/// printed redacted in every message, also when the database cannot be
+/// reached (which is said at once, not after the pool's timeout).
+#[test]
+fn guard_urls_print_without_their_password() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let port = common::free_port();
+    let store = format!("sqlite://{}", dir.path().join("fencecron.db").display());
+    for (scheme, args) in [
+        ("postgres", vec!["guard", "install", "--db"]),
+        (
+            "mysql",
+            vec!["guard", "record", "--resource", "r", "--token", "3", "--db"],
+        ),
+        ("postgres", vec!["stale", "--store", &store, "--guard"]),
+    ] {
+        let url = format!("{scheme}://app:hunter2@127.0.0.1:{port}/app");
+        let mut cmd = fencecron(dir.path());
+        cmd.args(&args).arg(&url);
+        let out = run(cmd, None);
+        assert_eq!(code(&out), 1, "{args:?}: {}", describe(&out));
+        let all = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(!all.contains("hunter2"), "{args:?}: {all}");
+        assert!(
+            all.contains(&format!("app:***@127.0.0.1:{port}")),
+            "{args:?}: {all}"
+        );
+    }
+    // A SQLite file that does not exist is a usage error, and is not made.
+    let missing = dir.path().join("missing.db");
+    let mut cmd = fencecron(dir.path());
+    cmd.args(["guard", "install", "--db"])
+        .arg(format!("sqlite://{}", missing.display()));
+    let out = run(cmd, None);
+    assert_eq!(code(&out), 2, "{}", describe(&out));
+    assert!(!missing.exists(), "the guard created a database");
+}
