@@ -523,7 +523,8 @@ impl GuardDb {
     /// highest token for the resource is above the job's, writes the
     /// rejection row (source `job`) unless one for this resource and token
     /// is already there (MySQL's procedure wrote it, or the job reported
-    /// twice), and returns it. A token the guard accepts records nothing.
+    /// twice), fills in the node, job and owner id such a row lacks, and
+    /// returns it. A token the guard accepts records nothing.
     pub async fn record(&self, rep: &GuardReport<'_>) -> Result<Recorded, StoreError> {
         let highest = self.highest(rep.resource).await?;
         let accepted = match highest {
