@@ -90,6 +90,9 @@ pub enum Command {
     Stale(StaleArgs),
     /// Measure store latency and throughput against a bare round trip.
     Bench(BenchArgs),
+    /// The SQL guard: the fence check inside a job's own database.
+    #[command(subcommand)]
+    Guard(GuardCommand),
     /// Show the epoch of fencing tokens, or advance it (in failover hooks).
     Epoch(EpochArgs),
     /// List the fleet's runs, newest first, from the run history.
@@ -252,6 +255,78 @@ pub struct StaleArgs {
     /// Only records newer than this (e.g. 1h).
     #[arg(long, value_name = "D")]
     pub since: Option<HumanDuration>,
+    /// Also list the rejections the SQL guard keeps in this database (a
+    /// job's own; repeat for several).
+    #[arg(long, value_name = "URL")]
+    pub guard: Vec<String>,
+}
+
+/// `fencecron guard …`.
+#[derive(Debug, Subcommand)]
+pub enum GuardCommand {
+    /// Create or update the guard in a job's own database (idempotent).
+    Install {
+        /// The job's database: postgres://…, mysql://… or sqlite://PATH
+        /// (not fencecron's store).
+        #[arg(
+            long,
+            value_name = "URL",
+            env = "FENCECRON_GUARD_DB",
+            hide_env_values = true
+        )]
+        db: String,
+    },
+    /// Print the guard's DDL for a DBA (the statements `install` runs).
+    Ddl {
+        #[arg(long, value_enum)]
+        backend: GuardBackend,
+    },
+    /// Print the DDL that attaches the guard to a table whose rows carry
+    /// their writer's token (PostgreSQL, SQLite).
+    Trigger {
+        #[arg(long, value_enum)]
+        backend: GuardBackend,
+        /// The table (a plain identifier, optionally schema.table).
+        #[arg(long, value_name = "T")]
+        table: String,
+        /// The column holding each row's token (FENCECRON_TOKEN).
+        #[arg(long, value_name = "C")]
+        column: String,
+        /// The resource the table's writers lease.
+        #[arg(long, value_name = "R")]
+        resource: String,
+    },
+    /// After the guard refused this job's transaction: record the refusal
+    /// in the guard's rejections table (and the daemon's log).
+    Record {
+        /// The job's database, where the guard refused the transaction.
+        #[arg(
+            long,
+            value_name = "URL",
+            env = "FENCECRON_GUARD_DB",
+            hide_env_values = true
+        )]
+        db: String,
+        /// [default: $FENCECRON_RESOURCE]
+        #[arg(long, value_name = "R", env = "FENCECRON_RESOURCE")]
+        resource: Option<String>,
+        /// [default: $FENCECRON_TOKEN]
+        #[arg(long, value_name = "T", env = "FENCECRON_TOKEN")]
+        token: Option<i64>,
+        /// Print the record as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// The database a guard's DDL is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum GuardBackend {
+    #[value(alias = "postgresql")]
+    Postgres,
+    #[value(alias = "mariadb")]
+    Mysql,
+    Sqlite,
 }
 
 /// `fencecron runs`.

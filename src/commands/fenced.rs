@@ -10,6 +10,7 @@ use crate::error::{Error, Exit, Result};
 use crate::fence;
 use crate::names::Name;
 use crate::output::{self, Out};
+use crate::store::guard::GuardDb;
 use crate::store::{OpenOptions, OwnerId, PutOutcome, PutRequest, StoreTime};
 
 use super::{owner_id_arg, print_json, Context};
@@ -183,7 +184,18 @@ pub async fn stale(cli: &Cli, args: &StaleArgs) -> Result<Exit> {
         }
         None => None,
     };
-    let records = store.stale(since).await?;
+    let mut records = store.stale(since).await?;
+    for raw in &args.guard {
+        let url = super::guard::db_url("--guard", raw)?;
+        let guard = GuardDb::open(&url)?;
+        let rows = guard.rejections(since.map_or(i64::MIN, |s| s.0)).await;
+        guard.close().await;
+        records.extend(rows?);
+    }
+    if !args.guard.is_empty() {
+        // Stable: each source's own order stays for equal times.
+        records.sort_by_key(|r| r.at.0);
+    }
     if args.json {
         print_json(&records)?;
     } else {

@@ -9,6 +9,7 @@ mod exec;
 mod fenced;
 mod fleet;
 mod generate;
+mod guard;
 mod lease;
 mod run;
 
@@ -204,6 +205,7 @@ pub async fn dispatch(cli: Cli) -> Result<Exit> {
         Command::Get(args) => fenced::get(&cli, args).await,
         Command::Stale(args) => fenced::stale(&cli, args).await,
         Command::Bench(args) => bench::run(&cli, args).await,
+        Command::Guard(cmd) => guard::run(cmd).await,
         Command::Epoch(args) => epoch::run(&cli, args).await,
         Command::Runs(args) => fleet::runs(&cli, args).await,
         Command::Status { json } => fleet::status(&cli, *json).await,

@@ -30,6 +30,7 @@ mod classify;
 mod diagnose;
 mod error;
 mod fleet;
+pub mod guard;
 mod migrator;
 mod mysql;
 mod postgres;

@@ -486,7 +486,7 @@ impl PostgresStore {
 /// would wrap every loopback round trip in TLS: about 17 µs each here
 /// (BENCHMARKS.md, "The client path"), and sqlx adds a second round trip
 /// per call (its ping when a connection returns to the pool).
-fn loopback_without_ssl_choice(url: &str, host: &str, env_chose: bool) -> bool {
+pub(super) fn loopback_without_ssl_choice(url: &str, host: &str, env_chose: bool) -> bool {
     let chosen_in_url = ::url::Url::parse(url).is_ok_and(|u| {
         u.query_pairs()
             .any(|(k, _)| k == "sslmode" || k == "ssl-mode")

@@ -25,6 +25,7 @@ mod disk_full;
 mod failover;
 mod fencing;
 mod fleet;
+mod guard;
 mod hardening;
 mod job_credentials;
 mod migrate;

@@ -1,0 +1,855 @@
+//! The SQL guard: the fence check for data a job writes into its **own**
+//! database (PostgreSQL, MySQL/MariaDB or SQLite), not fencecron's store.
+//!
+//! A token protects only data whose writer checks it. The guard puts the
+//! check where the job's data lives: a table of the highest token accepted
+//! per resource (`fencecron_guard`) and a check the job calls inside its own
+//! transaction, fed from `FENCECRON_RESOURCE` and `FENCECRON_TOKEN`:
+//!
+//! * PostgreSQL: `SELECT fencecron_guard($resource, $token)`, a function;
+//! * MySQL/MariaDB: `CALL fencecron_guard(?, ?)`, a procedure;
+//! * SQLite: `INSERT INTO fencecron_guard_check (resource, token) VALUES (?, ?)`,
+//!   an insert into a view whose `INSTEAD OF` trigger does the check.
+//!
+//! The check accepts a token `>=` the highest accepted for the resource
+//! (equal: the same owner writing again) and raises the highest to it; it
+//! refuses an older one so that the caller's **whole transaction** fails:
+//! PostgreSQL aborts the transaction on the error (SQLSTATE [`SQLSTATE`]),
+//! the MySQL procedure runs `ROLLBACK` before it signals [`SQLSTATE`], and
+//! SQLite's trigger uses `RAISE(ROLLBACK, …)` (`ABORT` would undo only the
+//! check's own statement and leave earlier writes to be committed). The
+//! check locks the resource's guard row until the transaction ends, so of
+//! two transactions checking one resource the second waits for the first;
+//! an older token can never commit after a newer one's check.
+//!
+//! A refused transaction leaves a row in `fencecron_guard_rejections` only
+//! where the database can keep a row its transaction rolled back: MySQL and
+//! MariaDB, whose procedure writes it into a MyISAM table (not
+//! transactional) after its `ROLLBACK`. PostgreSQL and SQLite have no
+//! autonomous transactions, so there the job reports the refusal after its
+//! rollback (`fencecron guard record`, [`GuardDb::record`]), which writes the
+//! same row; `fencecron stale --guard URL` lists these rows.
+//!
+//! The DDL is written once, as the statements below: `fencecron guard ddl`
+//! prints them ([`script`]) and `fencecron guard install` runs them
+//! ([`GuardDb::install`]). Every statement is idempotent and touches only
+//! the `fencecron_guard*` objects, never fencecron's own tables.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgSslMode};
+use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions};
+use sqlx::Row;
+
+use super::{timed, unavailable, Backend, StaleKind, StaleRecord, StoreError, StoreTime, StoreUrl};
+use crate::names::Name;
+
+/// The SQLSTATE of a refusal, on PostgreSQL and MySQL/MariaDB (SQLite has
+/// none; its message starts with [`MESSAGE_PREFIX`] there as everywhere).
+pub const SQLSTATE: &str = "FC001";
+
+/// How every refusal's message starts, on every backend.
+pub const MESSAGE_PREFIX: &str = "fencecron_guard: stale token";
+
+/// The guard's objects in PostgreSQL. The function raises the highest with
+/// one `INSERT … ON CONFLICT DO UPDATE … WHERE`, which locks the row also
+/// when its `WHERE` refuses; a refusal then reads the highest under that
+/// lock (READ COMMITTED sees the newest commit; REPEATABLE READ and
+/// SERIALIZABLE fail with 40001 instead, an error to retry, never an
+/// acceptance).
+const POSTGRES: &[&str] = &[
+    "CREATE TABLE IF NOT EXISTS fencecron_guard (
+    resource   TEXT   PRIMARY KEY,
+    token      BIGINT NOT NULL,
+    updated_ms BIGINT NOT NULL
+)",
+    "CREATE TABLE IF NOT EXISTS fencecron_guard_rejections (
+    id             BIGSERIAL PRIMARY KEY,
+    at_ms          BIGINT NOT NULL,
+    resource       TEXT   NOT NULL,
+    token          BIGINT NOT NULL,
+    accepted_token BIGINT NOT NULL,
+    source         TEXT   NOT NULL,
+    db_user        TEXT,
+    node           TEXT,
+    job            TEXT,
+    owner_id       TEXT,
+    operation_id   TEXT   NOT NULL
+)",
+    "CREATE OR REPLACE FUNCTION fencecron_guard(p_resource TEXT, p_token BIGINT) RETURNS BIGINT
+LANGUAGE plpgsql AS $fencecron$
+DECLARE
+    highest BIGINT;
+BEGIN
+    IF p_resource IS NULL OR p_token IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '22004',
+            MESSAGE = 'fencecron_guard: resource and token are required (FENCECRON_RESOURCE, FENCECRON_TOKEN)';
+    END IF;
+    INSERT INTO fencecron_guard AS g (resource, token, updated_ms)
+    VALUES (p_resource, p_token, (extract(epoch FROM clock_timestamp()) * 1000)::BIGINT)
+    ON CONFLICT (resource) DO UPDATE
+       SET token = EXCLUDED.token, updated_ms = EXCLUDED.updated_ms
+     WHERE g.token <= EXCLUDED.token
+    RETURNING g.token INTO highest;
+    IF FOUND THEN
+        RETURN highest;
+    END IF;
+    SELECT g.token INTO highest FROM fencecron_guard AS g WHERE g.resource = p_resource;
+    RAISE EXCEPTION USING ERRCODE = 'FC001',
+        MESSAGE = format('fencecron_guard: stale token %s for resource %L: the guard has accepted token %s; this owner was replaced and its transaction is refused', p_token, p_resource, highest),
+        HINT = 'Roll back and stop; never retry with this token. Report it with: fencecron guard record --db URL';
+END
+$fencecron$",
+    "CREATE OR REPLACE FUNCTION fencecron_guard_row() RETURNS trigger
+LANGUAGE plpgsql AS $fencecron$
+BEGIN
+    -- TG_ARGV: the resource, the name of the row's fence column.
+    PERFORM fencecron_guard(TG_ARGV[0], (to_jsonb(NEW) ->> TG_ARGV[1])::BIGINT);
+    RETURN NEW;
+END
+$fencecron$",
+];
+
+/// The guard's objects in MySQL/MariaDB. The rejections table is MyISAM on
+/// purpose: not transactional, so the row the procedure writes after its
+/// `ROLLBACK` stays whatever the caller does next. The message is cut to
+/// the 128 characters `MESSAGE_TEXT` holds.
+const MYSQL: &[&str] = &[
+    "CREATE TABLE IF NOT EXISTS fencecron_guard (
+    resource   VARCHAR(255) NOT NULL PRIMARY KEY,
+    token      BIGINT       NOT NULL,
+    updated_ms BIGINT       NOT NULL
+) ENGINE=InnoDB",
+    "CREATE TABLE IF NOT EXISTS fencecron_guard_rejections (
+    id             BIGINT       NOT NULL AUTO_INCREMENT PRIMARY KEY,
+    at_ms          BIGINT       NOT NULL,
+    resource       VARCHAR(255) NOT NULL,
+    token          BIGINT       NOT NULL,
+    accepted_token BIGINT       NOT NULL,
+    source         VARCHAR(16)  NOT NULL,
+    db_user        VARCHAR(255) NULL,
+    node           VARCHAR(255) NULL,
+    job            VARCHAR(255) NULL,
+    owner_id       VARCHAR(64)  NULL,
+    operation_id   VARCHAR(64)  NOT NULL,
+    KEY fencecron_guard_rejections_at (at_ms)
+) ENGINE=MyISAM",
+    "DROP PROCEDURE IF EXISTS fencecron_guard",
+    "CREATE PROCEDURE fencecron_guard(IN p_resource VARCHAR(255), IN p_token BIGINT)
+    MODIFIES SQL DATA
+BEGIN
+    DECLARE v_highest BIGINT;
+    DECLARE v_message VARCHAR(128);
+    IF p_resource IS NULL OR p_token IS NULL THEN
+        SIGNAL SQLSTATE '22004'
+            SET MESSAGE_TEXT = 'fencecron_guard: resource and token are required';
+    END IF;
+    INSERT INTO fencecron_guard (resource, token, updated_ms)
+    VALUES (p_resource, p_token, ROUND(UNIX_TIMESTAMP(SYSDATE(3)) * 1000))
+    ON DUPLICATE KEY UPDATE
+        updated_ms = IF(token <= p_token, ROUND(UNIX_TIMESTAMP(SYSDATE(3)) * 1000), updated_ms),
+        token      = GREATEST(token, p_token);
+    SELECT token INTO v_highest FROM fencecron_guard WHERE resource = p_resource FOR UPDATE;
+    IF v_highest > p_token THEN
+        ROLLBACK;
+        INSERT INTO fencecron_guard_rejections
+            (at_ms, resource, token, accepted_token, source, db_user, operation_id)
+        VALUES (ROUND(UNIX_TIMESTAMP(SYSDATE(3)) * 1000), p_resource, p_token, v_highest,
+                'guard', USER(), UUID());
+        SET v_message = LEFT(CONCAT('fencecron_guard: stale token ', p_token, ' for ',
+                                    LEFT(p_resource, 40), ', accepted ', v_highest), 128);
+        SIGNAL SQLSTATE 'FC001' SET MESSAGE_TEXT = v_message;
+    END IF;
+END",
+];
+
+/// The guard's objects in SQLite. The token is compared as an integer
+/// whatever type it was bound as (SQLite orders any text above any number,
+/// so a token bound as text would otherwise pass every check), and one that
+/// is not a whole number is refused. Messages are constants: RAISE takes
+/// only a literal before SQLite 3.47.
+const SQLITE: &[&str] = &[
+    "CREATE TABLE IF NOT EXISTS fencecron_guard (
+    resource   TEXT    NOT NULL PRIMARY KEY,
+    token      INTEGER NOT NULL,
+    updated_ms INTEGER NOT NULL
+)",
+    "CREATE TABLE IF NOT EXISTS fencecron_guard_rejections (
+    id             INTEGER PRIMARY KEY AUTOINCREMENT,
+    at_ms          INTEGER NOT NULL,
+    resource       TEXT    NOT NULL,
+    token          INTEGER NOT NULL,
+    accepted_token INTEGER NOT NULL,
+    source         TEXT    NOT NULL,
+    db_user        TEXT,
+    node           TEXT,
+    job            TEXT,
+    owner_id       TEXT,
+    operation_id   TEXT    NOT NULL
+)",
+    "CREATE VIEW IF NOT EXISTS fencecron_guard_check (resource, token) AS SELECT NULL, NULL WHERE 0",
+    "DROP TRIGGER IF EXISTS fencecron_guard_check_insert",
+    "CREATE TRIGGER fencecron_guard_check_insert INSTEAD OF INSERT ON fencecron_guard_check
+BEGIN
+    SELECT RAISE(ROLLBACK, 'fencecron_guard: resource and token are required, the token a whole number (FENCECRON_RESOURCE, FENCECRON_TOKEN)')
+     WHERE NEW.resource IS NULL OR NEW.token IS NULL
+        OR CAST(CAST(NEW.token AS INTEGER) AS TEXT) <> CAST(NEW.token AS TEXT);
+    SELECT RAISE(ROLLBACK, 'fencecron_guard: stale token: the guard has accepted a newer token for this resource; this owner was replaced and its transaction is rolled back')
+     WHERE CAST(NEW.token AS INTEGER) < (SELECT token FROM fencecron_guard WHERE resource = NEW.resource);
+    INSERT OR IGNORE INTO fencecron_guard (resource, token, updated_ms)
+    VALUES (NEW.resource, CAST(NEW.token AS INTEGER),
+            CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER));
+    UPDATE fencecron_guard
+       SET token = CAST(NEW.token AS INTEGER),
+           updated_ms = CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)
+     WHERE resource = NEW.resource AND token <= CAST(NEW.token AS INTEGER);
+END",
+];
+
+/// The guard's DDL for `backend`, one statement per item, each idempotent.
+pub fn statements(backend: Backend) -> &'static [&'static str] {
+    match backend {
+        Backend::Postgres => POSTGRES,
+        Backend::MySql => MYSQL,
+        Backend::Sqlite => SQLITE,
+    }
+}
+
+/// The guard's DDL as a script for the backend's own client (`psql`,
+/// `mysql`/`mariadb`, `sqlite3`): the same statements [`GuardDb::install`]
+/// runs, in one transaction where the backend's DDL is transactional, with
+/// `DELIMITER` lines for the MySQL client's sake.
+pub fn script(backend: Backend) -> String {
+    let mut s = format!(
+        "-- fencecron {} SQL guard for {backend}: `fencecron guard install` runs exactly these statements.\n\
+         -- Idempotent; creates only fencecron_guard* objects. See the README, \"The SQL guard\".\n",
+        env!("CARGO_PKG_VERSION")
+    );
+    match backend {
+        Backend::MySql => {
+            s.push_str("DELIMITER //\n");
+            for stmt in statements(backend) {
+                s.push_str(stmt);
+                s.push_str("\n//\n");
+            }
+            s.push_str("DELIMITER ;\n");
+        }
+        Backend::Postgres | Backend::Sqlite => {
+            s.push_str("BEGIN;\n");
+            for stmt in statements(backend) {
+                s.push_str(stmt);
+                s.push_str(";\n");
+            }
+            s.push_str("COMMIT;\n");
+        }
+    }
+    s
+}
+
+/// The DDL that attaches the guard to a table whose rows carry their
+/// writer's token in `column`: every INSERT and UPDATE of a row runs the
+/// check for `resource` with the row's token, so a row written with an
+/// older token than the guard's highest fails its whole transaction, and a
+/// newer one raises the highest. PostgreSQL: a `BEFORE INSERT OR UPDATE`
+/// row trigger calling `fencecron_guard_row()` (installed with the guard);
+/// SQLite: two `BEFORE` triggers inserting into `fencecron_guard_check`.
+/// MySQL has none: a trigger may not run `ROLLBACK`, so its refusal would
+/// fail only the statement, not the transaction. The table and column
+/// must be plain identifiers (optionally `schema.table`) and are quoted;
+/// the resource is a string literal.
+pub fn trigger_script(
+    backend: Backend,
+    table: &str,
+    column: &str,
+    resource: &Name,
+) -> Result<String, String> {
+    let table_parts: Vec<&str> = table.split('.').collect();
+    if table_parts.len() > 2 || !table_parts.iter().all(|p| is_identifier(p)) {
+        return Err(format!(
+            "the table name `{table}` is not a plain identifier (letters, digits and `_`, not starting with a digit, at most 63 characters; optionally schema.table)"
+        ));
+    }
+    if !is_identifier(column) {
+        return Err(format!(
+            "the column name `{column}` is not a plain identifier (letters, digits and `_`, not starting with a digit, at most 63 characters)"
+        ));
+    }
+    let quoted_table = table_parts
+        .iter()
+        .map(|p| format!("\"{p}\""))
+        .collect::<Vec<_>>()
+        .join(".");
+    let bare_table = table_parts[table_parts.len() - 1];
+    let literal = format!("'{}'", resource.as_str().replace('\'', "''"));
+    let header = format!(
+        "-- fencecron {} SQL guard: check every row of {table} against resource {literal} with its token in {column}.\n",
+        env!("CARGO_PKG_VERSION")
+    );
+    match backend {
+        Backend::Postgres => Ok(format!(
+            "{header}CREATE OR REPLACE TRIGGER \"fencecron_guard_{column}\"
+    BEFORE INSERT OR UPDATE ON {quoted_table}
+    FOR EACH ROW EXECUTE FUNCTION fencecron_guard_row({literal}, '{column}');
+"
+        )),
+        Backend::Sqlite => {
+            let mut s = header;
+            for (event, suffix) in [("INSERT", "insert"), ("UPDATE", "update")] {
+                s.push_str(&format!(
+                    "DROP TRIGGER IF EXISTS \"fencecron_guard_{bare_table}_{column}_{suffix}\";
+CREATE TRIGGER \"fencecron_guard_{bare_table}_{column}_{suffix}\" BEFORE {event} ON {quoted_table}
+BEGIN
+    INSERT INTO fencecron_guard_check (resource, token) VALUES ({literal}, NEW.\"{column}\");
+END;
+"
+                ));
+            }
+            Ok(s)
+        }
+        Backend::MySql => Err(
+            "MySQL and MariaDB get no guard trigger: a trigger may not run ROLLBACK, so its refusal would fail only the statement and leave the rest of the transaction to be committed; call fencecron_guard in the transaction instead"
+                .to_string(),
+        ),
+    }
+}
+
+/// A plain SQL identifier: ASCII letters, digits and `_`, not starting with
+/// a digit, at most 63 characters (PostgreSQL's limit).
+fn is_identifier(s: &str) -> bool {
+    let mut chars = s.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && s.len() <= 63
+}
+
+/// How long one guard call may take (install waits for a concurrent
+/// install's lock).
+const CALL_LIMIT: Duration = Duration::from_secs(30);
+
+/// A connection to a job's own database, where the guard lives.
+pub struct GuardDb {
+    url: StoreUrl,
+    pool: Pool,
+}
+
+enum Pool {
+    Pg(PgPool),
+    My(MySqlPool),
+    Lite(SqlitePool),
+}
+
+/// A refusal a job reports after its rollback ([`GuardDb::record`]).
+#[derive(Debug, Clone)]
+pub struct GuardReport<'a> {
+    pub resource: &'a Name,
+    pub token: i64,
+    pub node: Option<&'a str>,
+    pub job: Option<&'a str>,
+    pub owner_id: Option<&'a str>,
+}
+
+/// What [`GuardDb::record`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Recorded {
+    /// The guard refused the token; the row (new, or the one already there
+    /// for this resource and token) as `fencecron stale` lists it.
+    Rejection { record: Box<StaleRecord>, new: bool },
+    /// The guard accepts the token (`highest` is `None` when it never saw
+    /// the resource): whatever failed, it was not the guard; nothing
+    /// recorded.
+    NotStale { highest: Option<i64> },
+}
+
+const REJECTION_COLUMNS: &str =
+    "at_ms, resource, token, accepted_token, source, db_user, node, job, owner_id, operation_id";
+
+impl GuardDb {
+    /// Opens a small pool on the job's database, connecting on first use.
+    /// A SQLite file must exist (a typo must not create an empty database
+    /// that guards nothing); its journal mode and other settings are left
+    /// as the application set them.
+    pub fn open(url: &StoreUrl) -> Result<GuardDb, StoreError> {
+        let url = url.clone();
+        let pool = match url.backend() {
+            Backend::Postgres => {
+                let c: PgConnectOptions = url.expose().parse().map_err(|e| unavailable(&url, e))?;
+                let c = c.application_name("fencecron-guard");
+                let env_chose = std::env::var_os("PGSSLMODE").is_some();
+                let c = if super::postgres::loopback_without_ssl_choice(
+                    url.expose(),
+                    c.get_host(),
+                    env_chose,
+                ) {
+                    c.ssl_mode(PgSslMode::Disable)
+                } else {
+                    c
+                };
+                Pool::Pg(
+                    PgPoolOptions::new()
+                        .max_connections(2)
+                        .acquire_timeout(CALL_LIMIT)
+                        .connect_lazy_with(c),
+                )
+            }
+            Backend::MySql => {
+                let c: MySqlConnectOptions =
+                    url.expose().parse().map_err(|e| unavailable(&url, e))?;
+                Pool::My(
+                    MySqlPoolOptions::new()
+                        .max_connections(2)
+                        .acquire_timeout(CALL_LIMIT)
+                        .connect_lazy_with(c),
+                )
+            }
+            Backend::Sqlite => {
+                let c = SqliteConnectOptions::from_str(url.expose())
+                    .map_err(|e| unavailable(&url, e))?
+                    .create_if_missing(false)
+                    .busy_timeout(Duration::from_secs(10));
+                Pool::Lite(
+                    SqlitePoolOptions::new()
+                        .max_connections(1)
+                        .acquire_timeout(CALL_LIMIT)
+                        .connect_lazy_with(c),
+                )
+            }
+        };
+        Ok(GuardDb { url, pool })
+    }
+
+    /// The (redacted) URL, for messages.
+    pub fn url(&self) -> &StoreUrl {
+        &self.url
+    }
+
+    /// Gets the first connection fast, with the real reason when there is
+    /// none (the pool alone would retry a refused connection until its
+    /// timeout and report only that): every operation starts here.
+    async fn connected(&self) -> Result<(), sqlx::Error> {
+        match &self.pool {
+            Pool::Pg(p) => super::diagnose::first_connection(p).await.map(drop),
+            Pool::My(p) => super::diagnose::first_connection(p).await.map(drop),
+            Pool::Lite(p) => super::diagnose::first_connection(p).await.map(drop),
+        }
+    }
+
+    /// Runs the guard's DDL ([`statements`]): on PostgreSQL and SQLite in
+    /// one transaction, on MySQL (whose DDL commits by itself) under a named
+    /// lock; concurrent installs are serialised either way. Re-running it is
+    /// safe and replaces the check with this version's.
+    pub async fn install(&self) -> Result<(), StoreError> {
+        timed(&self.url, CALL_LIMIT, async {
+            let r: Result<(), sqlx::Error> = async {
+                self.connected().await?;
+                match &self.pool {
+                    Pool::Pg(p) => {
+                        let mut tx = p.begin().await?;
+                        sqlx::query(
+                            "SELECT pg_advisory_xact_lock(hashtext('fencecron_guard_install'))",
+                        )
+                        .execute(&mut *tx)
+                        .await?;
+                        for s in POSTGRES {
+                            sqlx::raw_sql(s).execute(&mut *tx).await?;
+                        }
+                        tx.commit().await
+                    }
+                    Pool::My(p) => {
+                        let mut c = p.acquire().await?;
+                        sqlx::query("SELECT GET_LOCK('fencecron_guard_install', 25)")
+                            .execute(&mut *c)
+                            .await?;
+                        let mut r = Ok(());
+                        for s in MYSQL {
+                            if let Err(e) = sqlx::raw_sql(s).execute(&mut *c).await {
+                                r = Err(e);
+                                break;
+                            }
+                        }
+                        sqlx::query("SELECT RELEASE_LOCK('fencecron_guard_install')")
+                            .execute(&mut *c)
+                            .await?;
+                        r
+                    }
+                    Pool::Lite(p) => {
+                        let mut tx = p.begin_with("BEGIN IMMEDIATE").await?;
+                        for s in SQLITE {
+                            sqlx::raw_sql(s).execute(&mut *tx).await?;
+                        }
+                        tx.commit().await
+                    }
+                }
+            }
+            .await;
+            r.map_err(|e| unavailable(&self.url, e))
+        })
+        .await
+    }
+
+    /// The highest token the guard accepted for `resource`, if any.
+    pub async fn highest(&self, resource: &Name) -> Result<Option<i64>, StoreError> {
+        timed(&self.url, CALL_LIMIT, async {
+            self.connected()
+                .await
+                .map_err(|e| unavailable(&self.url, e))?;
+            let r = match &self.pool {
+                Pool::Pg(p) => {
+                    sqlx::query_scalar("SELECT token FROM fencecron_guard WHERE resource = $1")
+                        .bind(resource.as_str())
+                        .fetch_optional(p)
+                        .await
+                }
+                Pool::My(p) => {
+                    sqlx::query_scalar("SELECT token FROM fencecron_guard WHERE resource = ?")
+                        .bind(resource.as_str())
+                        .fetch_optional(p)
+                        .await
+                }
+                Pool::Lite(p) => {
+                    sqlx::query_scalar("SELECT token FROM fencecron_guard WHERE resource = ?")
+                        .bind(resource.as_str())
+                        .fetch_optional(p)
+                        .await
+                }
+            };
+            r.map_err(|e| unavailable(&self.url, e))
+        })
+        .await
+    }
+
+    /// A job's report of a refusal, after its rollback: when the guard's
+    /// highest token for the resource is above the job's, writes the
+    /// rejection row (source `job`) unless one for this resource and token
+    /// is already there (MySQL's procedure wrote it, or the job reported
+    /// twice), fills in the node, job and owner id such a row lacks, and
+    /// returns it. A token the guard accepts records nothing.
+    pub async fn record(&self, rep: &GuardReport<'_>) -> Result<Recorded, StoreError> {
+        let highest = self.highest(rep.resource).await?;
+        let accepted = match highest {
+            Some(h) if h > rep.token => h,
+            _ => return Ok(Recorded::NotStale { highest }),
+        };
+        let op = uuid::Uuid::new_v4().to_string();
+        let res = rep.resource.as_str();
+        timed(&self.url, CALL_LIMIT, async {
+            let r: Result<(u64, Option<RejectionRow>), sqlx::Error> = async {
+                macro_rules! record {
+                    ($pool:expr, $insert:expr, $fill:expr, $select:expr) => {{
+                        let done = sqlx::query($insert)
+                            .bind(res)
+                            .bind(rep.token)
+                            .bind(accepted)
+                            .bind(rep.node)
+                            .bind(rep.job)
+                            .bind(rep.owner_id)
+                            .bind(&op)
+                            .execute($pool)
+                            .await?;
+                        // A row the procedure wrote names no node, job or
+                        // owner: this report does.
+                        sqlx::query($fill)
+                            .bind(rep.node)
+                            .bind(rep.job)
+                            .bind(rep.owner_id)
+                            .bind(res)
+                            .bind(rep.token)
+                            .execute($pool)
+                            .await?;
+                        let row = sqlx::query(&$select)
+                            .bind(res)
+                            .bind(rep.token)
+                            .fetch_optional($pool)
+                            .await?;
+                        let rec = match row {
+                            Some(row) => Some(RejectionRow {
+                                at_ms: row.try_get(0)?,
+                                resource: row.try_get(1)?,
+                                token: row.try_get(2)?,
+                                accepted_token: row.try_get(3)?,
+                                source: row.try_get(4)?,
+                                db_user: row.try_get(5)?,
+                                node: row.try_get(6)?,
+                                job: row.try_get(7)?,
+                                owner_id: row.try_get(8)?,
+                                operation_id: row.try_get(9)?,
+                            }),
+                            None => None,
+                        };
+                        (done.rows_affected(), rec)
+                    }};
+                }
+                Ok(match &self.pool {
+                    Pool::Pg(p) => record!(
+                        p,
+                        "INSERT INTO fencecron_guard_rejections
+                           (at_ms, resource, token, accepted_token, source, db_user, node, job, owner_id, operation_id)
+                         SELECT (extract(epoch FROM clock_timestamp()) * 1000)::BIGINT, $1, $2, $3, 'job',
+                                session_user, $4, $5, $6, $7
+                          WHERE NOT EXISTS (SELECT 1 FROM fencecron_guard_rejections
+                                             WHERE resource = $1 AND token = $2)",
+                        "UPDATE fencecron_guard_rejections
+                            SET node = COALESCE(node, $1), job = COALESCE(job, $2), owner_id = COALESCE(owner_id, $3)
+                          WHERE resource = $4 AND token = $5",
+                        format!("SELECT {REJECTION_COLUMNS} FROM fencecron_guard_rejections WHERE resource = $1 AND token = $2 ORDER BY id LIMIT 1")
+                    ),
+                    Pool::My(p) => {
+                        // MySQL numbers no placeholders: the NOT EXISTS
+                        // compares with the values of the row selected.
+                        record!(
+                            p,
+                            "INSERT INTO fencecron_guard_rejections
+                               (at_ms, resource, token, accepted_token, source, db_user, node, job, owner_id, operation_id)
+                             SELECT * FROM (SELECT ROUND(UNIX_TIMESTAMP(SYSDATE(3)) * 1000) AS at_ms, ? AS resource,
+                                                   ? AS token, ? AS accepted_token, 'job' AS source, USER() AS db_user,
+                                                   ? AS node, ? AS job, ? AS owner_id, ? AS operation_id) AS incoming
+                              WHERE NOT EXISTS (SELECT 1 FROM fencecron_guard_rejections AS r
+                                                 WHERE r.resource = incoming.resource AND r.token = incoming.token)",
+                            "UPDATE fencecron_guard_rejections
+                                SET node = COALESCE(node, ?), job = COALESCE(job, ?), owner_id = COALESCE(owner_id, ?)
+                              WHERE resource = ? AND token = ?",
+                            format!("SELECT {REJECTION_COLUMNS} FROM fencecron_guard_rejections WHERE resource = ? AND token = ? ORDER BY id LIMIT 1")
+                        )
+                    }
+                    Pool::Lite(p) => record!(
+                        p,
+                        "INSERT INTO fencecron_guard_rejections
+                           (at_ms, resource, token, accepted_token, source, db_user, node, job, owner_id, operation_id)
+                         SELECT CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER), ?1, ?2, ?3, 'job',
+                                NULL, ?4, ?5, ?6, ?7
+                          WHERE NOT EXISTS (SELECT 1 FROM fencecron_guard_rejections
+                                             WHERE resource = ?1 AND token = ?2)",
+                        "UPDATE fencecron_guard_rejections
+                            SET node = COALESCE(node, ?1), job = COALESCE(job, ?2), owner_id = COALESCE(owner_id, ?3)
+                          WHERE resource = ?4 AND token = ?5",
+                        format!("SELECT {REJECTION_COLUMNS} FROM fencecron_guard_rejections WHERE resource = ?1 AND token = ?2 ORDER BY id LIMIT 1")
+                    ),
+                })
+            }
+            .await;
+            match r {
+                Ok((n, Some(row))) => Ok(Recorded::Rejection {
+                    record: Box::new(rejection(row)),
+                    new: n > 0,
+                }),
+                Ok((_, None)) => Err(StoreError::Corrupt {
+                    url: self.url.to_string(),
+                    detail: "the rejection row just written is not there".to_string(),
+                }),
+                Err(e) => Err(unavailable(&self.url, e)),
+            }
+        })
+        .await
+    }
+
+    /// The rejections the guard keeps, at or after `since_ms` (ms since the
+    /// Unix epoch, by the guard database's clock), oldest first, in the
+    /// shape `fencecron stale` lists.
+    pub async fn rejections(&self, since_ms: i64) -> Result<Vec<StaleRecord>, StoreError> {
+        timed(&self.url, CALL_LIMIT, async {
+            let r: Result<Vec<StaleRecord>, sqlx::Error> = async {
+                self.connected().await?;
+                macro_rules! list {
+                    ($pool:expr, $sql:expr) => {{
+                        let rows = sqlx::query(&$sql).bind(since_ms).fetch_all($pool).await?;
+                        let mut out = Vec::with_capacity(rows.len());
+                        for row in rows {
+                            out.push(rejection(RejectionRow {
+                                at_ms: row.try_get(0)?,
+                                resource: row.try_get(1)?,
+                                token: row.try_get(2)?,
+                                accepted_token: row.try_get(3)?,
+                                source: row.try_get(4)?,
+                                db_user: row.try_get(5)?,
+                                node: row.try_get(6)?,
+                                job: row.try_get(7)?,
+                                owner_id: row.try_get(8)?,
+                                operation_id: row.try_get(9)?,
+                            }));
+                        }
+                        out
+                    }};
+                }
+                Ok(match &self.pool {
+                    Pool::Pg(p) => list!(
+                        p,
+                        format!("SELECT {REJECTION_COLUMNS} FROM fencecron_guard_rejections WHERE at_ms >= $1 ORDER BY at_ms, id")
+                    ),
+                    Pool::My(p) => list!(
+                        p,
+                        format!("SELECT {REJECTION_COLUMNS} FROM fencecron_guard_rejections WHERE at_ms >= ? ORDER BY at_ms, id")
+                    ),
+                    Pool::Lite(p) => list!(
+                        p,
+                        format!("SELECT {REJECTION_COLUMNS} FROM fencecron_guard_rejections WHERE at_ms >= ? ORDER BY at_ms, id")
+                    ),
+                })
+            }
+            .await;
+            r.map_err(|e| unavailable(&self.url, e))
+        })
+        .await
+    }
+
+    /// Closes the pool.
+    pub async fn close(&self) {
+        match &self.pool {
+            Pool::Pg(p) => p.close().await,
+            Pool::My(p) => p.close().await,
+            Pool::Lite(p) => p.close().await,
+        }
+    }
+}
+
+/// The node a rejection names when neither the job nor the database said
+/// which host it came from.
+const UNKNOWN_NODE: &str = "-";
+
+/// A row of `fencecron_guard_rejections`.
+struct RejectionRow {
+    at_ms: i64,
+    resource: String,
+    token: i64,
+    accepted_token: i64,
+    source: String,
+    db_user: Option<String>,
+    node: Option<String>,
+    job: Option<String>,
+    owner_id: Option<String>,
+    operation_id: String,
+}
+
+/// A rejection row as a stale-owner record: `write_rejected`, reason
+/// `stale`, stage `guard` (refused and recorded by the database's
+/// procedure) or `guard_reported` (refused by the guard, recorded by the
+/// job's `fencecron guard record`); the node is the job's, else the
+/// database user and client host MySQL saw.
+fn rejection(r: RejectionRow) -> StaleRecord {
+    StaleRecord {
+        at: StoreTime(r.at_ms),
+        kind: StaleKind::WriteRejected,
+        reason: "stale".to_string(),
+        resource: r.resource,
+        key: None,
+        owner_id: r.owner_id,
+        token: r.token,
+        accepted_token: Some(r.accepted_token),
+        node: r
+            .node
+            .or(r.db_user)
+            .unwrap_or_else(|| UNKNOWN_NODE.to_string()),
+        job: r.job,
+        stage: if r.source == "guard" {
+            "guard".to_string()
+        } else {
+            "guard_reported".to_string()
+        },
+        operation_id: r.operation_id,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_script_is_the_statements_install_runs() {
+        for backend in [Backend::Postgres, Backend::MySql, Backend::Sqlite] {
+            let script = script(backend);
+            let mut rest = script.as_str();
+            for stmt in statements(backend) {
+                let at = rest
+                    .find(stmt)
+                    .unwrap_or_else(|| panic!("{backend}: statement missing from the script"));
+                rest = &rest[at + stmt.len()..];
+            }
+            for stmt in statements(backend) {
+                assert!(!stmt.trim_end().ends_with(';'), "{backend}: {stmt}");
+            }
+        }
+    }
+
+    #[test]
+    fn every_object_is_a_guard_object_and_every_create_idempotent() {
+        for backend in [Backend::Postgres, Backend::MySql, Backend::Sqlite] {
+            for stmt in statements(backend) {
+                let head: String = stmt.lines().next().unwrap().to_string();
+                assert!(head.contains("fencecron_guard"), "{backend}: {head}");
+                assert!(
+                    head.contains("IF NOT EXISTS")
+                        || head.contains("OR REPLACE")
+                        || head.contains("IF EXISTS")
+                        // Created right after its DROP … IF EXISTS.
+                        || head.starts_with("CREATE PROCEDURE")
+                        || head.starts_with("CREATE TRIGGER"),
+                    "{backend}: {head}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn trigger_names_are_validated_and_quoted() {
+        let r = Name::parse("resource", "it's").unwrap();
+        for bad in [
+            "",
+            "1x",
+            "x y",
+            "x;DROP TABLE y",
+            "a.b.c",
+            "x\"",
+            "é",
+            &"x".repeat(64),
+        ] {
+            assert!(
+                trigger_script(Backend::Postgres, bad, "fence", &r).is_err(),
+                "table {bad:?}"
+            );
+            assert!(
+                trigger_script(Backend::Sqlite, "t", bad, &r).is_err(),
+                "column {bad:?}"
+            );
+        }
+        let pg = trigger_script(Backend::Postgres, "app.ledger", "fence_token", &r).unwrap();
+        assert!(pg.contains("ON \"app\".\"ledger\""), "{pg}");
+        assert!(
+            pg.contains("fencecron_guard_row('it''s', 'fence_token')"),
+            "{pg}"
+        );
+        let lite = trigger_script(Backend::Sqlite, "ledger", "fence_token", &r).unwrap();
+        assert!(
+            lite.contains("VALUES ('it''s', NEW.\"fence_token\")"),
+            "{lite}"
+        );
+        assert!(trigger_script(Backend::MySql, "ledger", "fence_token", &r).is_err());
+    }
+
+    #[test]
+    fn a_row_names_its_node_and_stage() {
+        let row = |source: &str, node: Option<&str>, user: Option<&str>| RejectionRow {
+            at_ms: 1,
+            resource: "r".into(),
+            token: 4,
+            accepted_token: 5,
+            source: source.into(),
+            db_user: user.map(str::to_string),
+            node: node.map(str::to_string),
+            job: None,
+            owner_id: None,
+            operation_id: "op".into(),
+        };
+        let rec = rejection(row("guard", None, Some("app@10.0.0.7")));
+        assert_eq!(
+            (rec.stage.as_str(), rec.node.as_str()),
+            ("guard", "app@10.0.0.7")
+        );
+        assert_eq!(rec.accepted_token, Some(5));
+        let rec = rejection(row("job", Some("host-a"), Some("app")));
+        assert_eq!(
+            (rec.stage.as_str(), rec.node.as_str()),
+            ("guard_reported", "host-a")
+        );
+        assert_eq!(rejection(row("job", None, None)).node, "-");
+    }
+}
