@@ -32,7 +32,7 @@ use crate::store::{
     AcquireOutcome, AcquireRequest, Backend, ClaimOutcome, ClaimRequest, EpochInfo, LeaseInfo,
     NewStaleRecord, OwnerId, PauseInfo, PutOutcome, PutRequest, ReleaseOutcome, RenewOutcome,
     RunEnd, RunInfo, RunQuery, StaleRecord, Store, StoreError, StoreTime, StoreUrl, StoredValue,
-    Token, TriggerInfo,
+    Token, TriggerInfo, Unseen,
 };
 
 /// How long the scheduler loop may go without turning before `/livez` says
@@ -493,6 +493,23 @@ impl Store for Observed {
             self.inner.give_back(resource, owner_id, token, occurrence),
         )
         .await
+    }
+
+    async fn finish_and_release(
+        &self,
+        resource: &Name,
+        owner_id: OwnerId,
+        end: &RunEnd<'_>,
+    ) -> Result<(bool, ReleaseOutcome), StoreError> {
+        observe(
+            "finish_and_release",
+            self.inner.finish_and_release(resource, owner_id, end),
+        )
+        .await
+    }
+
+    async fn give_back_unseen(&self, items: &[Unseen<'_>]) -> Result<Vec<bool>, StoreError> {
+        observe("give_back_unseen", self.inner.give_back_unseen(items)).await
     }
 
     async fn list(&self) -> Result<Vec<LeaseInfo>, StoreError> {

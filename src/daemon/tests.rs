@@ -691,6 +691,19 @@ async fn a_run_is_recorded_by_its_acquire_and_finished_before_its_release() {
     let finished = rig.store.entries(Op::FinishRun)[0].at;
     assert!(finished <= rig.store.entries(Op::Release)[0].at);
 
+    // The run's end and release fail as one call: each is then made on its
+    // own, and both happen.
+    let rig = Rig::new();
+    rig.store.fault(Op::FinishRun, Fault::Fail, 1);
+    assert_eq!(rig.run().await, Ending::Won);
+    rig.settle().await;
+    assert_eq!(
+        rig.log(Op::FinishRun),
+        log(&[(2_000, "failed"), (2_000, "finished 1")])
+    );
+    assert_eq!(rig.log(Op::Release), log(&[(2_000, "released 1")]));
+    assert!(rig.store.row("job").unwrap().released);
+
     // Another node holds the next instant's lease: this node's losing
     // acquire adds no row.
     let rig = Rig::new();

@@ -205,6 +205,22 @@ pub trait Store: Send + Sync + 'static {
     /// matched.
     async fn finish_run(&self, end: &RunEnd<'_>) -> Result<bool, StoreError>;
 
+    /// The end of a run under a lease still held: [`Store::finish_run`]
+    /// and [`Store::release`] in one operation where the backend can
+    /// (PostgreSQL: one statement), so the history's end and the lease go
+    /// back together and the store sees one round trip per run's end, not
+    /// two. Whether a history row was finished, and the release's outcome.
+    async fn finish_and_release(
+        &self,
+        resource: &Name,
+        owner_id: OwnerId,
+        end: &RunEnd<'_>,
+    ) -> Result<(bool, ReleaseOutcome), StoreError> {
+        let finished = self.finish_run(end).await?;
+        let released = self.release(resource, owner_id, end.token).await?;
+        Ok((finished, released))
+    }
+
     /// Runs of the history, newest first, each with its state derived from
     /// its lease when it has not ended ([`RUNNING`], [`UNKNOWN`]).
     async fn runs(&self, q: &RunQuery<'_>) -> Result<Vec<RunInfo>, StoreError>;

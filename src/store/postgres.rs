@@ -375,6 +375,26 @@ const GIVE_BACK_UNSEEN: &str = concat!(
       RETURNING u.ord"
 );
 
+/// [`Store::finish_and_release`]: the run's end into its history row
+/// (`$1`..`$6` as the fleet's `FINISH_RUN`, matched by `$7` resource and
+/// `$8` token, once) and the release of the lease (`$9` owner id, `$8`
+/// token), in one statement; how many rows each changed.
+const FINISH_AND_RELEASE: &str = concat!(
+    "WITH f AS (
+       UPDATE fencecron_runs
+          SET finished_at_ms = started_at_ms + $1, outcome = $2, exit_code = $3,
+              signal_name = $4, duration_ms = $5, output_tail = $6
+        WHERE resource = $7 AND token = $8 AND finished_at_ms IS NULL
+       RETURNING 1),
+     r AS (
+       UPDATE fencecron_leases SET expires_at_ms = LEAST(expires_at_ms, ",
+    now_ms!(),
+    "), released = TRUE
+        WHERE resource = $7 AND owner_id = $9 AND fence = $8
+       RETURNING 1)
+     SELECT (SELECT count(*) FROM f) AS finished, (SELECT count(*) FROM r) AS released"
+);
+
 const RELEASE: &str = concat!(
     "UPDATE fencecron_leases SET expires_at_ms = LEAST(expires_at_ms, ",
     now_ms!(),
@@ -776,6 +796,38 @@ impl Dialect for Pg {
                 token.unwrap_or(0),
             )),
         })
+    }
+
+    async fn finish_and_release(
+        &self,
+        db: &Db<Postgres>,
+        resource: &Name,
+        owner_id: OwnerId,
+        end: &RunEnd<'_>,
+    ) -> Sql<Option<(bool, ReleaseOutcome)>> {
+        let row = sqlx::query(FINISH_AND_RELEASE)
+            .bind(end.elapsed_ms)
+            .bind(end.outcome)
+            .bind(end.exit_code.map(i64::from))
+            .bind(end.signal)
+            .bind(end.duration_ms)
+            .bind(end.output)
+            .bind(resource.as_str())
+            .bind(end.token)
+            .bind(owner_id.as_str())
+            .fetch_one(&db.pool)
+            .await?;
+        let finished = row.try_get::<i64, _>("finished")? > 0;
+        let released = if row.try_get::<i64, _>("released")? > 0 {
+            ReleaseOutcome::Released
+        } else {
+            ReleaseOutcome::Refused(classify_refusal(
+                Postgres::lease_row(&db.pool, LEASE_ROW, resource).await?,
+                owner_id,
+                end.token,
+            ))
+        };
+        Ok(Some((finished, released)))
     }
 
     async fn give_back_unseen(&self, db: &Db<Postgres>, items: &[Unseen<'_>]) -> Sql<Vec<bool>> {

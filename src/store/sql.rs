@@ -445,6 +445,19 @@ pub(super) trait Dialect: Send + Sync + 'static {
         Ok(out)
     }
 
+    /// [`Store::finish_and_release`] in one statement, if the backend has
+    /// one; `None` (the default): the store makes the two calls.
+    async fn finish_and_release(
+        &self,
+        db: &Db<Self::DB>,
+        resource: &Name,
+        owner_id: OwnerId,
+        end: &RunEnd<'_>,
+    ) -> Sql<Option<(bool, ReleaseOutcome)>> {
+        let _ = (db, resource, owner_id, end);
+        Ok(None)
+    }
+
     async fn list(&self, db: &Db<Self::DB>) -> Sql<Vec<LeaseInfo>> {
         Ok(Self::DB::list(&db.pool, Self::LIST).await?)
     }
@@ -680,6 +693,27 @@ impl<D: Dialect> Store for SqlStore<D> {
             .await?)
         })
         .await
+    }
+
+    async fn finish_and_release(
+        &self,
+        resource: &Name,
+        owner_id: OwnerId,
+        end: &RunEnd<'_>,
+    ) -> Result<(bool, ReleaseOutcome), StoreError> {
+        let one = self
+            .call(
+                self.dialect
+                    .finish_and_release(&self.db, resource, owner_id, end),
+            )
+            .await?;
+        match one {
+            Some(done) => Ok(done),
+            None => {
+                let finished = self.finish_run(end).await?;
+                Ok((finished, self.release(resource, owner_id, end.token).await?))
+            }
+        }
     }
 
     async fn finish_run(&self, end: &RunEnd<'_>) -> Result<bool, StoreError> {

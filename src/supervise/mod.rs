@@ -319,29 +319,27 @@ impl Supervisor {
             signal,
             duration,
         });
-        let signal_name = signal.map(events::signal_name);
-        self.finish_run(
-            spec,
-            &RunEnd {
-                resource: spec.resource.as_str(),
-                token: lease.token,
-                outcome: outcome.as_str(),
-                exit_code,
-                signal: signal_name.as_deref(),
-                duration_ms: millis(duration),
-                elapsed_ms: millis(sent_at.elapsed()),
-                output: &job.output_tail(),
-            },
-        )
-        .await;
-
         if let (Some(code), Some(stale_code)) = (exit_code, spec.stale_exit_code) {
             if code == stale_code {
                 self.job_reported_stale(spec, &lease).await;
             }
         }
-        if !watch.lost() {
-            self.release(spec, &lease).await;
+        let signal_name = signal.map(events::signal_name);
+        let output = job.output_tail();
+        let end = RunEnd {
+            resource: spec.resource.as_str(),
+            token: lease.token,
+            outcome: outcome.as_str(),
+            exit_code,
+            signal: signal_name.as_deref(),
+            duration_ms: millis(duration),
+            elapsed_ms: millis(sent_at.elapsed()),
+            output: &output,
+        };
+        if watch.lost() {
+            self.finish_run(spec, &end).await;
+        } else {
+            self.finish_and_release(spec, &lease, &end).await;
         }
         if let (Some(records), Some(path)) = (&self.records, record) {
             records.remove(&path);
@@ -394,6 +392,38 @@ impl Supervisor {
                         tokio::time::sleep(d).await;
                     }
                 }
+            }
+        }
+    }
+
+    /// A run ended under a lease still held: its history row gets its end
+    /// and the lease goes back, in one store call where the store can; if
+    /// that call fails, each is tried on its own with its retries (the
+    /// call changed both or neither, and both are safe to repeat).
+    async fn finish_and_release(&self, spec: &RunSpec, lease: &Lease, end: &RunEnd<'_>) {
+        if spec.history.is_none() {
+            return self.release(spec, lease).await;
+        }
+        match self
+            .store
+            .finish_and_release(&spec.resource, lease.owner_id, end)
+            .await
+        {
+            Ok((_, crate::store::ReleaseOutcome::Released)) => {
+                events::lease_released(Some(&spec.job), lease)
+            }
+            Ok((_, crate::store::ReleaseOutcome::Refused(r))) => {
+                self.release_refused(spec, lease, &r)
+            }
+            Err(e) => {
+                events::store_unavailable(
+                    "release",
+                    Some(&spec.job),
+                    &e.to_string(),
+                    Some(Duration::ZERO),
+                );
+                self.finish_run(spec, end).await;
+                self.release(spec, lease).await;
             }
         }
     }
@@ -455,18 +485,7 @@ impl Supervisor {
                     return;
                 }
                 Ok(crate::store::ReleaseOutcome::Refused(r)) => {
-                    events::lease_lost(
-                        Some(&spec.job),
-                        lease,
-                        &self.node,
-                        LossReason::ReleaseRefused,
-                        &r.to_string(),
-                    );
-                    // The job ended before we noticed the loss (it finished
-                    // while this process was paused, say): a stale-owner
-                    // event like any other, so it is stored too.
-                    self.record_lost(spec, lease, LossReason::ReleaseRefused);
-                    return;
+                    return self.release_refused(spec, lease, &r);
                 }
                 Err(e) => {
                     let retry = (attempt < 2).then_some(delay);
@@ -476,6 +495,20 @@ impl Supervisor {
                 }
             }
         }
+    }
+
+    /// The store refused to release: the lease was lost before the job
+    /// ended (it finished while this process was paused, say): a
+    /// stale-owner event like any other, so it is stored too.
+    fn release_refused(&self, spec: &RunSpec, lease: &Lease, r: &crate::store::Refusal) {
+        events::lease_lost(
+            Some(&spec.job),
+            lease,
+            &self.node,
+            LossReason::ReleaseRefused,
+            &r.to_string(),
+        );
+        self.record_lost(spec, lease, LossReason::ReleaseRefused);
     }
 
     /// The job exited with its configured stale code: it reports a write its

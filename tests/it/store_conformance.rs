@@ -2512,6 +2512,66 @@ fn end(l: &Lease, outcome: &'static str, output: &'static str) -> RunEnd<'static
     }
 }
 
+/// `finish_and_release`: a run's end and its lease's release in one
+/// operation. The owner's own lease: the row finished once and the lease
+/// released (free for the next instant, token kept); a wrong owner or a
+/// lease taken over since: refused, naming the new holder, and the row
+/// still finished by its own token.
+async fn case_finish_and_release_ends_the_run_and_frees_the_lease(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let (r, job) = (resource("finish-release"), unique("job"));
+    let t = StoreTime(s.now().await.unwrap().0 / 1000 * 1000 - 60_000);
+    let a = acquired(
+        acquire_run(s, &r, &job, OwnerId::fresh(), Some(t), StartedBy::Schedule).await,
+        "a",
+    );
+    assert!(
+        matches!(
+            s.finish_and_release(&r, OwnerId::fresh(), &end(&a, "failed", "x"))
+                .await
+                .unwrap(),
+            (true, ReleaseOutcome::Refused(Refusal::NotOwner { .. }))
+        ),
+        "another owner: the row is finished by its token, the lease stays"
+    );
+    assert!(row(s, &r).await.held, "still held");
+    assert_eq!(
+        s.finish_and_release(&r, a.owner_id, &end(&a, "succeeded", "out"))
+            .await
+            .unwrap(),
+        (false, ReleaseOutcome::Released),
+        "the row ends once; the lease goes back"
+    );
+    let listed = row(s, &r).await;
+    assert_eq!((listed.held, listed.token), (false, a.token));
+    let run = &runs_of(s, &job).await[0];
+    assert_eq!(
+        (run.outcome.as_str(), run.exit_code, run.output.as_deref()),
+        ("failed", Some(3), Some("x"))
+    );
+
+    // Taken over after the expiry: refused, and the new holder's lease stays.
+    let t2 = StoreTime(t.0 + 1_000);
+    let b = acquired(
+        acquire_run(s, &r, &job, OwnerId::fresh(), Some(t2), StartedBy::Schedule).await,
+        "b",
+    );
+    assert!(matches!(
+        s.finish_and_release(&r, a.owner_id, &end(&a, "succeeded", ""))
+            .await
+            .unwrap(),
+        (false, ReleaseOutcome::Refused(_))
+    ));
+    assert_eq!(row(s, &r).await.token, b.token);
+    assert!(row(s, &r).await.held);
+    assert_eq!(
+        s.finish_and_release(&r, b.owner_id, &end(&b, "succeeded", ""))
+            .await
+            .unwrap(),
+        (true, ReleaseOutcome::Released)
+    );
+}
+
 /// The run history: a winning acquire records the run in the same
 /// operation (a loser, and a retry adopting its own win, add nothing); the
 /// run reads `running` while its lease is held, `unknown` once the lease is
@@ -3001,6 +3061,7 @@ conformance!(
     case_give_back_leaves_the_instant_runnable,
     case_give_back_unseen_sweeps_many_at_once,
     case_run_history_records_winners_only,
+    case_finish_and_release_ends_the_run_and_frees_the_lease,
     case_pause_is_honoured_by_the_acquire,
     case_triggers_are_claimed_once,
     case_claim_wins_like_the_acquire,
