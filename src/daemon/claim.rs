@@ -1,6 +1,6 @@
 //! Batch claims: the scheduled occurrences this node fires at one instant,
 //! claimed in one store operation where the store can ([`Store::claims`],
-//! PostgreSQL), instead of one acquire each.
+//! every backend but the in-process test store), instead of one acquire each.
 //!
 //! The flow, for the occurrences of one instant ([`claim`]):
 //!

@@ -141,7 +141,7 @@ pub trait Store: Send + Sync + 'static {
         Ok(None)
     }
 
-    /// Whether [`Store::claim`] claims (PostgreSQL) or answers `None`.
+    /// Whether [`Store::claim`] claims (every SQL backend) or answers `None`.
     fn claims(&self) -> bool {
         false
     }

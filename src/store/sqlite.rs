@@ -397,22 +397,7 @@ impl Dialect for Lite {
         let row = match won {
             Some(row) => row,
             None => {
-                let existing = sqlx::query(
-                    "SELECT fence, owner_id, node, expires_at_ms, last_occurrence_ms
-                       FROM fencecron_leases WHERE resource = ?1",
-                )
-                .bind(req.resource.as_str())
-                .fetch_optional(&mut *tx)
-                .await?;
-                if let Some(r) = existing {
-                    let loss = LossRow {
-                        fence: r.try_get("fence")?,
-                        owner_id: r.try_get("owner_id")?,
-                        node: r.try_get("node")?,
-                        expires_at: r.try_get("expires_at_ms")?,
-                        last_occurrence: r.try_get("last_occurrence_ms")?,
-                        now,
-                    };
+                if let Some(loss) = loss_row(&mut tx, req.resource, now).await? {
                     tx.rollback().await?;
                     return Ok(classify_loss(loss, req));
                 }
@@ -462,6 +447,87 @@ impl Dialect for Lite {
             token,
             expires_at: StoreTime(expires_at),
             taken_over,
+        }))
+    }
+
+    const CLAIMS: bool = true;
+
+    /// One write transaction for the instant's items, in order: each
+    /// within the limit goes through the single acquire's `UPDATE` (and
+    /// its run row), each past it is only read. One host, one writer at a
+    /// time: nothing is locked by another claimer, so nothing is skipped
+    /// for that, and there is no share (SQLite keeps no live nodes). What
+    /// it saves is a transaction, and so a commit, per occurrence.
+    async fn claim(&self, db: &Db<Sqlite>, req: &ClaimRequest<'_>) -> Sql<Option<ClaimOutcome>> {
+        let mut tx = self.begin(db).await?;
+        let now = kernel_now_ms();
+        let mut won = 0;
+        let mut out = Vec::with_capacity(req.items.len());
+        for item in req.items {
+            let acquire = item.as_acquire(req.node);
+            let paused = sqlx::query(PAUSED)
+                .bind(item.job)
+                .bind(now)
+                .fetch_optional(&mut *tx)
+                .await?
+                .is_some();
+            let Some(loss) = loss_row(&mut tx, item.resource, now).await? else {
+                out.push(Claimed::Ask);
+                continue;
+            };
+            if paused {
+                out.push(Claimed::Ask);
+                continue;
+            }
+            let (occ, next) = (item.occurrence.0, item.next_occurrence.map(|n| n.0));
+            let takeable = loss.expires_at <= now
+                && loss.last_occurrence.is_none_or(|l| l < occ)
+                && occ <= now
+                && next.is_none_or(|n| n > now);
+            if !takeable {
+                out.push(Claimed::from_loss(classify_loss(loss, &acquire)));
+                continue;
+            }
+            if won >= req.limit {
+                out.push(Claimed::Skipped);
+                continue;
+            }
+            let owner = item.owner_id.to_string();
+            let row = sqlx::query(ACQUIRE)
+                .bind(item.resource.as_str())
+                .bind(&owner)
+                .bind(req.node)
+                .bind(now)
+                .bind(millis(item.lease))
+                .bind(occ)
+                .bind(next)
+                .fetch_one(&mut *tx)
+                .await?;
+            let token: i64 = row.try_get("fence")?;
+            sqlx::query(INSERT_RUN)
+                .bind(item.job)
+                .bind(item.resource.as_str())
+                .bind(occ)
+                .bind(StartedBy::Schedule.as_str())
+                .bind(req.node)
+                .bind(&owner)
+                .bind(token)
+                .bind(now)
+                .execute(&mut *tx)
+                .await?;
+            won += 1;
+            out.push(Claimed::Won(Lease {
+                resource: item.resource.to_string(),
+                owner_id: item.owner_id,
+                token,
+                expires_at: StoreTime(row.try_get("expires_at_ms")?),
+                taken_over: rows::takeover(&row, rows::PREV)?,
+            }));
+        }
+        tx.commit().await?;
+        Ok(Some(ClaimOutcome {
+            items: out,
+            limit: req.limit,
         }))
     }
 
@@ -817,6 +883,33 @@ fn create_private(path: &std::path::Path) {
         .create_new(true)
         .mode(0o600)
         .open(path);
+}
+
+/// The lease row as a losing acquire classifies it, if there is one.
+async fn loss_row(
+    tx: &mut Transaction<'static, Sqlite>,
+    resource: &Name,
+    now: i64,
+) -> Result<Option<LossRow>, sqlx::Error> {
+    let existing = sqlx::query(
+        "SELECT fence, owner_id, node, expires_at_ms, last_occurrence_ms
+           FROM fencecron_leases WHERE resource = ?1",
+    )
+    .bind(resource.as_str())
+    .fetch_optional(&mut **tx)
+    .await?;
+    existing
+        .map(|r| {
+            Ok(LossRow {
+                fence: r.try_get("fence")?,
+                owner_id: r.try_get("owner_id")?,
+                node: r.try_get("node")?,
+                expires_at: r.try_get("expires_at_ms")?,
+                last_occurrence: r.try_get("last_occurrence_ms")?,
+                now,
+            })
+        })
+        .transpose()
 }
 
 #[cfg(test)]

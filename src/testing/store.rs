@@ -180,7 +180,7 @@ pub(crate) struct MemoryStore {
     url: StoreUrl,
     clock: Clock,
     call_timeout: Option<Duration>,
-    /// Answers `claim` (as PostgreSQL does) instead of `None`.
+    /// Answers `claim` (as the SQL backends do) instead of `None`.
     claims: bool,
     state: Arc<Mutex<State>>,
 }
@@ -204,8 +204,9 @@ impl MemoryStore {
         self
     }
 
-    /// Claims in batches, as PostgreSQL does (by default `claim` answers
-    /// `None`, as SQLite and MySQL do).
+    /// Claims in batches, as the SQL backends do (by default `claim`
+    /// answers `None`, so the in-process tests of the single acquire stay
+    /// as they are).
     pub(crate) fn claiming(mut self) -> MemoryStore {
         self.claims = true;
         self
