@@ -771,7 +771,14 @@ fn starting_deadline_skips_an_instant_a_paused_daemon_resumes_too_late_for_sqlit
         secs(5),
     );
     let t: DateTime<Utc> = str_field(&first, "scheduled_at").unwrap().parse().unwrap();
-    // Paused past the next instant by more than the deadline.
+    // Paused shortly before the next instant, past it by more than the
+    // deadline. Not right after the release: the run's task may not have
+    // left the node's running set yet, and resumed, it would race the next
+    // instant (which would then skip as `held`).
+    let stop_at = t + chrono::Duration::milliseconds(4_500);
+    while Utc::now() < stop_at {
+        std::thread::sleep(Duration::from_millis(20));
+    }
     d.signal(Signal::SIGSTOP);
     let resume_at = t + chrono::Duration::seconds(7);
     while Utc::now() < resume_at {
