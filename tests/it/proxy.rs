@@ -726,3 +726,36 @@ fn start_up_errors() {
     );
     assert_eq!(out.status.code(), Some(2), "{}", describe(&out));
 }
+
+/// A store that stops answering while the proxy runs: 503, nothing
+/// forwarded, `store_unavailable` logged; once it answers again, requests
+/// pass again.
+#[test]
+fn store_outage_postgres() {
+    let Some(ts) = TestStore::new(Backend::Postgres, "proxy::store_outage_postgres") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (tcp, url) = common::proxy::Proxy::for_url(&ts.url, 5432);
+    let upstream = Upstream::start(Duration::ZERO);
+    let proxy = ProxyProc::start(&url, &upstream.url());
+    let r = unique("proxy-outage");
+    let (token, _) = acquire(dir.path(), &ts.url, &r).expect("fresh");
+    assert_eq!(
+        post(proxy.addr, Some(&fencing(&r, token)), "before").status,
+        200
+    );
+    tcp.blackhole();
+    let reply = post(proxy.addr, Some(&fencing(&r, token)), "during");
+    assert_eq!(reply.status, 503, "{reply:?}");
+    assert_eq!(reply.json()["error"], "store_unavailable");
+    proxy.wait_event("store_unavailable", |e| e["operation"] == "admit");
+    tcp.restore();
+    wait_until(
+        WAIT,
+        || post(proxy.addr, Some(&fencing(&r, token)), "after").status == 200,
+        || "the proxy never recovered".into(),
+    );
+    assert_eq!(&upstream.applied()[..2], ["before", "after"]);
+    assert!(!upstream.applied().contains(&"during".to_string()));
+}
