@@ -320,15 +320,29 @@ impl Proxy {
             );
         }
         let gate = self.gate(&fencing.resource);
-        let guard = loop {
+        match self.pass(&gate, &fencing).await {
+            Ok(guard) => self.forward(req, &fencing, guard).await,
+            Err(res) => {
+                self.forget_unused(&fencing.resource, gate);
+                res
+            }
+        }
+    }
+
+    /// Waits at the resource's gate and has the store check the token; the
+    /// guard keeps the gate until the response is passed on.
+    async fn pass(
+        &self,
+        gate: &Gate,
+        fencing: &FencingToken,
+    ) -> Result<OwnedRwLockReadGuard<Token>, Response<Body>> {
+        loop {
             let read = gate.clone().read_owned().await;
             if fencing.token <= *read {
                 // The admitted token again (or an older one, which the store
                 // refuses): shares the gate with its generation's requests.
-                match self.admit(&fencing).await {
-                    Ok(()) => break read,
-                    Err(res) => return res,
-                }
+                self.admit(fencing).await?;
+                return Ok(read);
             }
             drop(read);
             let mut write = gate.clone().write_owned().await;
@@ -337,13 +351,21 @@ impl Proxy {
                 continue;
             }
             // Alone: every request with an older token has finished.
-            if let Err(res) = self.admit(&fencing).await {
-                return res;
-            }
+            self.admit(fencing).await?;
             *write = fencing.token;
-            break write.downgrade();
-        };
-        self.forward(req, &fencing, guard).await
+            return Ok(write.downgrade());
+        }
+    }
+
+    /// Drops the gate of a resource this proxy never admitted anything for
+    /// once nobody waits at it, so requests with made-up resource names
+    /// leave nothing behind.
+    fn forget_unused(&self, resource: &Name, gate: Gate) {
+        let mut gates = self.gates.lock().unwrap_or_else(|p| p.into_inner());
+        // The map's reference and this one: no other request holds it.
+        if Arc::strong_count(&gate) == 2 && gate.try_read().is_ok_and(|t| *t == 0) {
+            gates.remove(resource);
+        }
     }
 
     /// The store's check; `Err` is the answer to send instead of
