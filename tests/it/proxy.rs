@@ -759,3 +759,34 @@ fn store_outage_postgres() {
     assert_eq!(&upstream.applied()[..2], ["before", "after"]);
     assert!(!upstream.applied().contains(&"during".to_string()));
 }
+
+/// A job the daemon runs finds `FENCECRON_FENCING_HEADER`: its resource and
+/// token, as the proxy's header takes them.
+#[test]
+fn daemon_job_gets_the_fencing_header() {
+    use common::daemon::{job_toml, sh, write_config, Daemon, DaemonOpts};
+    let ts = TestStore::new(Backend::Sqlite, "proxy::daemon_job_header").expect("sqlite");
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("header");
+    let job = unique("proxy-header");
+    let script = format!(
+        "printf '%s|%s|%s' \"$FENCECRON_FENCING_HEADER\" \"$FENCECRON_RESOURCE\" \"$FENCECRON_TOKEN\" > '{0}.tmp' && mv '{0}.tmp' '{0}'",
+        out.display()
+    );
+    let config = write_config(
+        dir.path(),
+        "lease = \"5s\"",
+        &[job_toml(
+            &job,
+            "* * * * * *",
+            &sh(&script),
+            "resource = \"a:b c\"",
+        )],
+    );
+    let _daemon = Daemon::spawn(DaemonOpts::new("proxy-header-node", &config, &ts.url));
+    wait_until(WAIT, || out.exists(), || "the job never ran".into());
+    let text = std::fs::read_to_string(&out).unwrap();
+    let parts: Vec<&str> = text.split('|').collect();
+    assert_eq!(parts[1], "a:b c", "{text}");
+    assert_eq!(parts[0], format!("{}:{}", parts[1], parts[2]), "{text}");
+}
