@@ -90,6 +90,8 @@ pub enum Command {
     Stale(StaleArgs),
     /// Measure store latency and throughput against a bare round trip.
     Bench(BenchArgs),
+    /// Fencing HTTP proxy: forward requests to an upstream only with a current fencing token.
+    Proxy(ProxyArgs),
     /// The SQL guard: the fence check inside a job's own database.
     #[command(subcommand)]
     Guard(GuardCommand),
@@ -385,4 +387,21 @@ pub struct BenchArgs {
     /// Distinct bench resources to spread the load over.
     #[arg(long, default_value_t = 16)]
     pub resources: usize,
+}
+
+/// `fencecron proxy`.
+#[derive(Debug, Args)]
+pub struct ProxyArgs {
+    /// Address to listen on (HOST:PORT, e.g. 127.0.0.1:8480).
+    #[arg(long, value_name = "ADDR")]
+    pub listen: std::net::SocketAddr,
+    /// Where admitted requests go: http://HOST:PORT[/PREFIX].
+    #[arg(long, value_name = "URL")]
+    pub upstream: String,
+    /// How long the upstream may take to answer a request (then 504).
+    #[arg(long, value_name = "D", default_value = "30s")]
+    pub upstream_timeout: HumanDuration,
+    /// How long in-flight requests may finish after SIGTERM/SIGINT.
+    #[arg(long, value_name = "D", default_value = "10s")]
+    pub drain: HumanDuration,
 }

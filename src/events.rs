@@ -719,6 +719,38 @@ pub fn daemon_started(node: &str, jobs: usize, store: &str, config: &str) {
     );
 }
 
+/// `fencecron proxy` is listening.
+pub fn proxy_started(listen: &str, upstream: &str, node: &str, store: &str) {
+    info!(
+        event = "proxy_started",
+        listen, upstream, node, store, "fencing proxy listening"
+    );
+}
+
+/// `fencecron proxy` got a stop signal: it accepts no more connections and
+/// lets the `open` ones finish their requests.
+pub fn proxy_stopping(open: usize) {
+    info!(
+        event = "proxy_stopping",
+        open, "fencing proxy stopping; finishing in-flight requests"
+    );
+}
+
+/// `fencecron proxy` has stopped; `abandoned` connections were still busy
+/// when its drain time ran out.
+pub fn proxy_stopped(abandoned: usize) {
+    info!(event = "proxy_stopped", abandoned, "fencing proxy stopped");
+}
+
+/// The proxy admitted a request but its upstream could not be reached or
+/// did not answer in time (answered 502 or 504).
+pub fn proxy_upstream_failed(resource: &str, token: Token, upstream: &str, error: &str) {
+    warn!(
+        event = "proxy_upstream_failed",
+        resource, token, upstream, error, "the fencing proxy's upstream failed"
+    );
+}
+
 /// The daemon is shutting down.
 /// `running` counts the occurrences being acquired or run on this node.
 pub fn daemon_stopping(reason: &str, running: usize) {

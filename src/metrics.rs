@@ -29,10 +29,10 @@ use tokio_util::sync::CancellationToken;
 use crate::events::Outcome;
 use crate::names::Name;
 use crate::store::{
-    AcquireOutcome, AcquireRequest, Backend, ClaimOutcome, ClaimRequest, EpochInfo, LeaseInfo,
-    NewStaleRecord, OwnerId, PauseInfo, PutOutcome, PutRequest, ReleaseOutcome, RenewOutcome,
-    RunEnd, RunInfo, RunQuery, StaleRecord, Store, StoreError, StoreTime, StoreUrl, StoredValue,
-    Token, TriggerInfo, Unseen,
+    AcquireOutcome, AcquireRequest, AdmitOutcome, AdmitRequest, Backend, ClaimOutcome,
+    ClaimRequest, EpochInfo, LeaseInfo, NewStaleRecord, OwnerId, PauseInfo, PutOutcome, PutRequest,
+    ReleaseOutcome, RenewOutcome, RunEnd, RunInfo, RunQuery, StaleRecord, Store, StoreError,
+    StoreTime, StoreUrl, StoredValue, Token, TriggerInfo, Unseen,
 };
 
 /// How long the scheduler loop may go without turning before `/livez` says
@@ -526,6 +526,10 @@ impl Store for Observed {
 
     async fn record_stale(&self, rec: &NewStaleRecord<'_>) -> Result<StaleRecord, StoreError> {
         observe("record_stale", self.inner.record_stale(rec)).await
+    }
+
+    async fn admit(&self, req: &AdmitRequest<'_>) -> Result<AdmitOutcome, StoreError> {
+        observe("admit", self.inner.admit(req)).await
     }
 
     async fn stale(&self, since: Option<StoreTime>) -> Result<Vec<StaleRecord>, StoreError> {

@@ -11,6 +11,7 @@ mod fleet;
 mod generate;
 mod guard;
 mod lease;
+mod proxy;
 mod run;
 
 use std::path::PathBuf;
@@ -205,6 +206,7 @@ pub async fn dispatch(cli: Cli) -> Result<Exit> {
         Command::Get(args) => fenced::get(&cli, args).await,
         Command::Stale(args) => fenced::stale(&cli, args).await,
         Command::Bench(args) => bench::run(&cli, args).await,
+        Command::Proxy(args) => proxy::run(&cli, args).await,
         Command::Guard(cmd) => guard::run(cmd).await,
         Command::Epoch(args) => epoch::run(&cli, args).await,
         Command::Runs(args) => fleet::runs(&cli, args).await,

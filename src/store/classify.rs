@@ -201,9 +201,85 @@ pub(crate) fn classify_rejection(
     }
 }
 
+/// What the fencing proxy's check does next, from the highest token
+/// admitted for the resource so far and the resource's fence (the newest
+/// token issued for it), as one read saw them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Admission {
+    /// The token is the highest admitted: forward.
+    Admit,
+    /// Issued and newer than every admitted one: raise the highest to it
+    /// (conditionally, in one statement), then read again.
+    Raise,
+    /// Refused, why, and the token that beat it or the fence.
+    Refuse(RejectReason, Option<Token>),
+}
+
+/// The fencing proxy's rule. A token below the highest admitted one is
+/// `Stale`. A token the store cannot have issued for the resource (no lease
+/// row, not positive, above the fence: tokens are issued in increasing
+/// order per resource) is `Forged`. After a raise (`raised`), the token
+/// passes only if it *is* the highest now: a raise that did not take lost
+/// to a newer token.
+pub(crate) fn classify_admission(
+    token: Token,
+    highest: Option<Token>,
+    issued: Option<Token>,
+    raised: bool,
+) -> Admission {
+    if highest == Some(token) {
+        return Admission::Admit;
+    }
+    if let Some(h) = highest.filter(|h| *h > token) {
+        return Admission::Refuse(RejectReason::Stale, Some(h));
+    }
+    match issued {
+        Some(fence) if (1..=fence).contains(&token) && !raised => Admission::Raise,
+        _ => Admission::Refuse(RejectReason::Forged, issued),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn admission_at_the_proxy() {
+        use Admission::*;
+        use RejectReason::*;
+        // Never leased, not positive, above the fence: never issued.
+        assert_eq!(
+            classify_admission(1, None, None, false),
+            Refuse(Forged, None)
+        );
+        assert_eq!(
+            classify_admission(0, None, Some(3), false),
+            Refuse(Forged, Some(3))
+        );
+        assert_eq!(
+            classify_admission(-1, Some(2), Some(3), false),
+            Refuse(Stale, Some(2))
+        );
+        assert_eq!(
+            classify_admission(4, Some(3), Some(3), false),
+            Refuse(Forged, Some(3))
+        );
+        // The highest admitted passes; a newer issued one is raised to.
+        assert_eq!(classify_admission(3, Some(3), Some(5), false), Admit);
+        assert_eq!(classify_admission(5, Some(3), Some(5), false), Raise);
+        assert_eq!(classify_admission(2, None, Some(5), false), Raise);
+        // Below the highest admitted: stale, whatever was issued.
+        assert_eq!(
+            classify_admission(2, Some(3), Some(5), false),
+            Refuse(Stale, Some(3))
+        );
+        // After a raise: only if it took.
+        assert_eq!(classify_admission(5, Some(5), Some(5), true), Admit);
+        assert_eq!(
+            classify_admission(4, Some(5), Some(5), true),
+            Refuse(Stale, Some(5))
+        );
+    }
 
     #[test]
     fn rejection_reasons() {

@@ -49,8 +49,8 @@ use crate::names::Name;
 
 pub use bench::{open_bench, BenchStore, RawOp};
 pub(crate) use classify::{
-    classify_loss, classify_paused, classify_refusal, classify_rejection, run_binds, LeaseRow,
-    LossRow, Rejection,
+    classify_admission, classify_loss, classify_paused, classify_refusal, classify_rejection,
+    run_binds, Admission, LeaseRow, LossRow, Rejection,
 };
 pub use error::StoreError;
 pub(crate) use error::{migrate_error, timed, unavailable};
@@ -172,6 +172,16 @@ pub trait Store: Send + Sync + 'static {
     /// ([`classify_rejection`] names the reason) and the rejection recorded,
     /// all in one atomic operation.
     async fn put(&self, req: &PutRequest<'_>) -> Result<PutOutcome, StoreError>;
+
+    /// The fencing proxy's check: admits `req.token` for `req.resource`
+    /// when the store issued it for that resource (a lease row exists and
+    /// `1 <= token <= fence`) and it is not below the highest token admitted
+    /// for the resource so far, raising that to it in one conditional
+    /// statement, so that once a token was admitted no older one is, by any
+    /// proxy on this store. A refusal ([`classify_admission`] names the
+    /// reason) is recorded as a stale-owner record with stage `proxy`. The
+    /// common case (the highest token again) is one read.
+    async fn admit(&self, req: &AdmitRequest<'_>) -> Result<AdmitOutcome, StoreError>;
 
     /// Reads a value and the token that wrote it.
     async fn get(&self, resource: &Name, key: &Name) -> Result<Option<StoredValue>, StoreError>;

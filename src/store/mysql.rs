@@ -127,6 +127,18 @@ const INSERT_STALE: &str = concat!(
     ", ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 );
 
+/// The fencing proxy's read: the highest token admitted for the resource
+/// and the resource's fence.
+const ADMIT_STATE: &str =
+    "SELECT (SELECT highest FROM fencecron_proxy_fences WHERE resource = ?) AS highest,
+            (SELECT fence FROM fencecron_leases WHERE resource = ?) AS issued";
+
+/// The fencing proxy's raise: only a token the lease row issued, only
+/// upwards.
+const ADMIT_RAISE: &str = "INSERT INTO fencecron_proxy_fences (resource, highest)
+ SELECT ?, ? FROM fencecron_leases l WHERE l.resource = ? AND l.fence >= ? AND ? > 0
+ ON DUPLICATE KEY UPDATE highest = GREATEST(highest, VALUES(highest))";
+
 const GET: &str = "SELECT value, token, owner_id, written_at_ms FROM fencecron_values
                     WHERE resource = ? AND key_name = ?";
 
@@ -184,6 +196,8 @@ impl Dialect for My {
     const LIST: &'static str = LIST;
     const EPOCH: &'static str = EPOCH;
     const ADVANCE_EPOCH: &'static str = ADVANCE_EPOCH;
+    const ADMIT_STATE: &'static str = ADMIT_STATE;
+    const ADMIT_RAISE: &'static str = ADMIT_RAISE;
 
     async fn migrate(&self, db: &Db<MySql>) -> Result<(), StoreError> {
         // sqlx's own MySQL lock is `GET_LOCK(name, -1)`, which MariaDB

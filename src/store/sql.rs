@@ -17,9 +17,10 @@ use sqlx::{
 
 use super::fleet::{FleetDb, FleetSql};
 use super::{
-    rows, timed, unavailable, AcquireOutcome, AcquireRequest, Backend, EpochInfo, LeaseInfo,
-    LeaseRow, NewStaleRecord, OpenOptions, PutOutcome, PutRequest, ReleaseOutcome, RenewOutcome,
-    StaleRecord, Store, StoreError, StoreTime, StoreUrl, StoredValue, Token,
+    classify_admission, rows, timed, unavailable, AcquireOutcome, AcquireRequest, Admission,
+    AdmitOutcome, AdmitRequest, Backend, EpochInfo, LeaseInfo, LeaseRow, NewStaleRecord,
+    OpenOptions, PutOutcome, PutRequest, ReleaseOutcome, RenewOutcome, StaleRecord, Store,
+    StoreError, StoreTime, StoreUrl, StoredValue, Token,
 };
 use super::{
     ClaimOutcome, ClaimRequest, OwnerId, PauseInfo, RunEnd, RunInfo, RunQuery, TriggerInfo, Unseen,
@@ -152,6 +153,24 @@ pub(super) trait SqlDb: Database {
         query: Query<'q, Self, Self::Arguments<'q>>,
         rec: &'q NewStaleRecord<'_>,
     ) -> Query<'q, Self, Self::Arguments<'q>>;
+
+    /// The fencing proxy's read: the highest token admitted for the
+    /// resource and its fence, `highest` and `issued` of `sql`, which binds
+    /// the resource twice.
+    async fn admit_state(
+        pool: &Pool<Self>,
+        sql: &'static str,
+        resource: &Name,
+    ) -> Result<(Option<Token>, Option<Token>), sqlx::Error>;
+
+    /// The fencing proxy's raise: `sql` binds resource, token, resource,
+    /// token, token.
+    async fn admit_raise(
+        pool: &Pool<Self>,
+        sql: &'static str,
+        resource: &Name,
+        token: Token,
+    ) -> Result<(), sqlx::Error>;
 
     /// `SELECT 1`, the benchmark's floor.
     async fn ping(pool: &Pool<Self>) -> Result<Option<Token>, sqlx::Error>;
@@ -289,6 +308,36 @@ where
             .bind(rec.operation_id)
     }
 
+    async fn admit_state(
+        pool: &Pool<Self>,
+        sql: &'static str,
+        resource: &Name,
+    ) -> Result<(Option<Token>, Option<Token>), sqlx::Error> {
+        let row = sqlx::query(sql)
+            .bind(resource.as_str())
+            .bind(resource.as_str())
+            .fetch_one(pool)
+            .await?;
+        Ok((row.try_get("highest")?, row.try_get("issued")?))
+    }
+
+    async fn admit_raise(
+        pool: &Pool<Self>,
+        sql: &'static str,
+        resource: &Name,
+        token: Token,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query(sql)
+            .bind(resource.as_str())
+            .bind(token)
+            .bind(resource.as_str())
+            .bind(token)
+            .bind(token)
+            .execute(pool)
+            .await
+            .map(|_| ())
+    }
+
     async fn ping(pool: &Pool<Self>) -> Result<Option<Token>, sqlx::Error> {
         sqlx::query("SELECT 1").execute(pool).await.map(|_| None)
     }
@@ -377,6 +426,13 @@ pub(super) trait Dialect: Send + Sync + 'static {
     const EPOCH: &'static str;
     /// `fencecron epoch advance` ([`SqlDb::advance_epoch`]).
     const ADVANCE_EPOCH: &'static str;
+    /// The fencing proxy's read ([`SqlDb::admit_state`]).
+    const ADMIT_STATE: &'static str;
+    /// The fencing proxy's raise ([`SqlDb::admit_raise`]): inserts or
+    /// raises the resource's highest admitted token to the token, only if
+    /// the resource's lease row issued it (`1 <= token <= fence`) and only
+    /// upwards.
+    const ADMIT_RAISE: &'static str;
 
     /// A transaction for a write.
     async fn begin(
@@ -652,6 +708,44 @@ impl<D: Dialect> Store for SqlStore<D> {
     async fn get(&self, resource: &Name, key: &Name) -> Result<Option<StoredValue>, StoreError> {
         self.call(async { Ok(D::DB::get(&self.db.pool, D::GET, resource, key).await?) })
             .await
+    }
+
+    /// One read; a token newer than the highest admitted adds the raise
+    /// and a second read (at most once per resource and token). No
+    /// transaction: each statement is atomic, and the decision is the last
+    /// read's (highest, fence only ever grow), so an admission holds as of
+    /// that read.
+    async fn admit(&self, req: &AdmitRequest<'_>) -> Result<AdmitOutcome, StoreError> {
+        let mut raised = false;
+        loop {
+            let (highest, issued) = self
+                .call(async {
+                    Ok(D::DB::admit_state(&self.db.pool, D::ADMIT_STATE, req.resource).await?)
+                })
+                .await?;
+            match classify_admission(req.token, highest, issued, raised) {
+                Admission::Admit => return Ok(AdmitOutcome::Admitted),
+                Admission::Raise => {
+                    self.call(async {
+                        Ok(D::DB::admit_raise(
+                            &self.db.pool,
+                            D::ADMIT_RAISE,
+                            req.resource,
+                            req.token,
+                        )
+                        .await?)
+                    })
+                    .await?;
+                    raised = true;
+                }
+                Admission::Refuse(reason, accepted) => {
+                    let op = req.operation_id.to_string();
+                    let rec = req.record(reason, accepted, &op);
+                    let stored = self.call(self.dialect.record_stale(&self.db, &rec)).await?;
+                    return Ok(AdmitOutcome::Refused(Box::new(stored)));
+                }
+            }
+        }
     }
 
     async fn record_stale(&self, rec: &NewStaleRecord<'_>) -> Result<StaleRecord, StoreError> {

@@ -191,6 +191,19 @@ const PUT: &str = "INSERT INTO fencecron_values AS v
         operation_id = excluded.operation_id, written_at_ms = excluded.written_at_ms
   WHERE v.token < excluded.token OR (v.token = excluded.token AND NOT ?8)";
 
+/// The fencing proxy's read: the highest token admitted for the resource
+/// and the resource's fence.
+const ADMIT_STATE: &str =
+    "SELECT (SELECT highest FROM fencecron_proxy_fences WHERE resource = ?1) AS highest,
+            (SELECT fence FROM fencecron_leases WHERE resource = ?2) AS issued";
+
+/// The fencing proxy's raise: only a token the lease row issued, only
+/// upwards.
+const ADMIT_RAISE: &str = "INSERT INTO fencecron_proxy_fences AS f (resource, highest)
+ SELECT ?1, ?2 FROM fencecron_leases l WHERE l.resource = ?3 AND l.fence >= ?4 AND ?5 > 0
+ ON CONFLICT (resource) DO UPDATE SET highest = excluded.highest
+  WHERE f.highest < excluded.highest";
+
 const GET: &str = "SELECT value, token, owner_id, written_at_ms FROM fencecron_values
   WHERE resource = ?1 AND key = ?2";
 
@@ -274,6 +287,8 @@ impl Dialect for Lite {
     const LIST: &'static str = LIST;
     const EPOCH: &'static str = EPOCH;
     const ADVANCE_EPOCH: &'static str = ADVANCE_EPOCH;
+    const ADMIT_STATE: &'static str = ADMIT_STATE;
+    const ADMIT_RAISE: &'static str = ADMIT_RAISE;
 
     /// Takes the database's write lock up front (`BEGIN IMMEDIATE`).
     async fn begin(&self, db: &Db<Sqlite>) -> Result<Transaction<'static, Sqlite>, sqlx::Error> {

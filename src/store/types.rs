@@ -508,6 +508,57 @@ pub enum PutOutcome {
     Rejected(Box<StaleRecord>),
 }
 
+/// The stage a refusal of the fencing proxy is recorded and logged with.
+pub const PROXY_STAGE: &str = "proxy";
+
+/// A request at the fencing proxy (`fencecron proxy`): may a request
+/// carrying `token` for `resource` be forwarded?
+#[derive(Debug, Clone)]
+pub struct AdmitRequest<'a> {
+    pub resource: &'a Name,
+    pub token: Token,
+    /// Recorded with a refusal: the proxy's node id.
+    pub node: &'a str,
+    pub operation_id: Uuid,
+}
+
+impl AdmitRequest<'_> {
+    /// The stale-owner record of this request's refusal.
+    pub(crate) fn record<'r>(
+        &'r self,
+        reason: RejectReason,
+        accepted_token: Option<Token>,
+        operation_id: &'r str,
+    ) -> NewStaleRecord<'r> {
+        NewStaleRecord {
+            kind: StaleKind::WriteRejected,
+            reason: reason.as_str(),
+            resource: self.resource.as_str(),
+            // Never the request's path: it may carry credentials.
+            key: None,
+            owner_id: None,
+            token: self.token,
+            accepted_token,
+            node: self.node,
+            job: None,
+            stage: PROXY_STAGE,
+            operation_id,
+        }
+    }
+}
+
+/// What the fencing proxy's check answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AdmitOutcome {
+    /// Forward it: the token was issued for the resource and is the highest
+    /// admitted for it (it may have just become so).
+    Admitted,
+    /// Refused (`stale`: a newer token was admitted, `accepted_token`;
+    /// `forged`: the store never issued it, `accepted_token` being the
+    /// resource's fence if it has one); the refusal is recorded in the store.
+    Refused(Box<StaleRecord>),
+}
+
 /// A value read back from the fenced store.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoredValue {

@@ -172,6 +172,12 @@ impl Launch for ShimLauncher {
             .envs(self.child_env.set.iter().map(|(k, v)| (k, v)))
             .env("FENCECRON_TOKEN", lease.token.to_string())
             .env("FENCECRON_RESOURCE", spec.resource.as_str())
+            // `curl -H "Fencing-Token: $FENCECRON_FENCING_HEADER"` through
+            // `fencecron proxy`.
+            .env(
+                crate::proxy::ENV_VAR,
+                crate::proxy::header_value(spec.resource.as_str(), lease.token),
+            )
             .env("FENCECRON_OWNER_ID", lease.owner_id.to_string())
             .env("FENCECRON_EXPIRES_AT", lease.expires_at.rfc3339())
             .env("FENCECRON_JOB", &spec.job)

@@ -32,12 +32,13 @@ use tokio::time::Instant;
 use crate::clock::Clock;
 use crate::names::Name;
 use crate::store::{
-    classify_loss, classify_paused, classify_refusal, classify_rejection, first_token_of,
-    trigger_state, AcquireOutcome, AcquireRequest, Backend, ClaimOutcome, ClaimRequest, Claimed,
-    EpochInfo, Lease, LeaseInfo, LeaseRow, LossRow, NewStaleRecord, OwnerId, PauseInfo, PauseSeen,
-    PutOutcome, PutRequest, ReleaseOutcome, RenewOutcome, RunEnd, RunInfo, RunQuery, RunStart,
-    StaleKind, StaleRecord, StartedBy, Store, StoreError, StoreTime, StoreUrl, StoredValue,
-    Takeover, Token, TriggerInfo, Unseen, EPOCH_SHIFT, NODE_LIVE, RUNNING, UNKNOWN,
+    classify_admission, classify_loss, classify_paused, classify_refusal, classify_rejection,
+    first_token_of, trigger_state, AcquireOutcome, AcquireRequest, Admission, AdmitOutcome,
+    AdmitRequest, Backend, ClaimOutcome, ClaimRequest, Claimed, EpochInfo, Lease, LeaseInfo,
+    LeaseRow, LossRow, NewStaleRecord, OwnerId, PauseInfo, PauseSeen, PutOutcome, PutRequest,
+    ReleaseOutcome, RenewOutcome, RunEnd, RunInfo, RunQuery, RunStart, StaleKind, StaleRecord,
+    StartedBy, Store, StoreError, StoreTime, StoreUrl, StoredValue, Takeover, Token, TriggerInfo,
+    Unseen, EPOCH_SHIFT, NODE_LIVE, RUNNING, UNKNOWN,
 };
 
 /// The operations faults can be aimed at.
@@ -56,6 +57,8 @@ pub(crate) enum Op {
     /// sweeps (each also logged as a `GiveBack`).
     Sweep,
     Put,
+    /// `admit` (the fencing proxy's check).
+    Admit,
     RecordStale,
     /// `finish_run`.
     FinishRun,
@@ -162,6 +165,9 @@ struct State {
     triggers: Vec<TriggerInfo>,
     /// Nodes by when they last claimed (`fencecron_nodes`).
     nodes: BTreeMap<String, i64>,
+    /// The fencing proxy's highest admitted token per resource
+    /// (`fencecron_proxy_fences`).
+    proxy: BTreeMap<String, Token>,
 }
 
 impl State {
@@ -906,6 +912,40 @@ impl Store for MemoryStore {
             .stored(now);
             s.stale.push(rec.clone());
             PutOutcome::Rejected(Box::new(rec))
+        })
+        .await
+    }
+
+    async fn admit(&self, req: &AdmitRequest<'_>) -> Result<AdmitOutcome, StoreError> {
+        let name = req.resource.clone();
+        let (token, node) = (req.token, req.node.to_string());
+        let resource = name.to_string();
+        let op = req.operation_id.to_string();
+        let id = req.operation_id;
+        self.call(Op::Admit, move |s, now| {
+            let req = AdmitRequest {
+                resource: &name,
+                token,
+                node: &node,
+                operation_id: id,
+            };
+            let issued = s.leases.get(&resource).map(|r| r.fence);
+            let mut raised = false;
+            loop {
+                let highest = s.proxy.get(&resource).copied();
+                match classify_admission(req.token, highest, issued, raised) {
+                    Admission::Admit => return AdmitOutcome::Admitted,
+                    Admission::Raise => {
+                        s.proxy.insert(resource.clone(), req.token);
+                        raised = true;
+                    }
+                    Admission::Refuse(reason, accepted) => {
+                        let rec = req.record(reason, accepted, &op).stored(now);
+                        s.stale.push(rec.clone());
+                        return AdmitOutcome::Refused(Box::new(rec));
+                    }
+                }
+            }
         })
         .await
     }

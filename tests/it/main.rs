@@ -30,6 +30,7 @@ mod hardening;
 mod job_credentials;
 mod migrate;
 mod policies;
+mod proxy;
 mod recipes;
 mod store_conformance;
 mod store_errors;
