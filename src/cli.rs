@@ -263,20 +263,27 @@ pub struct StaleArgs {
     pub guard: Vec<String>,
 }
 
+/// `--db`: the job's own database, where the guard lives.
+#[derive(Debug, Args)]
+pub struct GuardDb {
+    /// The job's database: postgres://…, mysql://… or sqlite://PATH (not
+    /// fencecron's store).
+    #[arg(
+        long = "db",
+        value_name = "URL",
+        env = "FENCECRON_GUARD_DB",
+        hide_env_values = true
+    )]
+    pub url: String,
+}
+
 /// `fencecron guard …`.
 #[derive(Debug, Subcommand)]
 pub enum GuardCommand {
     /// Create or update the guard in a job's own database (idempotent).
     Install {
-        /// The job's database: postgres://…, mysql://… or sqlite://PATH
-        /// (not fencecron's store).
-        #[arg(
-            long,
-            value_name = "URL",
-            env = "FENCECRON_GUARD_DB",
-            hide_env_values = true
-        )]
-        db: String,
+        #[command(flatten)]
+        db: GuardDb,
     },
     /// Print the guard's DDL for a DBA (the statements `install` runs).
     Ddl {
@@ -301,14 +308,8 @@ pub enum GuardCommand {
     /// After the guard refused this job's transaction: record the refusal
     /// in the guard's rejections table (and the daemon's log).
     Record {
-        /// The job's database, where the guard refused the transaction.
-        #[arg(
-            long,
-            value_name = "URL",
-            env = "FENCECRON_GUARD_DB",
-            hide_env_values = true
-        )]
-        db: String,
+        #[command(flatten)]
+        db: GuardDb,
         /// [default: $FENCECRON_RESOURCE]
         #[arg(long, value_name = "R", env = "FENCECRON_RESOURCE")]
         resource: Option<String>,

@@ -413,42 +413,43 @@ impl Proxy {
         // The client connection sets the upstream's own Host.
         parts.headers.remove(HOST);
         let sent = self.client.request(Request::from_parts(parts, body));
-        let res = match tokio::time::timeout(self.settings.upstream_timeout, sent).await {
-            Ok(Ok(res)) => res,
+        let upstream = &self.settings.upstream;
+        let failed = match tokio::time::timeout(self.settings.upstream_timeout, sent).await {
+            Ok(Ok(res)) => Ok(res),
             Ok(Err(e)) => {
                 let detail = error_chain(&e);
-                events::proxy_upstream_failed(
-                    fencing.resource.as_str(),
-                    fencing.token,
-                    &self.settings.upstream.to_string(),
-                    &detail,
-                );
-                return answer(
+                let message = format!("the upstream {upstream} did not answer ({detail}); the request may or may not have reached it");
+                Err((
                     StatusCode::BAD_GATEWAY,
-                    json!({
-                        "error": "upstream_unreachable",
-                        "message": format!("the upstream {} did not answer ({detail}); the request may or may not have reached it", self.settings.upstream),
-                    }),
-                );
+                    "upstream_unreachable",
+                    detail,
+                    message,
+                ))
             }
             Err(_) => {
                 let detail = format!(
                     "no response within {}",
                     humantime::format_duration(self.settings.upstream_timeout)
                 );
+                let message = format!("the upstream {upstream} gave {detail}; the request may or may not have been applied");
+                Err((
+                    StatusCode::GATEWAY_TIMEOUT,
+                    "upstream_timeout",
+                    detail,
+                    message,
+                ))
+            }
+        };
+        let res = match failed {
+            Ok(res) => res,
+            Err((status, error, detail, message)) => {
                 events::proxy_upstream_failed(
                     fencing.resource.as_str(),
                     fencing.token,
-                    &self.settings.upstream.to_string(),
+                    &upstream.to_string(),
                     &detail,
                 );
-                return answer(
-                    StatusCode::GATEWAY_TIMEOUT,
-                    json!({
-                        "error": "upstream_timeout",
-                        "message": format!("the upstream {} gave {detail}; the request may or may not have been applied", self.settings.upstream),
-                    }),
-                );
+                return answer(status, json!({ "error": error, "message": message }));
             }
         };
         let (mut parts, body) = res.into_parts();

@@ -15,7 +15,7 @@ use super::print_json;
 
 pub async fn run(cmd: &GuardCommand) -> Result<Exit> {
     match cmd {
-        GuardCommand::Install { db } => install(db).await,
+        GuardCommand::Install { db } => install(&db.url).await,
         GuardCommand::Ddl { backend } => {
             Out::stdout().write_all(guard::script(backend_of(*backend)).as_bytes())?;
             Ok(Exit::Success)
@@ -37,7 +37,7 @@ pub async fn run(cmd: &GuardCommand) -> Result<Exit> {
             resource,
             token,
             json,
-        } => record(db, resource.as_deref(), *token, *json).await,
+        } => record(&db.url, resource.as_deref(), *token, *json).await,
     }
 }
 

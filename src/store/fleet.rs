@@ -10,6 +10,7 @@
 //! honouring a pause) are part of each backend's acquire, not here.
 
 use async_trait::async_trait;
+use sqlx::query::Query;
 use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Pool, Row, Type};
 
 use super::sql::Affected;
@@ -18,7 +19,7 @@ use super::{
     UNKNOWN,
 };
 
-const FINISH_RUN: &str = "UPDATE fencecron_runs
+pub(super) const FINISH_RUN: &str = "UPDATE fencecron_runs
     SET finished_at_ms = started_at_ms + $1, outcome = $2, exit_code = $3, signal_name = $4,
         duration_ms = $5, output_tail = $6
   WHERE resource = $7 AND token = $8 AND finished_at_ms IS NULL";
@@ -318,15 +319,7 @@ where
         sql: &FleetSql,
         end: &RunEnd<'_>,
     ) -> Result<bool, sqlx::Error> {
-        let done = sqlx::query(&sql.finish_run)
-            .bind(end.elapsed_ms)
-            .bind(end.outcome)
-            .bind(end.exit_code.map(i64::from))
-            .bind(end.signal)
-            .bind(end.duration_ms)
-            .bind(end.output)
-            .bind(end.resource)
-            .bind(end.token)
+        let done = bind_end(sqlx::query(&sql.finish_run), end)
             .execute(pool)
             .await?;
         Ok(done.rows_affected() > 0)
@@ -590,6 +583,29 @@ where
         token: r.try_get("token")?,
         detail: r.try_get("detail")?,
     })
+}
+
+/// A run's end bound to [`FINISH_RUN`]'s `$1`..`$8`.
+pub(super) fn bind_end<'q, DB>(
+    query: Query<'q, DB, DB::Arguments<'q>>,
+    end: &RunEnd<'q>,
+) -> Query<'q, DB, DB::Arguments<'q>>
+where
+    DB: Database,
+    &'q str: Encode<'q, DB> + Type<DB>,
+    i64: Encode<'q, DB> + Type<DB>,
+    Option<i64>: Encode<'q, DB> + Type<DB>,
+    Option<&'q str>: Encode<'q, DB> + Type<DB>,
+{
+    query
+        .bind(end.elapsed_ms)
+        .bind(end.outcome)
+        .bind(end.exit_code.map(i64::from))
+        .bind(end.signal)
+        .bind(end.duration_ms)
+        .bind(end.output)
+        .bind(end.resource)
+        .bind(end.token)
 }
 
 #[cfg(test)]

@@ -562,21 +562,7 @@ impl GuardDb {
                             .bind(rep.token)
                             .fetch_optional($pool)
                             .await?;
-                        let rec = match row {
-                            Some(row) => Some(RejectionRow {
-                                at_ms: row.try_get(0)?,
-                                resource: row.try_get(1)?,
-                                token: row.try_get(2)?,
-                                accepted_token: row.try_get(3)?,
-                                source: row.try_get(4)?,
-                                db_user: row.try_get(5)?,
-                                node: row.try_get(6)?,
-                                job: row.try_get(7)?,
-                                owner_id: row.try_get(8)?,
-                                operation_id: row.try_get(9)?,
-                            }),
-                            None => None,
-                        };
+                        let rec = row.as_ref().map(RejectionRow::read).transpose()?;
                         (done.rows_affected(), rec)
                     }};
                 }
@@ -655,18 +641,7 @@ impl GuardDb {
                         let rows = sqlx::query(&$sql).bind(since_ms).fetch_all($pool).await?;
                         let mut out = Vec::with_capacity(rows.len());
                         for row in rows {
-                            out.push(rejection(RejectionRow {
-                                at_ms: row.try_get(0)?,
-                                resource: row.try_get(1)?,
-                                token: row.try_get(2)?,
-                                accepted_token: row.try_get(3)?,
-                                source: row.try_get(4)?,
-                                db_user: row.try_get(5)?,
-                                node: row.try_get(6)?,
-                                job: row.try_get(7)?,
-                                owner_id: row.try_get(8)?,
-                                operation_id: row.try_get(9)?,
-                            }));
+                            out.push(rejection(RejectionRow::read(&row)?));
                         }
                         out
                     }};
@@ -718,6 +693,31 @@ struct RejectionRow {
     job: Option<String>,
     owner_id: Option<String>,
     operation_id: String,
+}
+
+impl RejectionRow {
+    /// A row of the [`REJECTION_COLUMNS`], by position.
+    fn read<'r, R>(row: &'r R) -> Result<RejectionRow, sqlx::Error>
+    where
+        R: Row,
+        usize: sqlx::ColumnIndex<R>,
+        i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+        String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+        Option<String>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    {
+        Ok(RejectionRow {
+            at_ms: row.try_get(0)?,
+            resource: row.try_get(1)?,
+            token: row.try_get(2)?,
+            accepted_token: row.try_get(3)?,
+            source: row.try_get(4)?,
+            db_user: row.try_get(5)?,
+            node: row.try_get(6)?,
+            job: row.try_get(7)?,
+            owner_id: row.try_get(8)?,
+            operation_id: row.try_get(9)?,
+        })
+    }
 }
 
 /// A rejection row as a stale-owner record: `write_rejected`, reason

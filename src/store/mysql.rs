@@ -271,7 +271,7 @@ impl Dialect for My {
             .bind(millis(NODE_LIVE))
             .fetch_all(&db.pool)
             .await?;
-        Ok(Some(rows::claim_outcome(&rows, req, &db.url.to_string())?))
+        Ok(Some(rows::claim_outcome(&rows, req, &db.url)?))
     }
 
     /// One `CALL fencecron_acquire_v3(…)` (migration 0005): the pause check,

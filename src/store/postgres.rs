@@ -375,24 +375,23 @@ const GIVE_BACK_UNSEEN: &str = concat!(
       RETURNING u.ord"
 );
 
-/// [`Store::finish_and_release`]: the run's end into its history row
-/// (`$1`..`$6` as the fleet's `FINISH_RUN`, matched by `$7` resource and
-/// `$8` token, once) and the release of the lease (`$9` owner id, `$8`
-/// token), in one statement; how many rows each changed.
-const FINISH_AND_RELEASE: &str = concat!(
-    "WITH f AS (
-       UPDATE fencecron_runs
-          SET finished_at_ms = started_at_ms + $1, outcome = $2, exit_code = $3,
-              signal_name = $4, duration_ms = $5, output_tail = $6
-        WHERE resource = $7 AND token = $8 AND finished_at_ms IS NULL
-       RETURNING 1),
-     r AS (
-       UPDATE fencecron_leases SET expires_at_ms = LEAST(expires_at_ms, ",
+/// [`Store::finish_and_release`]: the fleet's `FINISH_RUN` (`$1`..`$8`:
+/// the run's end, matched by `$7` resource and `$8` token, once) and the
+/// release of the lease (`$9` owner id, `$8` token), in one statement; how
+/// many rows each changed.
+static FINISH_AND_RELEASE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "WITH f AS ({} RETURNING 1), r AS ({RELEASE_RUN} RETURNING 1)
+         SELECT (SELECT count(*) FROM f) AS finished, (SELECT count(*) FROM r) AS released",
+        super::fleet::FINISH_RUN
+    )
+});
+
+/// The release half of [`FINISH_AND_RELEASE`].
+const RELEASE_RUN: &str = concat!(
+    "UPDATE fencecron_leases SET expires_at_ms = LEAST(expires_at_ms, ",
     now_ms!(),
-    "), released = TRUE
-        WHERE resource = $7 AND owner_id = $9 AND fence = $8
-       RETURNING 1)
-     SELECT (SELECT count(*) FROM f) AS finished, (SELECT count(*) FROM r) AS released"
+    "), released = TRUE WHERE resource = $7 AND owner_id = $9 AND fence = $8"
 );
 
 const RELEASE: &str = concat!(
@@ -753,7 +752,7 @@ impl Dialect for Pg {
             .bind(millis(NODE_LIVE))
             .fetch_all(&db.pool)
             .await?;
-        Ok(Some(rows::claim_outcome(&rows, req, &db.url.to_string())?))
+        Ok(Some(rows::claim_outcome(&rows, req, &db.url)?))
     }
 
     async fn renew(
@@ -820,15 +819,7 @@ impl Dialect for Pg {
         owner_id: OwnerId,
         end: &RunEnd<'_>,
     ) -> Sql<Option<(bool, ReleaseOutcome)>> {
-        let row = sqlx::query(FINISH_AND_RELEASE)
-            .bind(end.elapsed_ms)
-            .bind(end.outcome)
-            .bind(end.exit_code.map(i64::from))
-            .bind(end.signal)
-            .bind(end.duration_ms)
-            .bind(end.output)
-            .bind(resource.as_str())
-            .bind(end.token)
+        let row = super::fleet::bind_end(sqlx::query(&FINISH_AND_RELEASE), end)
             .bind(owner_id.as_str())
             .fetch_one(&db.pool)
             .await?;

@@ -176,7 +176,7 @@ pub(crate) const PREV: [&str; 4] = [
 pub(super) fn claim_outcome<'r, R, DB>(
     rows: &'r [R],
     req: &ClaimRequest<'_>,
-    url: &str,
+    url: &super::StoreUrl,
 ) -> super::sql::Sql<ClaimOutcome>
 where
     DB: Database,

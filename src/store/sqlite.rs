@@ -480,17 +480,17 @@ impl Dialect for Lite {
         let mut out = Vec::with_capacity(req.items.len());
         for item in req.items {
             let acquire = item.as_acquire(req.node);
-            let paused = sqlx::query(PAUSED)
-                .bind(item.job)
-                .bind(now)
-                .fetch_optional(&mut *tx)
-                .await?
-                .is_some();
+            // No row yet, or paused: the single acquire decides.
             let Some(loss) = loss_row(&mut tx, item.resource, now).await? else {
                 out.push(Claimed::Ask);
                 continue;
             };
-            if paused {
+            let paused = sqlx::query(PAUSED)
+                .bind(item.job)
+                .bind(now)
+                .fetch_optional(&mut *tx)
+                .await?;
+            if paused.is_some() {
                 out.push(Claimed::Ask);
                 continue;
             }

@@ -2227,38 +2227,11 @@ async fn case_claim_once_under_concurrency_and_skips_locked_rows(store: Arc<dyn 
     }
     let locked = released_rows(s, "claim-locked", 2).await;
     let items = claim_items(&locked, t);
-    let lock = "SELECT 1 FROM fencecron_leases WHERE resource = {} FOR UPDATE";
     let url = s.url().expose();
     let out = if s.backend() == StoreBackend::MySql {
-        let pool = sqlx::mysql::MySqlPoolOptions::new()
-            .max_connections(1)
-            .connect(url)
-            .await
-            .expect("a raw connection");
-        let mut tx = pool.begin().await.unwrap();
-        sqlx::query(&lock.replace("{}", "?"))
-            .bind(locked[0].as_str())
-            .execute(&mut *tx)
-            .await
-            .unwrap();
-        let out = claim(s, "node-l", &items, 100, false).await;
-        tx.rollback().await.unwrap();
-        out
+        claim_while_locked::<sqlx::MySql>(s, url, "?", &locked[0], &items).await
     } else {
-        let pool = sqlx::postgres::PgPoolOptions::new()
-            .max_connections(1)
-            .connect(url)
-            .await
-            .expect("a raw connection");
-        let mut tx = pool.begin().await.unwrap();
-        sqlx::query(&lock.replace("{}", "$1"))
-            .bind(locked[0].as_str())
-            .execute(&mut *tx)
-            .await
-            .unwrap();
-        let out = claim(s, "node-l", &items, 100, false).await;
-        tx.rollback().await.unwrap();
-        out
+        claim_while_locked::<sqlx::Postgres>(s, url, "$1", &locked[0], &items).await
     };
     assert_eq!(out.items[0], Claimed::Skipped, "locked elsewhere");
     assert!(matches!(out.items[1], Claimed::Won(_)));
@@ -2266,6 +2239,39 @@ async fn case_claim_once_under_concurrency_and_skips_locked_rows(store: Arc<dyn 
         !row(s, &locked[0]).await.held,
         "the locked row is untouched"
     );
+}
+
+/// Claims `items` (as `node-l`) while a transaction of its own, on a raw
+/// connection to `url`, holds the row lock of `locked`'s lease (`param`:
+/// the backend's first placeholder).
+async fn claim_while_locked<DB>(
+    s: &dyn Store,
+    url: &str,
+    param: &str,
+    locked: &Name,
+    items: &[ClaimItem<'_>],
+) -> ClaimOutcome
+where
+    DB: sqlx::Database,
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+    for<'q> &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+{
+    let pool = sqlx::pool::PoolOptions::<DB>::new()
+        .max_connections(1)
+        .connect(url)
+        .await
+        .expect("a raw connection");
+    let mut tx = pool.begin().await.unwrap();
+    let lock = format!("SELECT 1 FROM fencecron_leases WHERE resource = {param} FOR UPDATE");
+    sqlx::query(&lock)
+        .bind(locked.as_str())
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let out = claim(s, "node-l", items, 100, false).await;
+    tx.rollback().await.unwrap();
+    out
 }
 
 /// The share: a claim bounded by its share takes at most `ceil(items /
