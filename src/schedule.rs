@@ -16,6 +16,35 @@ use chrono_tz::Tz;
 use croner::parser::{CronParser, Seconds};
 use croner::Cron;
 
+/// The cron macros, as Vixie cron, cronie and systemd's cron generators
+/// read them, and the 5-field pattern each stands for (evaluated in the
+/// job's `timezone`, like any other pattern). `@reboot` has no instant and
+/// is refused.
+pub const MACROS: [(&str, &str); 7] = [
+    ("@yearly", "0 0 1 1 *"),
+    ("@annually", "0 0 1 1 *"),
+    ("@monthly", "0 0 1 * *"),
+    ("@weekly", "0 0 * * 0"),
+    ("@daily", "0 0 * * *"),
+    ("@midnight", "0 0 * * *"),
+    ("@hourly", "0 * * * *"),
+];
+
+/// The pattern a macro stands for (case-insensitive, as in cron).
+fn macro_pattern(name: &str) -> Result<&'static str, String> {
+    MACROS
+        .iter()
+        .find(|(m, _)| m.eq_ignore_ascii_case(name))
+        .map(|(_, pattern)| *pattern)
+        .ok_or_else(|| {
+            let known: Vec<&str> = MACROS.iter().map(|(m, _)| *m).collect();
+            format!(
+                "`{name}` is not a cron macro fencecron knows (an occurrence needs an instant, so `@reboot` has none); write one of {} or a 5- or 6-field expression",
+                known.join(", ")
+            )
+        })
+}
+
 /// A parsed cron schedule in a time zone.
 #[derive(Clone)]
 pub struct Schedule {
@@ -29,9 +58,14 @@ pub struct Schedule {
 
 impl Schedule {
     /// Parses a 5-field (minute precision) or 6-field (with seconds) cron
-    /// expression, evaluated in `tz`.
+    /// expression, or one of the macros every cron accepts (`@hourly`,
+    /// `@daily`, …, see [`MACROS`]), evaluated in `tz`.
     pub fn parse(expr: &str, tz: Tz) -> Result<Schedule, String> {
-        let fields = expr.split_whitespace().count();
+        let pattern = match expr.trim() {
+            m if m.starts_with('@') => macro_pattern(m)?,
+            _ => expr,
+        };
+        let fields = pattern.split_whitespace().count();
         if !(5..=6).contains(&fields) {
             return Err(format!(
                 "`{expr}` has {fields} fields; write 5 (min hour day month weekday) or 6 (with seconds first)"
@@ -40,7 +74,7 @@ impl Schedule {
         let cron = CronParser::builder()
             .seconds(Seconds::Optional)
             .build()
-            .parse(expr)
+            .parse(pattern)
             .map_err(|e| format!("`{expr}` is not a valid cron expression: {e}"))?;
         // A pattern that can never match (e.g. 30 February) is an error too.
         let probe = Utc::now().with_timezone(&tz);
@@ -234,6 +268,35 @@ mod tests {
             m.next_after(t),
             Some(Utc.with_ymd_and_hms(2026, 1, 2, 2, 0, 0).unwrap())
         );
+    }
+
+    #[test]
+    fn macros_stand_for_their_patterns() {
+        let t = Utc.with_ymd_and_hms(2026, 3, 14, 10, 30, 0).unwrap();
+        for (name, pattern) in MACROS {
+            let by_macro = Schedule::parse(name, Tz::UTC).unwrap();
+            let by_pattern = Schedule::parse(pattern, Tz::UTC).unwrap();
+            assert_eq!(by_macro.upcoming(t, 3), by_pattern.upcoming(t, 3), "{name}");
+            // As in cron, case does not matter; the text shown is the job's.
+            let upper = Schedule::parse(&name.to_uppercase(), Tz::UTC).unwrap();
+            assert_eq!(upper.upcoming(t, 1), by_pattern.upcoming(t, 1));
+            assert_eq!(by_macro.expr(), name);
+        }
+        let daily = Schedule::parse("@daily", Tz::UTC).unwrap();
+        assert_eq!(
+            daily.next_after(t),
+            Some(Utc.with_ymd_and_hms(2026, 3, 15, 0, 0, 0).unwrap())
+        );
+        let berlin = Schedule::parse_tz("Europe/Berlin").unwrap();
+        let daily = Schedule::parse("@daily", berlin).unwrap();
+        assert_eq!(
+            daily.next_after(t),
+            Some(Utc.with_ymd_and_hms(2026, 3, 14, 23, 0, 0).unwrap())
+        );
+        for bad in ["@reboot", "@never", "@daily *"] {
+            let e = Schedule::parse(bad, Tz::UTC).unwrap_err();
+            assert!(e.contains("@hourly") || e.contains("cron"), "{bad}: {e}");
+        }
     }
 
     #[test]

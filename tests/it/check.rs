@@ -88,6 +88,46 @@ fn bad_cron_names_the_job() {
     );
 }
 
+/// The macros every cron accepts (`@daily`, `@hourly`, …) stand for their
+/// patterns; `@reboot` (no instant, so no occurrence) is refused by name.
+#[test]
+fn cron_macros() {
+    let text = "[[job]]\nname = \"daily\"\nschedule = \"@daily\"\ncommand = [\"true\"]\n\
+                [[job]]\nname = \"hourly\"\nschedule = \"@HOURLY\"\ncommand = [\"true\"]\n\
+                [[job]]\nname = \"weekly\"\nschedule = \"@weekly\"\ncommand = [\"true\"]\n";
+    let (_dir, _path, out) = check(text);
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "stdout: {stdout}\nstderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let jobs = next_times(&stdout);
+    assert_eq!(jobs.len(), 3, "{stdout}");
+    for t in &jobs[0].1 {
+        assert!(
+            (t.hour(), t.minute(), t.second()) == (0, 0, 0),
+            "@daily: {t}"
+        );
+    }
+    for t in &jobs[1].1 {
+        assert!((t.minute(), t.second()) == (0, 0), "@HOURLY: {t}");
+    }
+    for t in &jobs[2].1 {
+        assert!(
+            t.weekday() == chrono::Weekday::Sun && (t.hour(), t.minute()) == (0, 0),
+            "@weekly: {t}"
+        );
+    }
+    let e = expect_error(
+        "[[job]]\nname = \"boot\"\nschedule = \"@reboot\"\ncommand = [\"true\"]\n",
+        3,
+        Some("job `boot`.schedule"),
+    );
+    assert!(e.contains("@daily"), "the error lists the macros: {e}");
+}
+
 #[test]
 fn lease_outside_5s_to_300s() {
     for lease in ["4s", "301s", "0s"] {
