@@ -10,7 +10,9 @@
 # edited one survives upgrades), shell completions and man pages generated
 # by the binary itself, the README and RECIPES under /usr/share/doc, and
 # creates the `fencecron` system user on install. It does not enable or
-# start the unit: edit /etc/fencecron/jobs.toml first.
+# start the unit: edit /etc/fencecron/jobs.toml first. The binaries are
+# stripped; fencecron-dbgsym_<version>_<arch>.deb, written beside it, holds
+# their debug information.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 bin_dir="${1:-$root/target/release}"
@@ -31,6 +33,21 @@ install -d -m 0755 "$pkg/DEBIAN" "$pkg/usr/bin" "$pkg/lib/systemd/system" \
     "$pkg/usr/share/bash-completion/completions" "$pkg/usr/share/zsh/vendor-completions" \
     "$pkg/usr/share/fish/vendor_completions.d"
 install -m 0755 "$bin" "$bin_dir/fencecron-shim" "$pkg/usr/bin/"
+# Stripped binaries in the package; their debug information goes to the
+# fencecron-dbgsym package as /usr/lib/debug/.build-id/XX/YYYY.debug, where
+# gdb, addr2line (-e that file) and debuginfod-style tools look it up by the
+# binary's build id (Debian's own dbgsym layout).
+dbg="$stage/fencecron-dbgsym_${version}_${arch}"
+for b in fencecron fencecron-shim; do
+    id="$(readelf -n "$pkg/usr/bin/$b" | sed -n 's/^ *Build ID: *//p')"
+    [ -n "$id" ] || { echo "build-deb: $b has no build id; cannot split its debug information" >&2; exit 2; }
+    debug="$dbg/usr/lib/debug/.build-id/${id:0:2}/${id:2}.debug"
+    install -d -m 0755 "$(dirname "$debug")"
+    objcopy --only-keep-debug --compress-debug-sections "$pkg/usr/bin/$b" "$debug"
+    chmod 0644 "$debug"
+    objcopy --strip-debug --strip-unneeded --remove-section=.gnu_debuglink \
+        --add-gnu-debuglink="$debug" "$pkg/usr/bin/$b"
+done
 # The unit as shipped names /usr/local/bin (a manual install); the package
 # installs to /usr/bin.
 sed 's|/usr/local/bin/|/usr/bin/|g' "$root/systemd/fencecron.service" \
@@ -77,4 +94,20 @@ chmod 0755 "$pkg/DEBIAN/postinst"
 mkdir -p "$out_dir"
 compress="${DEB_COMPRESS:-xz:6}"
 dpkg-deb --root-owner-group -Z"${compress%%:*}" -z"${compress##*:}" --build "$pkg" "$out_dir/" >/dev/null
+
+install -d -m 0755 "$dbg/DEBIAN"
+cat > "$dbg/DEBIAN/control" <<CONTROL
+Package: fencecron-dbgsym
+Version: $version
+Architecture: $arch
+Maintainer: fencecron developers <fencecron@localhost>
+Section: debug
+Priority: optional
+Depends: fencecron (= $version)
+Description: debug symbols for fencecron
+ The debug information stripped from fencecron and fencecron-shim, found
+ by gdb and addr2line through the binaries' build ids.
+CONTROL
+dpkg-deb --root-owner-group -Z"${compress%%:*}" -z"${compress##*:}" --build "$dbg" "$out_dir/" >/dev/null
+echo "build-deb: debug symbols in $out_dir/fencecron-dbgsym_${version}_${arch}.deb" >&2
 echo "$out_dir/fencecron_${version}_${arch}.deb"

@@ -1244,7 +1244,9 @@ fn prometheus_rules_check_and_their_unit_tests_pass() {
 /// test) that holds the binaries, the unit pointing at /usr/bin, the example
 /// config as a conffile, completions, man pages and docs, and a postinst that
 /// creates the `fencecron` user; the packaged binary checks the packaged
-/// config. Says SKIPPED without dpkg-deb.
+/// config; its binaries are stripped, with their debug information in the
+/// dbgsym package under their build ids.
+/// Says SKIPPED without dpkg-deb.
 #[test]
 fn deb_package_holds_what_a_host_needs() {
     if Command::new("dpkg-deb").arg("--version").output().is_err() {
@@ -1294,6 +1296,22 @@ fn deb_package_holds_what_a_host_needs() {
     };
     assert_eq!(info("Package"), "fencecron");
     assert_eq!(info("Version"), env!("CARGO_PKG_VERSION"));
+    let dbgsym = out.path().join(format!(
+        "fencecron-dbgsym_{}_{}.deb",
+        env!("CARGO_PKG_VERSION"),
+        deb.rsplit('_').next().unwrap().trim_end_matches(".deb")
+    ));
+    let debug_listing = Command::new("dpkg-deb")
+        .arg("--contents")
+        .arg(&dbgsym)
+        .output()
+        .unwrap();
+    assert!(
+        debug_listing.status.success(),
+        "{}",
+        describe(&debug_listing)
+    );
+    let debug_listing = String::from_utf8_lossy(&debug_listing.stdout).to_string();
 
     let tree = tempfile::tempdir().unwrap();
     let x = Command::new("dpkg-deb")
@@ -1311,6 +1329,41 @@ fn deb_package_holds_what_a_host_needs() {
         .output()
         .unwrap();
     assert!(e.status.success(), "{}", describe(&e));
+    // Stripped binaries; their debug information in the dbgsym package,
+    // where gdb finds it by build id.
+    let dbg_tree = tempfile::tempdir().unwrap();
+    let dx = Command::new("dpkg-deb")
+        .arg("-x")
+        .arg(&dbgsym)
+        .arg(dbg_tree.path())
+        .output()
+        .unwrap();
+    assert!(dx.status.success(), "{}", describe(&dx));
+    for b in ["fencecron", "fencecron-shim"] {
+        let binary = tree.path().join("usr/bin").join(b);
+        let sections = readelf(&["-S", "-W"], &binary);
+        assert!(
+            !sections.contains(".debug_info"),
+            "{b} in the package is not stripped:\n{sections}"
+        );
+        let notes = readelf(&["-n"], &binary);
+        let id = notes
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("Build ID: "))
+            .unwrap_or_else(|| panic!("{b} has no build id:\n{notes}"))
+            .trim()
+            .to_string();
+        let rel = format!("usr/lib/debug/.build-id/{}/{}.debug", &id[..2], &id[2..]);
+        assert!(
+            debug_listing.contains(&format!("./{rel}")),
+            "{rel} ({b}) not in the dbgsym package:\n{debug_listing}"
+        );
+        let debug_sections = readelf(&["-S", "-W"], &dbg_tree.path().join(&rel));
+        assert!(
+            debug_sections.contains(".debug_line") && debug_sections.contains(".debug_info"),
+            "{rel} holds no line tables:\n{debug_sections}"
+        );
+    }
     let conffiles = std::fs::read_to_string(control.path().join("conffiles")).unwrap();
     assert_eq!(conffiles.trim(), "/etc/fencecron/jobs.toml");
     let postinst = std::fs::read_to_string(control.path().join("postinst")).unwrap();
@@ -1332,4 +1385,20 @@ fn deb_package_holds_what_a_host_needs() {
     .output()
     .unwrap();
     assert!(check.status.success(), "{}", describe(&check));
+}
+
+/// `readelf ARGS FILE`'s output (binutils, which the package build needs too).
+fn readelf(args: &[&str], file: &Path) -> String {
+    let o = Command::new("readelf")
+        .args(args)
+        .arg(file)
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "readelf {args:?} {}: {}",
+        file.display(),
+        describe(&o)
+    );
+    String::from_utf8_lossy(&o.stdout).to_string()
 }
