@@ -406,3 +406,94 @@ pub struct ProxyArgs {
     #[arg(long, value_name = "D", default_value = "10s")]
     pub drain: HumanDuration,
 }
+
+/// A command-line error as the rest of fencecron's errors read: one
+/// sentence that says what is wrong and where to look, e.g. ``the following
+/// required arguments were not provided: --owner-id <UUID>, --token <T>;
+/// see `fencecron lease renew --help` ``. clap's own rendering spreads it
+/// over several lines prefixed `error:`; its tips are left out.
+pub fn usage_error_sentence<I, T>(e: &clap::Error, args: I) -> String
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString>,
+{
+    let text = e.render().to_string();
+    let mut lines = text.lines();
+    let mut sentence = lines
+        .next()
+        .unwrap_or_default()
+        .trim_start_matches("error:")
+        .trim()
+        .to_string();
+    let mut items = Vec::new();
+    let mut command = command_path(args);
+    for line in lines {
+        if let Some(usage) = line.strip_prefix("Usage: ") {
+            // `fencecron lease renew --owner-id <UUID> …`: the words before
+            // the first option or argument name the (sub)command.
+            command = usage
+                .split_whitespace()
+                .take_while(|w| !w.starts_with(['-', '<', '[']))
+                .collect::<Vec<_>>()
+                .join(" ");
+        } else if line.starts_with("  ") && !line.trim().is_empty() {
+            items.push(line.trim().to_string());
+        }
+    }
+    if !items.is_empty() {
+        let sep = if sentence.ends_with(':') { " " } else { ": " };
+        sentence = format!("{sentence}{sep}{}", items.join(", "));
+    }
+    format!("{sentence}; see `{command} --help`")
+}
+
+/// `fencecron lease renew` for the arguments `fencecron lease renew …`: the
+/// subcommands named, in order, wherever global options stand between them.
+fn command_path<I, T>(args: I) -> String
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString>,
+{
+    use clap::CommandFactory;
+    let mut cmd = Cli::command();
+    let mut path = vec![cmd.get_name().to_string()];
+    for arg in args.into_iter().skip(1) {
+        let arg: std::ffi::OsString = arg.into();
+        let Some(arg) = arg.to_str() else { continue };
+        if arg == "--" {
+            break;
+        }
+        if let Some(sub) = cmd.find_subcommand(arg).cloned() {
+            path.push(sub.get_name().to_string());
+            cmd = sub;
+        }
+    }
+    path.join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sentence(args: &[&str]) -> String {
+        let e = Cli::try_parse_from(args).expect_err("the arguments are wrong");
+        usage_error_sentence(&e, args)
+    }
+
+    #[test]
+    fn argument_errors_are_one_sentence_naming_the_help() {
+        let s = sentence(&["fencecron", "lease", "renew", "r"]);
+        assert_eq!(
+            s,
+            "the following required arguments were not provided: --owner-id <UUID>, \
+             --token <T>; see `fencecron lease renew --help`"
+        );
+        let s = sentence(&["fencecron", "--bogus"]);
+        assert!(s.starts_with("unexpected argument '--bogus' found"), "{s}");
+        assert!(s.ends_with("; see `fencecron --help`"), "{s}");
+        let s = sentence(&["fencecron", "lease", "acquire", "r", "--lease", "soon"]);
+        assert!(!s.contains('\n'), "{s}");
+        assert!(s.contains("--lease"), "{s}");
+        assert!(s.ends_with("see `fencecron lease acquire --help`"), "{s}");
+    }
+}

@@ -14,7 +14,18 @@ fn main() -> ExitCode {
     if args.nth(1).is_some_and(|a| a == fencecron::shim::SHIM_ARG) {
         fencecron::shim::main(args.collect());
     }
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        // --help and --version print to stdout and exit 0, as clap does.
+        Err(e) if !e.use_stderr() => e.exit(),
+        Err(e) => {
+            output::error_line(fencecron::cli::usage_error_sentence(
+                &e,
+                std::env::args_os(),
+            ));
+            return ExitCode::from(fencecron::error::EXIT_USAGE);
+        }
+    };
     events::init(cli.log_format);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

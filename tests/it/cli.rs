@@ -559,6 +559,10 @@ fn case_usage_errors_do_not_touch_store(fx: &Fx) {
             "1",
         ],
         vec!["get", "bad\u{7f}key", "--resource", &ok],
+        // argument errors clap finds: one `fencecron:` sentence too
+        vec!["lease", "renew", &ok],
+        vec!["lease", "acquire", &ok, "--bogus"],
+        vec!["exec", &ok, "--lease", "2", "--", "true"],
     ];
     for args in &bad {
         let mut cmd = fencecron(fx.dir.path());
