@@ -39,18 +39,23 @@ pub const VERSION: &str = concat!(
     ")"
 );
 
+/// The heading the global options are listed under in every command's
+/// `--help`, apart from the command's own.
+const GLOBAL: &str = "Global options";
+
 /// fencecron: a job runner whose jobs carry a fencing token.
 #[derive(Debug, Parser)]
 #[command(name = "fencecron", version = VERSION, about, long_about = None)]
 pub struct Cli {
     /// The jobs file [default: $FENCECRON_CONFIG, else /etc/fencecron/jobs.toml].
-    #[arg(long, global = true, value_name = "FILE", env = "FENCECRON_CONFIG")]
+    #[arg(long, global = true, help_heading = GLOBAL, value_name = "FILE", env = "FENCECRON_CONFIG")]
     pub config: Option<PathBuf>,
 
     /// Store URL (sqlite://PATH, postgres://…, mysql://…); overrides the config.
     #[arg(
         long,
         global = true,
+        help_heading = GLOBAL,
         value_name = "URL",
         env = "FENCECRON_STORE",
         hide_env_values = true
@@ -59,7 +64,7 @@ pub struct Cli {
 
     /// Log format [default: native journal entries when stderr is the
     /// journal (`JOURNAL_STREAM`), else text].
-    #[arg(long, global = true, value_enum, env = "FENCECRON_LOG_FORMAT")]
+    #[arg(long, global = true, help_heading = GLOBAL, value_enum, env = "FENCECRON_LOG_FORMAT")]
     pub log_format: Option<LogFormat>,
 
     #[command(subcommand)]
@@ -116,11 +121,13 @@ pub enum Command {
     },
     /// Print shell completions for SHELL (bash, zsh, fish, elvish, powershell).
     Completions {
+        /// The shell to write completions for.
         #[arg(value_enum)]
         shell: clap_complete::Shell,
     },
     /// Write the man pages (fencecron.1 and one per subcommand) into DIR.
     Man {
+        /// The directory to write the pages into (it must exist).
         #[arg(value_name = "DIR")]
         dir: std::path::PathBuf,
     },
@@ -170,6 +177,7 @@ pub struct ExecArgs {
 pub enum LeaseCommand {
     /// Take a lease; print resource, owner_id, token, expires_at.
     Acquire {
+        /// The resource to lease (1..=200 characters, no control characters).
         resource: String,
         /// Lease length (5s..=300s) [default: 30s].
         #[arg(long, value_name = "D")]
@@ -180,9 +188,12 @@ pub enum LeaseCommand {
     },
     /// Extend a lease, keeping the token.
     Renew {
+        /// The leased resource.
         resource: String,
+        /// The owner id `lease acquire` printed (a UUID).
         #[arg(long, value_name = "UUID")]
         owner_id: String,
+        /// The token `lease acquire` printed with that owner id.
         #[arg(long, value_name = "T")]
         token: i64,
         /// Lease length (5s..=300s) [default: 30s].
@@ -194,9 +205,12 @@ pub enum LeaseCommand {
     },
     /// Give a lease up.
     Release {
+        /// The leased resource.
         resource: String,
+        /// The owner id `lease acquire` printed (a UUID).
         #[arg(long, value_name = "UUID")]
         owner_id: String,
+        /// The token `lease acquire` printed with that owner id.
         #[arg(long, value_name = "T")]
         token: i64,
     },
@@ -211,11 +225,14 @@ pub enum LeaseCommand {
 /// `fencecron put`.
 #[derive(Debug, Args)]
 pub struct PutArgs {
+    /// The key to write, within the resource (1..=200 characters).
     pub key: String,
-    /// [default: $FENCECRON_RESOURCE]
+    /// The resource whose lease fences the write [default:
+    /// $FENCECRON_RESOURCE, set in every job]
     #[arg(long, value_name = "R", env = "FENCECRON_RESOURCE")]
     pub resource: Option<String>,
-    /// [default: $FENCECRON_TOKEN]
+    /// The fencing token the write carries (required) [default:
+    /// $FENCECRON_TOKEN]
     #[arg(long, value_name = "T", env = "FENCECRON_TOKEN")]
     pub token: Option<i64>,
     /// The owner id the token was issued to (required; a UUID)
@@ -239,8 +256,9 @@ pub struct PutArgs {
 /// `fencecron get`.
 #[derive(Debug, Args)]
 pub struct GetArgs {
+    /// The key to read.
     pub key: String,
-    /// [default: $FENCECRON_RESOURCE]
+    /// The resource the key belongs to [default: $FENCECRON_RESOURCE]
     #[arg(long, value_name = "R", env = "FENCECRON_RESOURCE")]
     pub resource: Option<String>,
     /// Print JSON.
@@ -287,12 +305,14 @@ pub enum GuardCommand {
     },
     /// Print the guard's DDL for a DBA (the statements `install` runs).
     Ddl {
+        /// The database the DDL is written for.
         #[arg(long, value_enum)]
         backend: GuardBackend,
     },
     /// Print the DDL that attaches the guard to a table whose rows carry
     /// their writer's token (PostgreSQL, SQLite).
     Trigger {
+        /// The database the DDL is written for.
         #[arg(long, value_enum)]
         backend: GuardBackend,
         /// The table (a plain identifier, optionally schema.table).
@@ -495,5 +515,33 @@ mod tests {
         assert!(!s.contains('\n'), "{s}");
         assert!(s.contains("--lease"), "{s}");
         assert!(s.ends_with("see `fencecron lease acquire --help`"), "{s}");
+    }
+}
+
+#[cfg(test)]
+mod help_tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    /// Every option and argument of every command says what it is in
+    /// `--help` (and so in the man pages).
+    #[test]
+    fn every_option_has_help() {
+        fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for arg in cmd.get_arguments() {
+                if arg.is_hide_set() || ["help", "version"].contains(&arg.get_id().as_str()) {
+                    continue;
+                }
+                if arg.get_help().is_none() && arg.get_long_help().is_none() {
+                    missing.push(format!("{path} {}", arg.get_id()));
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                walk(sub, &format!("{path} {}", sub.get_name()), missing);
+            }
+        }
+        let mut missing = Vec::new();
+        walk(&Cli::command(), "fencecron", &mut missing);
+        assert!(missing.is_empty(), "no help text: {missing:#?}");
     }
 }
