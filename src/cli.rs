@@ -71,6 +71,13 @@ pub struct Cli {
     pub command: Command,
 }
 
+impl Cli {
+    /// Whether only warnings and errors are logged (`exec --quiet`).
+    pub fn quiet(&self) -> bool {
+        matches!(&self.command, Command::Exec(args) if args.quiet)
+    }
+}
+
 /// The subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
@@ -167,6 +174,11 @@ pub struct ExecArgs {
     /// SIGTERM-to-SIGKILL grace [default: a fifth of the lease].
     #[arg(long, value_name = "D")]
     pub kill_grace: Option<HumanDuration>,
+    /// Log only warnings and errors (the lease lost, a stale write, a store
+    /// outage), not the INFO events of every run: for cron and timers that
+    /// mail or keep whatever reaches stderr. `FENCECRON_LOG` still wins.
+    #[arg(long, short = 'q')]
+    pub quiet: bool,
     /// The command and its arguments, after `--`.
     #[arg(last = true, required = true, value_name = "CMD")]
     pub command: Vec<String>,

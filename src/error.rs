@@ -14,8 +14,15 @@ pub const EXIT_RUNTIME: u8 = 1;
 pub const EXIT_USAGE: u8 = 2;
 /// Exit code: stale write rejected, or not the lease owner.
 pub const EXIT_STALE: u8 = 3;
+/// Exit code: what was asked for does not exist (`get` of a missing key),
+/// distinct from [`EXIT_RUNTIME`], so a script can tell "nothing written
+/// yet" from "the store could not be read".
+pub const EXIT_MISSING: u8 = 4;
 /// Exit code: the lease is held by another owner (EX_TEMPFAIL).
 pub const EXIT_HELD: u8 = 75;
+/// Exit code: the job's program could not be started (not found, not
+/// executable), as a shell reports it; `exec` and `trigger --wait` alike.
+pub const EXIT_CANNOT_START: u8 = 127;
 /// Exit code: interrupted by SIGINT/SIGTERM before the work was done
 /// (128 + SIGINT, as a shell reports it).
 pub const EXIT_INTERRUPTED: u8 = 130;
@@ -68,6 +75,9 @@ pub enum Error {
     /// A key or other thing asked for does not exist.
     #[error("{0}")]
     Missing(String),
+    /// The job's program could not be started.
+    #[error("{0}")]
+    CannotStart(String),
     /// Local I/O or process failure.
     #[error("{0}")]
     Runtime(String),
@@ -77,11 +87,13 @@ pub enum Error {
 }
 
 impl Error {
-    /// The process exit code PRODUCT.md documents for this error.
+    /// The process exit code README.md documents for this error.
     pub fn exit_code(&self) -> u8 {
         match self {
             Error::Usage(_) | Error::Config(_) => EXIT_USAGE,
-            Error::Store(_) | Error::Missing(_) | Error::Runtime(_) => EXIT_RUNTIME,
+            Error::Store(_) | Error::Runtime(_) => EXIT_RUNTIME,
+            Error::Missing(_) => EXIT_MISSING,
+            Error::CannotStart(_) => EXIT_CANNOT_START,
             Error::NotOwner(_) | Error::Stale(_) => EXIT_STALE,
             Error::Held(_) => EXIT_HELD,
             Error::Output(_) if self.is_closed_pipe() => EXIT_OK,

@@ -25,12 +25,18 @@ use crate::store::{rfc3339, EpochInfo, Lease, OwnerId, StaleRecord, StoreTime, T
 /// systemd sets it for a unit), events are sent as native journal entries
 /// instead: every field a journal field (`F_EVENT=lease_lost`), WARN and
 /// ERROR as journal priorities. Should the journal's socket not open, text
-/// on stderr it is.
-pub fn init(format: Option<LogFormat>) {
+/// on stderr it is. `quiet` (`exec --quiet`) lowers the default to WARN
+/// and above.
+pub fn init(format: Option<LogFormat>, quiet: bool) {
+    let default = if quiet {
+        "warn,sqlx=off"
+    } else {
+        "info,sqlx=off"
+    };
     let filter = || {
         EnvFilter::try_from_env("FENCECRON_LOG")
             .or_else(|_| EnvFilter::try_from_default_env())
-            .unwrap_or_else(|_| EnvFilter::new("info,sqlx=off"))
+            .unwrap_or_else(|_| EnvFilter::new(default))
     };
     if format.is_none() && stderr_is_the_journal() {
         use tracing_subscriber::layer::SubscriberExt;

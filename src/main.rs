@@ -26,7 +26,7 @@ fn main() -> ExitCode {
             return ExitCode::from(fencecron::error::EXIT_USAGE);
         }
     };
-    events::init(cli.log_format);
+    events::init(cli.log_format, cli.quiet());
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

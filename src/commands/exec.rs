@@ -11,7 +11,7 @@ use crate::fence;
 use crate::names::Name;
 use crate::signals::Signals;
 use crate::store::{AcquireOutcome, AcquireRequest, OpenOptions};
-use crate::supervise::{LeaseTiming, RunSpec, Supervisor, DEFAULT_LEASE};
+use crate::supervise::{LeaseTiming, RunSpec, SuperviseError, Supervisor, DEFAULT_LEASE};
 
 use super::lease::held_error;
 use super::{Context, RECORD_WAIT};
@@ -75,7 +75,10 @@ pub async fn run(cli: &Cli, args: &ExecArgs) -> Result<Exit> {
     let supervisor = Supervisor::new(store, ctx.node.clone(), child_env);
     let result = supervisor.run(&spec, lease, sent, shutdown).await;
     fence::finish_recording(recording, &resource_name, RECORD_WAIT).await;
-    let result = result.map_err(|e| Error::Runtime(e.to_string()))?;
+    let result = result.map_err(|e| match e {
+        SuperviseError::Spawn { .. } => Error::CannotStart(e.to_string()),
+        e => Error::Runtime(e.to_string()),
+    })?;
     signal_task.abort();
     Ok(Exit::Job(result.shell_code()))
 }

@@ -445,7 +445,7 @@ fn exit_of(run: &RunInfo) -> Result<Exit> {
         return Ok(Exit::Job(u8::try_from(128 + n).unwrap_or(255)));
     }
     match run.outcome.as_str() {
-        "spawn_failed" => Ok(Exit::Job(127)),
+        "spawn_failed" => Ok(Exit::Job(crate::error::EXIT_CANNOT_START)),
         UNKNOWN => Err(Error::Runtime(format!(
             "the run of {} with token {} has no known outcome: its node stopped answering mid-run",
             run.job, run.token

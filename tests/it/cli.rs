@@ -21,6 +21,7 @@ use common::{unique, Backend, TestStore};
 const EXIT_RUNTIME: i32 = 1;
 const EXIT_USAGE: i32 = 2;
 const EXIT_STALE: i32 = 3;
+const EXIT_MISSING: i32 = 4;
 const EXIT_HELD: i32 = 75;
 
 // ---------------------------------------------------------------- fixture
@@ -758,13 +759,14 @@ fn case_put_sources_and_get(fx: &Fx) {
     let out = fx.expect(&["get", "stdin", "--resource", &r], 0);
     assert!(out.stdout == big, "stdin value round-trips");
 
-    // A missing key: exit 1, one sentence, nothing on stdout.
+    // A missing key: exit 4 (not 1, a store that cannot be read), one
+    // sentence, nothing on stdout.
     for json in [false, true] {
         let mut args = vec!["get", "nothing-here", "--resource", &r];
         if json {
             args.push("--json");
         }
-        let out = fx.expect(&args, EXIT_RUNTIME);
+        let out = fx.expect(&args, EXIT_MISSING);
         assert!(out.stdout.is_empty());
         assert!(one_sentence(&out).contains("nothing-here"));
     }
@@ -1049,7 +1051,7 @@ fn case_put_binds_owner_and_resource(fx: &Fx) {
         (Some("own"), Some(owner))
     );
     for r in [&same, &ahead] {
-        fx.expect(&["get", "k", "--resource", r], EXIT_RUNTIME);
+        fx.expect(&["get", "k", "--resource", r], EXIT_MISSING);
     }
 }
 
@@ -1717,6 +1719,45 @@ cli_tests!(
     case_epoch_advance_via_cli,
     case_takeover_logged_and_listed,
 );
+
+/// `exec` of a program that cannot be started exits 127, as a shell and
+/// `trigger --wait` do, and gives its lease back; `exec --quiet` writes the
+/// job's output and nothing of fencecron's INFO events.
+#[test]
+fn exec_cannot_start_is_127_and_quiet_is_quiet() {
+    let ts = TestStore::new(Backend::Sqlite, "exec_cannot_start").expect("sqlite");
+    let dir = tempfile::tempdir().unwrap();
+    let r = unique("exec-codes");
+    let mut cmd = fencecron(dir.path());
+    cmd.args(["exec", &r, "--store", &ts.url, "--", "/nonexistent/program"]);
+    let out = expect_code(run(cmd, None), 127, &["exec", "/nonexistent/program"]);
+    assert!(
+        last_sentence(&out).contains("/nonexistent/program"),
+        "{}",
+        describe(&out)
+    );
+
+    let mut cmd = fencecron(dir.path());
+    cmd.args(["exec", "--quiet", &r, "--store", &ts.url, "--"])
+        .args(["sh", "-c", "echo out; echo err >&2"]);
+    let out = expect_code(run(cmd, None), 0, &["exec", "--quiet"]);
+    assert_eq!(stdout(&out).trim(), "out");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr).trim(),
+        "err",
+        "only the job's own stderr: {}",
+        describe(&out)
+    );
+    // Without --quiet the run's INFO events are there.
+    let mut cmd = fencecron(dir.path());
+    cmd.args(["exec", &r, "--store", &ts.url, "--", "true"]);
+    let out = expect_code(run(cmd, None), 0, &["exec", "true"]);
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("lease_acquired"),
+        "{}",
+        describe(&out)
+    );
+}
 
 /// Shell completions and man pages come from the clap definitions: the bash
 /// script parses and knows the subcommands; `man DIR` writes one page per
