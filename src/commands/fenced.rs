@@ -9,7 +9,7 @@ use crate::cli::{Cli, GetArgs, PutArgs, StaleArgs};
 use crate::error::{Error, Exit, Result};
 use crate::fence;
 use crate::names::Name;
-use crate::output::{self, Out};
+use crate::output::{self, Align, Out, Table};
 use crate::store::guard::GuardDb;
 use crate::store::{OpenOptions, OwnerId, PutOutcome, PutRequest, StoreTime};
 
@@ -199,28 +199,35 @@ pub async fn stale(cli: &Cli, args: &StaleArgs) -> Result<Exit> {
     if args.json {
         print_json(&records)?;
     } else {
-        let mut out = Out::stdout();
-        writeln!(
-            out,
-            "{:<24} {:<16} {:<18} {:<24} {:<16} {:>6} {:>8} {:<16} STAGE",
-            "AT", "KIND", "REASON", "RESOURCE", "KEY", "TOKEN", "ACCEPTED", "NODE"
-        )?;
+        let now = chrono::Utc::now();
+        let mut table = Table::new(&[
+            ("AT", Align::Left),
+            ("", Align::Left),
+            ("KIND", Align::Left),
+            ("REASON", Align::Left),
+            ("RESOURCE", Align::Left),
+            ("KEY", Align::Left),
+            ("TOKEN", Align::Right),
+            ("ACCEPTED", Align::Right),
+            ("NODE", Align::Left),
+            ("STAGE", Align::Left),
+        ]);
         for r in records {
-            writeln!(
-                out,
-                "{:<24} {:<16} {:<18} {:<24} {:<16} {:>6} {:>8} {:<16} {}",
+            table.row(vec![
                 r.at.to_string(),
-                r.kind.as_str(),
+                output::relative(now, r.at.to_utc()),
+                r.kind.as_str().to_string(),
                 r.reason,
                 r.resource,
-                r.key.as_deref().unwrap_or("-"),
-                r.token,
+                r.key.unwrap_or_else(|| "-".to_string()),
+                r.token.to_string(),
                 r.accepted_token
                     .map_or_else(|| "-".to_string(), |t| t.to_string()),
                 r.node,
-                r.stage
-            )?;
+                r.stage,
+            ]);
         }
+        table.print(&mut Out::stdout())?;
     }
     Ok(Exit::Success)
 }

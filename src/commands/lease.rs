@@ -6,7 +6,7 @@ use crate::cli::{Cli, LeaseCommand};
 use crate::error::{Error, Exit, Result};
 use crate::fence;
 use crate::names::Name;
-use crate::output::{self, Out};
+use crate::output::{self, Align, Out, Table};
 use crate::store::{
     AcquireOutcome, AcquireRequest, Lease, OpenOptions, ReleaseOutcome, RenewOutcome, StoreTime,
 };
@@ -109,24 +109,29 @@ pub async fn run(cli: &Cli, cmd: &LeaseCommand) -> Result<Exit> {
             if *json {
                 print_json(&leases)?;
             } else {
-                let mut out = Out::stdout();
-                writeln!(
-                    out,
-                    "{:<32} {:>8} {:<5} {:<24} {:<36} NODE",
-                    "RESOURCE", "TOKEN", "HELD", "EXPIRES_AT", "OWNER_ID"
-                )?;
+                // Ages by the store's clock, which decides expiry.
+                let now = store.now().await?.to_utc();
+                let mut table = Table::new(&[
+                    ("RESOURCE", Align::Left),
+                    ("TOKEN", Align::Right),
+                    ("HELD", Align::Left),
+                    ("EXPIRES_AT", Align::Left),
+                    ("", Align::Left),
+                    ("OWNER_ID", Align::Left),
+                    ("NODE", Align::Left),
+                ]);
                 for l in leases {
-                    writeln!(
-                        out,
-                        "{:<32} {:>8} {:<5} {:<24} {:<36} {}",
+                    table.row(vec![
                         l.resource,
-                        l.token,
-                        if l.held { "yes" } else { "no" },
+                        l.token.to_string(),
+                        if l.held { "yes" } else { "no" }.to_string(),
                         l.expires_at.to_string(),
+                        output::relative(now, l.expires_at.to_utc()),
                         l.owner_id,
-                        l.node
-                    )?;
+                        l.node,
+                    ]);
                 }
+                table.print(&mut Out::stdout())?;
             }
             Ok(Exit::Success)
         }

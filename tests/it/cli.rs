@@ -1720,6 +1720,33 @@ cli_tests!(
     case_takeover_logged_and_listed,
 );
 
+/// `lease list` keeps its columns straight whatever the names' lengths, and
+/// says how far off each expiry is.
+#[test]
+fn tables_fit_names_of_any_length() {
+    let ts = TestStore::new(Backend::Sqlite, "tables_fit").expect("sqlite");
+    let dir = tempfile::tempdir().unwrap();
+    let long = format!("{}-{}", unique("table"), "x".repeat(60));
+    for r in [long.as_str(), "s"] {
+        let mut cmd = fencecron(dir.path());
+        cmd.args(["lease", "acquire", r, "--store", &ts.url]);
+        expect_code(run(cmd, None), 0, &["lease", "acquire", r]);
+    }
+    let mut cmd = fencecron(dir.path());
+    cmd.args(["lease", "list", "--store", &ts.url]);
+    let text = stdout(&expect_code(run(cmd, None), 0, &["lease", "list"]));
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 3, "{text}");
+    // TOKEN is right-aligned: every row's token ends where the header does.
+    let end = lines[0].find("TOKEN").expect("TOKEN column") + "TOKEN".len();
+    for row in &lines[1..] {
+        assert_eq!(&row[end - 1..end], "1", "{text}");
+        assert_eq!(&row[end..end + 2], "  ", "{text}");
+        assert!(row.contains(" in 2") || row.contains(" in 3"), "{text}");
+    }
+    assert!(lines[1].starts_with(&long) || lines[2].starts_with(&long));
+}
+
 /// `exec` of a program that cannot be started exits 127, as a shell and
 /// `trigger --wait` do, and gives its lease back; `exec --quiet` writes the
 /// job's output and nothing of fencecron's INFO events.
