@@ -208,7 +208,7 @@ fn report(p: &Probe) -> Report {
         r.problems.push(format!(
             "user {} lacks what the daemon needs on the store: {}; {grant}",
             p.user,
-            some_of(&p.missing, 8)
+            p.missing.join(", ")
         ));
     }
     match p.clock {

@@ -73,9 +73,12 @@ const CLOCK_SAMPLES: usize = 5;
 /// that cannot be reached or refuses the login is the same error any
 /// command would give, with its cause and advice.
 pub async fn probe(url: &StoreUrl, limit: Duration) -> Result<Probe, StoreError> {
+    // The pool's own wait for a connection outlasts the limit, so that a
+    // store that does not answer is named by the limit, not as a pool
+    // whose connections did not come free.
     let opts = OpenOptions {
         max_connections: 1,
-        call_timeout: limit,
+        call_timeout: limit * 2,
     };
     match url.backend() {
         Backend::Postgres => {
