@@ -355,6 +355,79 @@ fn executable_problem(path: &Path) -> Option<&'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::Migrations;
+
+    fn probe(clock: Clock) -> Probe {
+        Probe {
+            backend: Backend::Postgres,
+            answered: "PostgreSQL 15 at h:5432, database d, user u".into(),
+            user: "u".into(),
+            connect_time: Duration::from_millis(2),
+            migrations: Migrations {
+                known: vec![1, 2, 3],
+                pending: vec![3],
+                cannot_apply: Vec::new(),
+                refused: None,
+                unreadable: false,
+            },
+            missing: Vec::new(),
+            checked: "everything".into(),
+            clock,
+        }
+    }
+
+    #[test]
+    fn a_large_clock_offset_is_a_warning_that_says_what_it_does() {
+        let measured = |offset| Clock::Measured {
+            offset,
+            round_trip: Duration::from_micros(300),
+        };
+        let r = report(&probe(measured(12)));
+        assert!(r.warnings.is_empty() && r.problems.is_empty(), "{r:?}");
+        assert!(
+            r.lines
+                .iter()
+                .any(|l| l.contains("the store's clock is 12 ms ahead of this host's")),
+            "{r:?}"
+        );
+        assert!(
+            r.lines
+                .iter()
+                .any(|l| l.contains("1 pending (0003) can be applied")),
+            "{r:?}"
+        );
+        // The store 2.5 s behind: this host runs ahead.
+        let r = report(&probe(measured(-2500)));
+        assert!(r.problems.is_empty(), "{r:?}");
+        assert!(
+            r.warnings.len() == 1
+                && r.warnings[0].contains("2500 ms ahead of the store's")
+                && r.warnings[0].contains("clock_ahead"),
+            "{r:?}"
+        );
+        let r = report(&probe(measured(30_000)));
+        assert!(
+            r.warnings.len() == 1
+                && r.warnings[0].contains("30000 ms behind the store's")
+                && r.warnings[0].contains("clock_behind"),
+            "{r:?}"
+        );
+    }
+
+    #[test]
+    fn what_the_daemon_could_not_use_is_a_problem() {
+        let mut p = probe(Clock::Kernel);
+        p.missing = vec!["INSERT/UPDATE on fencecron_leases".into()];
+        p.migrations.cannot_apply = vec!["CREATE on schema public".into()];
+        let r = report(&p);
+        assert_eq!(r.problems.len(), 2, "{r:?}");
+        assert!(r.problems[0].contains("cannot apply the 1 pending migrations (0003)"));
+        assert!(r.problems[1].contains(
+            "user u lacks what the daemon needs on the store: INSERT/UPDATE on fencecron_leases"
+        ));
+        p.migrations.refused = Some("migrated by a newer fencecron".into());
+        assert!(report(&p).problems[0].contains("newer fencecron"));
+    }
 
     fn config(dir: &Path, jobs: &str) -> Config {
         let path = dir.join("jobs.toml");
