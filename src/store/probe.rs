@@ -654,9 +654,12 @@ async fn sqlite(url: &StoreUrl) -> Result<Probe, StoreError> {
     use sqlx::ConnectOptions;
 
     let start = Instant::now();
-    let path = sqlite_path(url.expose()).ok_or_else(|| StoreError::Corrupt {
-        url: url.to_string(),
-        detail: "check --connect needs a SQLite database file, not an in-memory one".into(),
+    // An in-memory database is each process's own: it fences nothing
+    // between daemons (the same refusal as a file others could rewrite).
+    let path = sqlite_path(url.expose()).ok_or_else(|| StoreError::Unprotected {
+        detail: format!(
+            "the SQLite store {url} is an in-memory database, which each process has to itself, so it fences nothing between daemons; point the store URL at a file, such as sqlite:///var/lib/fencecron/fencecron.db"
+        ),
     })?;
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),

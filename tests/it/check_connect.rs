@@ -529,3 +529,45 @@ fn check_without_connect_does_not_connect() {
         describe(&out)
     );
 }
+
+/// A store a newer fencecron migrated (a migration this binary does not
+/// know) is refused as the daemon's start would refuse it, and the check
+/// changes nothing.
+#[tokio::test]
+async fn sqlite_check_connect_refuses_a_newer_store() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let db = dir.path().join("fencecron.db");
+    let url = format!("sqlite://{}", db.display());
+    let mut migrate = fencecron(dir.path());
+    migrate.args(["--store", &url, "lease", "list"]);
+    assert_eq!(run(migrate, None).status.code(), Some(0));
+    let pool = sqlx::SqlitePool::connect(&url).await.expect("connect");
+    pool.execute(
+        "INSERT INTO fencecron_migrations (version, description, success, checksum, execution_time)
+         VALUES (9999, 'from the future', TRUE, x'00', 0)",
+    )
+    .await
+    .expect("insert");
+    let err = fails(&check_connect(&url));
+    assert!(
+        err.contains("migrated by a newer fencecron") && err.contains("migration 9999"),
+        "{err}"
+    );
+    let rows: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM fencecron_migrations WHERE version = 9999")
+            .fetch_one(&pool)
+            .await
+            .expect("count");
+    assert_eq!(rows, 1);
+    pool.close().await;
+}
+
+/// An in-memory SQLite database is each process's own: it fences nothing.
+#[test]
+fn sqlite_check_connect_refuses_an_in_memory_store() {
+    let err = fails(&check_connect("sqlite::memory:"));
+    assert!(
+        err.contains("in-memory database") && err.contains("fences nothing"),
+        "{err}"
+    );
+}
