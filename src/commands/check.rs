@@ -148,11 +148,14 @@ fn millis(d: Duration) -> String {
 
 fn report(p: &Probe) -> Report {
     let mut r = Report::default();
-    r.lines.push(format!(
-        "store: answers: {} (connected in {})",
-        p.answered,
-        millis(p.connect_time)
-    ));
+    r.lines.push(match p.connect_time {
+        Some(t) => format!(
+            "store: answers: {} (connected in {})",
+            p.answered,
+            millis(t)
+        ),
+        None => format!("store: answers: {}", p.answered),
+    });
     let m = &p.migrations;
     let applied = m.known.len() - m.pending.len();
     if let Some(refused) = &m.refused {
@@ -362,7 +365,7 @@ mod tests {
             backend: Backend::Postgres,
             answered: "PostgreSQL 15 at h:5432, database d, user u".into(),
             user: "u".into(),
-            connect_time: Duration::from_millis(2),
+            connect_time: Some(Duration::from_millis(2)),
             migrations: Migrations {
                 known: vec![1, 2, 3],
                 pending: vec![3],

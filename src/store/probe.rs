@@ -26,8 +26,9 @@ pub struct Probe {
     pub answered: String,
     /// The user connected as (SQLite: this process's user).
     pub user: String,
-    /// The time the first connection took.
-    pub connect_time: Duration,
+    /// The time the first connection took (none for a SQLite database not
+    /// created yet).
+    pub connect_time: Option<Duration>,
     pub migrations: Migrations,
     /// What the daemon needs and does not have, each a phrase such as
     /// `UPDATE on fencecron_leases`; empty when it has everything.
@@ -336,7 +337,7 @@ async fn postgres(pool: &sqlx::PgPool, url: &StoreUrl) -> Result<Probe, StoreErr
             host_port(&url.to_string(), Backend::Postgres)
         ),
         user,
-        connect_time,
+        connect_time: Some(connect_time),
         migrations,
         missing,
         checked: if tables == 0 {
@@ -442,7 +443,7 @@ async fn mysql(pool: &sqlx::MySqlPool, url: &StoreUrl) -> Result<Probe, StoreErr
             host_port(&url.to_string(), Backend::MySql)
         ),
         user,
-        connect_time,
+        connect_time: Some(connect_time),
         migrations,
         missing,
         checked: format!(
@@ -719,7 +720,7 @@ async fn sqlite(url: &StoreUrl) -> Result<Probe, StoreError> {
             )
         },
         user,
-        connect_time,
+        connect_time: exists.then_some(connect_time),
         migrations,
         missing,
         checked: "the database and its directory writable by this user and by no other".into(),
