@@ -456,55 +456,36 @@ async fn mysql(pool: &sqlx::MySqlPool, url: &StoreUrl) -> Result<Probe, StoreErr
 }
 
 /// The tables fencecron's migrations create, and the procedures that exist
-/// once all of them ran (a later migration drops the procedure it
-/// replaces), read from the embedded migrations' SQL.
+/// once all of them ran (one a migration drops is gone unless it is
+/// created again), read from the embedded migrations' SQL.
 fn objects(migrator: &Migrator) -> (Vec<String>, Vec<String>) {
-    let mut tables = Vec::new();
-    let mut procedures: Vec<String> = Vec::new();
+    let (mut tables, mut procedures) = (Vec::<String>::new(), Vec::<String>::new());
     for m in migrator.migrations.iter() {
-        let words: Vec<String> = m
-            .sql
-            .split(|c: char| c.is_whitespace() || c == '(' || c == ';' || c == '`')
-            .filter(|w| !w.is_empty())
-            .map(str::to_ascii_uppercase)
-            .collect();
-        let original: Vec<&str> = m
+        let words: Vec<&str> = m
             .sql
             .split(|c: char| c.is_whitespace() || c == '(' || c == ';' || c == '`')
             .filter(|w| !w.is_empty())
             .collect();
+        let is = |i: usize, word: &str| words.get(i).is_some_and(|w| w.eq_ignore_ascii_case(word));
         for i in 0..words.len() {
-            let name_after = |mut j: usize| {
-                if words.get(j).map(String::as_str) == Some("IF") {
-                    j += if words.get(j + 1).map(String::as_str) == Some("NOT") {
-                        3
-                    } else {
-                        2
-                    };
-                }
-                original.get(j).map(|s| s.to_ascii_lowercase())
+            // The name after `CREATE TABLE`, `DROP PROCEDURE IF EXISTS`, …
+            let mut at = i + 2;
+            if is(at, "IF") {
+                at += if is(at + 1, "NOT") { 3 } else { 2 };
+            }
+            let Some(name) = words
+                .get(at)
+                .map(|w| w.to_ascii_lowercase())
+                .filter(|n| n.starts_with("fencecron_"))
+            else {
+                continue;
             };
-            match (words[i].as_str(), words.get(i + 1).map(String::as_str)) {
-                ("CREATE", Some("TABLE")) => {
-                    if let Some(t) = name_after(i + 2) {
-                        if t.starts_with("fencecron_") && !tables.contains(&t) {
-                            tables.push(t);
-                        }
-                    }
-                }
-                ("CREATE", Some("PROCEDURE")) => {
-                    if let Some(p) = name_after(i + 2) {
-                        if !procedures.contains(&p) {
-                            procedures.push(p);
-                        }
-                    }
-                }
-                ("DROP", Some("PROCEDURE")) => {
-                    if let Some(p) = name_after(i + 2) {
-                        procedures.retain(|x| *x != p);
-                    }
-                }
-                _ => {}
+            if is(i, "CREATE") && is(i + 1, "TABLE") && !tables.contains(&name) {
+                tables.push(name);
+            } else if is(i, "CREATE") && is(i + 1, "PROCEDURE") && !procedures.contains(&name) {
+                procedures.push(name);
+            } else if is(i, "DROP") && is(i + 1, "PROCEDURE") {
+                procedures.retain(|p| *p != name);
             }
         }
     }
