@@ -88,7 +88,14 @@ pub enum Command {
         node_id: Option<String>,
     },
     /// Validate the config and print each job's next fire times.
-    Check,
+    Check {
+        /// Also connect to the store (without changing it): that it answers
+        /// within 5 s, the migrations are applied or can be, the user has the
+        /// privileges the daemon needs, and the offset between this host's
+        /// clock and the store's.
+        #[arg(long)]
+        connect: bool,
+    },
     /// Run one command under a fenced lease (kill-on-loss, token in its environment).
     Exec(ExecArgs),
     /// Take, renew, release and list leases by hand.

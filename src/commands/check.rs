@@ -7,9 +7,17 @@
 //! wrong here is an error; one that could still appear before the job runs
 //! (under a volatile directory, or a bare command on a `PATH` that may not
 //! be the daemon's) is a warning.
+//!
+//! With `--connect` it also asks the store, without changing it
+//! ([`crate::store::probe`]): does it answer within [`CONNECT_LIMIT`], are
+//! the migrations applied or can they be, does the user have the
+//! privileges the daemon needs, how far is its clock from this host's. A
+//! store the daemon could not use (unreachable, refused login, missing
+//! database, migrations it cannot apply, missing privileges) exits 1.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use chrono::Utc;
 
@@ -17,7 +25,7 @@ use crate::cli::Cli;
 use crate::config::{Config, ConfigError, Job};
 use crate::error::{Error, Exit, Result};
 use crate::output::{self, Out};
-use crate::store::rfc3339;
+use crate::store::{probe, rfc3339, Backend, Clock, Probe};
 use crate::supervise::workdir_problem;
 
 use super::Context;
@@ -26,7 +34,15 @@ use super::Context;
 /// under one may exist by the time the job runs.
 const VOLATILE: [&str; 4] = ["/tmp", "/var/tmp", "/run", "/dev/shm"];
 
-pub fn run(cli: &Cli) -> Result<Exit> {
+/// How long `check --connect` gives the store to answer, connecting
+/// included, before it exits 1 naming the timeout.
+pub const CONNECT_LIMIT: Duration = Duration::from_secs(5);
+
+/// A clock offset from which `check --connect` warns: NTP keeps hosts
+/// within milliseconds, and a second moves when an instant runs.
+const CLOCK_WARN_MS: i64 = 1000;
+
+pub async fn run(cli: &Cli, connect: bool) -> Result<Exit> {
     let ctx = Context::load(cli, true)?;
     let Some(config) = ctx.config else {
         return Ok(Exit::Success);
@@ -81,7 +97,152 @@ pub fn run(cli: &Cli) -> Result<Exit> {
             writeln!(out, "  next: {}", rfc3339(at))?;
         }
     }
-    Ok(Exit::Success)
+    if !connect {
+        return Ok(Exit::Success);
+    }
+    let found = probe(&ctx.store_url, CONNECT_LIMIT).await?;
+    let report = report(&found);
+    for line in &report.lines {
+        writeln!(out, "{line}")?;
+    }
+    for w in &report.warnings {
+        output::error_line(format_args!("warning: {w}"));
+    }
+    match report.problems.len() {
+        0 => Ok(Exit::Success),
+        1 => Err(Error::Runtime(report.problems.concat())),
+        n => {
+            for p in &report.problems {
+                output::error_line(format_args!("error: {p}"));
+            }
+            Err(Error::Runtime(format!(
+                "the daemon could not use the store {}: {n} problems, above; fix them and run `fencecron check --connect` again",
+                ctx.store_url
+            )))
+        }
+    }
+}
+
+/// What `check --connect` prints: lines on stdout, warnings, and the
+/// problems that make the store unusable for the daemon (exit 1); each one
+/// sentence.
+#[derive(Debug, Default)]
+struct Report {
+    lines: Vec<String>,
+    warnings: Vec<String>,
+    problems: Vec<String>,
+}
+
+/// At most `n` items, then how many more.
+fn some_of(items: &[String], n: usize) -> String {
+    let mut s = items.iter().take(n).cloned().collect::<Vec<_>>().join(", ");
+    if items.len() > n {
+        s.push_str(&format!(" and {} more", items.len() - n));
+    }
+    s
+}
+
+fn millis(d: Duration) -> String {
+    format!("{:.1} ms", d.as_secs_f64() * 1000.0)
+}
+
+fn report(p: &Probe) -> Report {
+    let mut r = Report::default();
+    r.lines.push(match p.connect_time {
+        Some(t) => format!(
+            "store: answers: {} (connected in {})",
+            p.answered,
+            millis(t)
+        ),
+        None => format!("store: answers: {}", p.answered),
+    });
+    let m = &p.migrations;
+    let applied = m.known.len() - m.pending.len();
+    if let Some(refused) = &m.refused {
+        r.problems.push(refused.clone());
+    } else if m.unreadable {
+        r.lines.push(format!(
+            "store: migrations: which are applied is unknown, as user {} may not read fencecron_migrations",
+            p.user
+        ));
+    } else if m.pending.is_empty() {
+        r.lines
+            .push(format!("store: migrations: all {} applied", m.known.len()));
+    } else {
+        let versions = m
+            .pending
+            .iter()
+            .map(|v| format!("{v:04}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        if m.cannot_apply.is_empty() && applied == 0 {
+            r.lines.push(format!(
+                "store: migrations: none of {} applied yet (a fresh database); they can be applied by user {}, as the daemon does at its first start",
+                m.known.len(),
+                p.user
+            ));
+        } else if m.cannot_apply.is_empty() {
+            r.lines.push(format!(
+                "store: migrations: {applied} of {} applied; {} pending ({versions}) can be applied by user {}, as the daemon does at its start",
+                m.known.len(),
+                m.pending.len(),
+                p.user
+            ));
+        } else {
+            r.problems.push(format!(
+                "user {} cannot apply the {} pending migrations ({versions}) that the daemon applies at its start: it lacks {}; grant them, or apply the migrations once as a user that has them (any fencecron command does, e.g. `fencecron lease list`)",
+                p.user,
+                m.pending.len(),
+                some_of(&m.cannot_apply, 6)
+            ));
+        }
+    }
+    if p.missing.is_empty() {
+        r.lines.push(format!(
+            "store: privileges: user {} has what the daemon needs ({})",
+            p.user, p.checked
+        ));
+    } else {
+        let grant = match p.backend {
+            Backend::Postgres => "GRANT CREATE ON SCHEMA …, GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA … and GRANT USAGE ON ALL SEQUENCES IN SCHEMA … to it",
+            Backend::MySql => "GRANT SELECT, INSERT, UPDATE, DELETE, EXECUTE, CREATE, ALTER, INDEX, CREATE ROUTINE, ALTER ROUTINE ON the database.* to it",
+            Backend::Sqlite => "run fencecron as the user that owns the database and its directory",
+        };
+        r.problems.push(format!(
+            "user {} lacks what the daemon needs on the store: {}; {grant}",
+            p.user,
+            p.missing.join(", ")
+        ));
+    }
+    match p.clock {
+        Clock::Kernel => r.lines.push(
+            "store: clock: SQLite's clock is this host's kernel clock, so the offset is 0 by construction".into(),
+        ),
+        Clock::Measured { offset, round_trip } => {
+            let side = if offset >= 0 { "ahead of" } else { "behind" };
+            r.lines.push(format!(
+                "store: clock: the store's clock is {} ms {side} this host's (measured at the middle of a {} round trip)",
+                offset.abs(),
+                millis(round_trip)
+            ));
+            if offset <= -CLOCK_WARN_MS {
+                r.warnings.push(format!(
+                    "this host's clock is {} ms ahead of the store's: the daemon here waits that long at each instant for the store's clock to reach it (occurrence_early), and more than 60 s ahead it skips the instant (clock_ahead); fix this host's time synchronisation (NTP)",
+                    -offset
+                ));
+            } else if offset >= CLOCK_WARN_MS {
+                r.warnings.push(format!(
+                    "this host's clock is {offset} ms behind the store's: the daemon here competes for each instant that much late, and skips (clock_behind) an instant whose next one is already due by the store's clock; fix this host's time synchronisation (NTP)"
+                ));
+            }
+        }
+    }
+    if p.backend == Backend::Sqlite {
+        r.lines.push(
+            "store: note: SQLite fences only the daemons of one host (they share this file and this kernel's clock); daemons on other hosts are not fenced against them: for several hosts use PostgreSQL or MySQL".into(),
+        );
+    }
+    r
 }
 
 /// Something `check` found about the host rather than the file.
@@ -197,6 +358,79 @@ fn executable_problem(path: &Path) -> Option<&'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::Migrations;
+
+    fn probe(clock: Clock) -> Probe {
+        Probe {
+            backend: Backend::Postgres,
+            answered: "PostgreSQL 15 at h:5432, database d, user u".into(),
+            user: "u".into(),
+            connect_time: Some(Duration::from_millis(2)),
+            migrations: Migrations {
+                known: vec![1, 2, 3],
+                pending: vec![3],
+                cannot_apply: Vec::new(),
+                refused: None,
+                unreadable: false,
+            },
+            missing: Vec::new(),
+            checked: "everything".into(),
+            clock,
+        }
+    }
+
+    #[test]
+    fn a_large_clock_offset_is_a_warning_that_says_what_it_does() {
+        let measured = |offset| Clock::Measured {
+            offset,
+            round_trip: Duration::from_micros(300),
+        };
+        let r = report(&probe(measured(12)));
+        assert!(r.warnings.is_empty() && r.problems.is_empty(), "{r:?}");
+        assert!(
+            r.lines
+                .iter()
+                .any(|l| l.contains("the store's clock is 12 ms ahead of this host's")),
+            "{r:?}"
+        );
+        assert!(
+            r.lines
+                .iter()
+                .any(|l| l.contains("1 pending (0003) can be applied")),
+            "{r:?}"
+        );
+        // The store 2.5 s behind: this host runs ahead.
+        let r = report(&probe(measured(-2500)));
+        assert!(r.problems.is_empty(), "{r:?}");
+        assert!(
+            r.warnings.len() == 1
+                && r.warnings[0].contains("2500 ms ahead of the store's")
+                && r.warnings[0].contains("clock_ahead"),
+            "{r:?}"
+        );
+        let r = report(&probe(measured(30_000)));
+        assert!(
+            r.warnings.len() == 1
+                && r.warnings[0].contains("30000 ms behind the store's")
+                && r.warnings[0].contains("clock_behind"),
+            "{r:?}"
+        );
+    }
+
+    #[test]
+    fn what_the_daemon_could_not_use_is_a_problem() {
+        let mut p = probe(Clock::Kernel);
+        p.missing = vec!["INSERT/UPDATE on fencecron_leases".into()];
+        p.migrations.cannot_apply = vec!["CREATE on schema public".into()];
+        let r = report(&p);
+        assert_eq!(r.problems.len(), 2, "{r:?}");
+        assert!(r.problems[0].contains("cannot apply the 1 pending migrations (0003)"));
+        assert!(r.problems[1].contains(
+            "user u lacks what the daemon needs on the store: INSERT/UPDATE on fencecron_leases"
+        ));
+        p.migrations.refused = Some("migrated by a newer fencecron".into());
+        assert!(report(&p).problems[0].contains("newer fencecron"));
+    }
 
     fn config(dir: &Path, jobs: &str) -> Config {
         let path = dir.join("jobs.toml");

@@ -199,7 +199,7 @@ pub fn hostname() -> String {
 pub async fn dispatch(cli: Cli) -> Result<Exit> {
     match &cli.command {
         Command::Run { node_id } => run::run(&cli, node_id.clone()).await,
-        Command::Check => check::run(&cli),
+        Command::Check { connect } => check::run(&cli, *connect).await,
         Command::Exec(args) => exec::run(&cli, args).await,
         Command::Lease(cmd) => lease::run(&cli, cmd).await,
         Command::Put(args) => fenced::put(&cli, args).await,

@@ -132,7 +132,7 @@ fn backend_of(url: &str) -> Option<Backend> {
 }
 
 /// The file of a `sqlite:` URL.
-fn sqlite_path(url: &str) -> Option<PathBuf> {
+pub(super) fn sqlite_path(url: &str) -> Option<PathBuf> {
     let rest = url
         .strip_prefix("sqlite://")
         .or_else(|| url.strip_prefix("sqlite:"))?;
@@ -141,7 +141,7 @@ fn sqlite_path(url: &str) -> Option<PathBuf> {
 }
 
 /// `host:port` of a server URL, with the backend's default port.
-fn host_port(url: &str, backend: Backend) -> String {
+pub(super) fn host_port(url: &str, backend: Backend) -> String {
     let Ok(u) = url::Url::parse(url) else {
         return url.to_string();
     };
@@ -165,7 +165,7 @@ fn host_port(url: &str, backend: Backend) -> String {
 }
 
 /// The database a server URL names.
-fn database(url: &str) -> String {
+pub(super) fn database(url: &str) -> String {
     url::Url::parse(url)
         .ok()
         .map(|u| u.path().trim_start_matches('/').to_string())

@@ -311,6 +311,48 @@ where
     Ok(())
 }
 
+/// Whether a table exists where an unqualified name finds it, as a count;
+/// binds the table's name.
+fn table_exists(backend: Backend) -> &'static str {
+    match backend {
+        Backend::Postgres => "SELECT count(*) FROM (SELECT to_regclass($1) AS t) r WHERE t IS NOT NULL",
+        Backend::MySql => "SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name = ?",
+        Backend::Sqlite => "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?",
+    }
+}
+
+/// What [`run`] would do on `conn`, read without writing anything (for
+/// `fencecron check --connect`): the plan, or the migrator's refusal.
+pub(crate) async fn status<DB>(
+    conn: &mut DB::Connection,
+    backend: Backend,
+    migrator: &Migrator,
+) -> Result<Plan, MigrateError>
+where
+    DB: Database,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
+    for<'q> i64: Decode<'q, DB> + Type<DB>,
+    for<'q> String: Encode<'q, DB> + Decode<'q, DB> + Type<DB>,
+    for<'q> Vec<u8>: Decode<'q, DB> + Type<DB>,
+    for<'q> bool: Decode<'q, DB> + Type<DB>,
+    usize: ColumnIndex<DB::Row>,
+{
+    let mut rows = Vec::with_capacity(2);
+    for table in [TABLE, LEGACY_TABLE] {
+        let present: i64 = sqlx::query_scalar(table_exists(backend))
+            .bind(table.to_string())
+            .fetch_one(&mut *conn)
+            .await?;
+        rows.push(if present > 0 {
+            read_rows::<DB>(conn, table).await?
+        } else {
+            Vec::new()
+        });
+    }
+    plan(&migrator.migrations, &rows[0], &rows[1])
+}
+
 /// The name of the trigger (and, on PostgreSQL, its function) that keeps
 /// older fencecron binaries from recording their migrations in
 /// `_sqlx_migrations` again.

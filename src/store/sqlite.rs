@@ -793,7 +793,7 @@ fn is_disk_full(e: &sqlx::Error) -> bool {
 ///
 /// The path is resolved first (symlinks), because SQLite puts the `-wal`
 /// and `-shm` files beside the file it opens.
-fn check_protected(db: &std::path::Path) -> Result<(), StoreError> {
+pub(super) fn check_protected(db: &std::path::Path) -> Result<(), StoreError> {
     let db = std::fs::canonicalize(db).unwrap_or_else(|_| db.to_path_buf());
     let dir = match db.parent() {
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),

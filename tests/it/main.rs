@@ -18,6 +18,7 @@ macro_rules! skipped {
 mod common;
 
 mod check;
+mod check_connect;
 mod cli;
 mod daemon;
 mod daemon_faults;

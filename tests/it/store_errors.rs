@@ -14,6 +14,7 @@ use std::process::Output;
 use std::time::{Duration, Instant};
 
 use common::harness::{describe, fencecron};
+use common::users::{DropRole, DropUser};
 use common::{unique, Backend, TestStore};
 use sqlx::Executor;
 
@@ -121,34 +122,6 @@ fn mysql_missing_user() {
         "{err}"
     );
     not_generic(&err);
-}
-
-/// Drops a MySQL user when dropped, whether the test passed or not.
-struct DropUser {
-    admin_url: String,
-    user: String,
-}
-
-impl Drop for DropUser {
-    fn drop(&mut self) {
-        let (url, user) = (self.admin_url.clone(), self.user.clone());
-        // On a thread of its own: the test's runtime may be unwinding.
-        let dropped = std::thread::spawn(move || {
-            let rt = tokio::runtime::Runtime::new().expect("runtime");
-            rt.block_on(async {
-                let admin = sqlx::MySqlPool::connect(&url).await?;
-                admin
-                    .execute(format!("DROP USER IF EXISTS '{user}'@'%'").as_str())
-                    .await?;
-                admin.close().await;
-                Ok::<_, sqlx::Error>(())
-            })
-        })
-        .join();
-        if !matches!(dropped, Ok(Ok(()))) {
-            eprintln!("could not drop the test user {}: {dropped:?}", self.user);
-        }
-    }
 }
 
 #[test]
@@ -318,33 +291,6 @@ async fn mysql_undecodable_row_is_not_unreachable() {
         "ALTER TABLE fencecron_leases MODIFY fence VARCHAR(20) NOT NULL",
     )
     .await;
-}
-
-/// Drops a PostgreSQL role when dropped, whether the test passed or not.
-struct DropRole {
-    admin_url: String,
-    role: String,
-}
-
-impl Drop for DropRole {
-    fn drop(&mut self) {
-        let (url, role) = (self.admin_url.clone(), self.role.clone());
-        let dropped = std::thread::spawn(move || {
-            let rt = tokio::runtime::Runtime::new().expect("runtime");
-            rt.block_on(async {
-                let admin = sqlx::PgPool::connect(&url).await?;
-                admin
-                    .execute(format!("DROP ROLE IF EXISTS {role}").as_str())
-                    .await?;
-                admin.close().await;
-                Ok::<_, sqlx::Error>(())
-            })
-        })
-        .join();
-        if !matches!(dropped, Ok(Ok(()))) {
-            eprintln!("could not drop the test role {}: {dropped:?}", self.role);
-        }
-    }
 }
 
 /// A PostgreSQL role over its connection limit (53300, which sqlx's pool

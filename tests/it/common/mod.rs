@@ -104,3 +104,4 @@ pub mod daemon;
 pub mod fresh;
 pub mod pg;
 pub mod proxy;
+pub mod users;
