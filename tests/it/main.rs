@@ -22,6 +22,7 @@ mod cli;
 mod daemon;
 mod daemon_faults;
 mod disk_full;
+mod drain;
 mod failover;
 mod fencing;
 mod fleet;
