@@ -866,7 +866,7 @@ fn systemd_ready_waits_for_the_store_and_the_watchdog_is_pinged_postgres() {
 }
 
 /// Datagrams on `sock` until a line of one matches `want`: all of them.
-fn recv_until_line(
+pub(crate) fn recv_until_line(
     sock: &UnixDatagram,
     want: impl Fn(&str) -> bool,
     timeout: Duration,

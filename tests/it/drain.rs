@@ -13,6 +13,7 @@
 //! `shutdown_grace = "0s"` and SIGINT on their own are in `daemon.rs`
 //! (`sigterm_with_no_shutdown_grace_…`, `sigint_stops_…`).
 
+use std::os::unix::net::UnixDatagram;
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -27,6 +28,7 @@ use crate::common::daemon::{
 };
 use crate::common::harness::{code, describe, fencecron, run};
 use crate::common::{unique, Backend, TestStore};
+use crate::daemon_faults::recv_until_line;
 
 /// `jobs.toml` in `dir`: `[node] shutdown_grace = GRACE`, then `jobs`.
 fn config(dir: &Path, grace: &str, jobs: &[String]) -> std::path::PathBuf {
@@ -252,7 +254,8 @@ fn a_rolling_restart_lets_every_run_finish_postgres() {
     );
 }
 
-/// During a drain with a grace of an hour, a second SIGTERM (`sig`) or a
+/// During a drain with a grace of an hour (systemd hears STOPPING=1 and
+/// `STATUS=draining: 1 run(s) left, …`), a second SIGTERM (`sig`) or a
 /// SIGINT stops at once: the job gets SIGTERM, the run ends `shutdown`
 /// (`job_finished`, then `job_stopped` at INFO), no `job_failed`, no
 /// `job_cancelled`, and its `on_failure` hook does not run.
@@ -275,7 +278,14 @@ fn a_stop_during_a_drain_stops_at_once(sig: Signal) {
             &extra,
         )],
     );
-    let mut d = Daemon::spawn(DaemonOpts::new(&unique("drain-stop"), &config, &store.url));
+    let sock_path = dir.path().join("notify.sock");
+    let sock = UnixDatagram::bind(&sock_path).expect("bind the notify socket");
+    sock.set_read_timeout(Some(Duration::from_millis(200)))
+        .expect("read timeout");
+    let mut opts = DaemonOpts::new(&unique("drain-stop"), &config, &store.url);
+    opts.env
+        .push(("NOTIFY_SOCKET".into(), sock_path.display().to_string()));
+    let mut d = Daemon::spawn(opts);
     let started = d.expect("job_started", ev("job_started"), secs(60));
     let token = token_of(&started);
     let cut = d.len();
@@ -287,6 +297,18 @@ fn a_stop_during_a_drain_stops_at_once(sig: Signal) {
         "{stopping}"
     );
     assert_eq!(i64_field(&stopping, "running"), Some(1), "{stopping}");
+    let draining = recv_until_line(
+        &sock,
+        |l| l.starts_with("STATUS=draining: 1 run(s) left, stopping them in "),
+        secs(30),
+    );
+    assert!(
+        draining
+            .iter()
+            .flat_map(|m| m.lines())
+            .any(|l| l == "STOPPING=1"),
+        "no STOPPING=1 with the drain: {draining:?}"
+    );
     d.signal(sig);
     // Without the second signal the drain would last an hour.
     let st = d.wait_exit(secs(60));
