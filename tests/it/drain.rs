@@ -449,3 +449,50 @@ fn two_daemons_restarted_in_turn_run_every_instant_once_postgres() {
     let everyone: Vec<&Daemon> = retired.iter().chain(daemons.iter()).collect();
     no_failures(&everyone);
 }
+
+/// SIGHUP cannot change `shutdown_grace`: the reload logs `config_ignored`
+/// for `node.shutdown_grace`, and the drain keeps the value the daemon
+/// started with.
+#[test]
+fn a_reload_does_not_change_the_shutdown_grace_sqlite() {
+    let store = TestStore::new(Backend::Sqlite, "grace_reload").expect("sqlite");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let job = unique("grace");
+    let jobs = [job_toml(
+        &job,
+        "* * * * * *",
+        &sh("exec sleep 3600"),
+        "lease = \"5s\"",
+    )];
+    let config = config(dir.path(), "1h", &jobs);
+    let mut d = Daemon::spawn(DaemonOpts::new(&unique("grace"), &config, &store.url));
+    d.expect("job_started", ev("job_started"), secs(60));
+    let config_again = self::config(dir.path(), "0s", &jobs);
+    assert_eq!(config, config_again);
+    let cut = d.len();
+    d.signal(Signal::SIGHUP);
+    let (_, ignored) = d.expect_from(
+        cut,
+        "config_ignored for node.shutdown_grace",
+        |e| is(e, "config_ignored") && str_field(e, "key") == Some("node.shutdown_grace"),
+        secs(30),
+    );
+    eprintln!("{ignored}");
+    d.expect_from(cut, "config_reloaded", ev("config_reloaded"), secs(30));
+    drain_stop(&mut d, 3_600_000);
+}
+
+/// SIGTERM, a drain of `grace_ms`, then SIGINT: exits 0 at once.
+fn drain_stop(d: &mut Daemon, grace_ms: i64) {
+    let cut = d.len();
+    d.signal(Signal::SIGTERM);
+    let (_, stopping) = d.expect_from(cut, "daemon_stopping", ev("daemon_stopping"), secs(10));
+    assert_eq!(
+        i64_field(&stopping, "drain_ms"),
+        Some(grace_ms),
+        "{stopping}"
+    );
+    d.signal(Signal::SIGINT);
+    let st = d.wait_exit(secs(60));
+    assert!(st.is_some_and(|s| s.success()), "{st:?}; {}", d.summary());
+}
