@@ -397,7 +397,8 @@ fn two_daemons_restarted_in_turn_run_every_instant_once_postgres() {
     let mut retired: Vec<Daemon> = Vec::new();
     let began = Instant::now();
     let mut turn = 0;
-    while began.elapsed() < secs(60) {
+    // For a minute, and each daemon at least once.
+    while turn < 2 || began.elapsed() < secs(60) {
         let before = read_runs(&runs_file).len();
         wait_until(
             secs(30),
@@ -421,7 +422,6 @@ fn two_daemons_restarted_in_turn_run_every_instant_once_postgres() {
         drain_and_exit(d, 30_000);
     }
     eprintln!("{turn} restarts");
-    assert!(turn >= 6, "only {turn} restarts in a minute");
 
     let runs = read_runs(&runs_file);
     let first = runs.iter().map(|r| r.scheduled_at).min().expect("runs");
