@@ -1648,3 +1648,64 @@ async fn a_failed_run_runs_its_hook_so_the_shutdown_checks_can_fail() {
     assert_eq!(events.named("on_failure_failed").len(), 1);
     assert!(events.named("job_stopped").is_empty());
 }
+
+/// A draining node claims no trigger (it stays pending for another
+/// daemon), and a failed run's retry waiting for its back-off is not run:
+/// the failure stands (its hook runs).
+#[tokio::test(start_paused = true)]
+async fn a_draining_node_claims_no_trigger_and_runs_no_retry() {
+    let (events, _guard) = crate::testing::events::Captured::start();
+    let rig = Rig::new();
+    rig.store
+        .request_trigger(&TriggerInfo {
+            id: "t1".into(),
+            job: "job".into(),
+            requested_at: at(),
+            requested_by: "ops@host".into(),
+            state: trigger_state::PENDING.into(),
+            node: None,
+            token: None,
+            detail: None,
+        })
+        .await
+        .unwrap();
+    rig.shared.draining.cancel();
+    let jobs: HashMap<String, Arc<Job>> = [("job".to_string(), rig.job.clone())].into();
+    super::fleet::poll_triggers(rig.shared.clone(), jobs).await;
+    rig.settle().await;
+    let t = rig.store.trigger("t1").await.unwrap().unwrap();
+    assert_eq!(t.state, trigger_state::PENDING);
+    assert!(rig.runs().is_empty());
+
+    let mut rig = Rig::with(
+        Script {
+            runs_for: Some(ms(2_000)),
+            exit_code: 3,
+            ..Script::default()
+        },
+        |s| s,
+    );
+    rig.job = Arc::new(Job {
+        on_failure: Some(vec!["/nonexistent/fencecron-hook".into()]),
+        retry: crate::config::Retry {
+            retries: 3,
+            backoff: ms(10_000),
+            backoff_max: ms(10_000),
+        },
+        ..(*rig.job).clone()
+    });
+    let draining = rig.shared.draining.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(ms(5_000)).await;
+        draining.cancel();
+    });
+    assert_eq!(rig.run().await, Ending::Won);
+    rig.settle().await;
+    assert_eq!(
+        rig.runs(),
+        [(ms(0), 1)],
+        "the retry due at 12 s did not run"
+    );
+    assert_eq!(events.named("retry_scheduled").len(), 1);
+    assert_eq!(events.named("on_failure_failed").len(), 1);
+}
