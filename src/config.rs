@@ -38,6 +38,14 @@ pub const MAX_STORE_CONNECTIONS: u32 = 64;
 /// The largest `node.max_running`.
 pub const MAX_RUNNING: u32 = 100_000;
 
+/// `node.shutdown_grace` unless the config says otherwise: how long a
+/// stopping daemon lets its running jobs finish by themselves.
+pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+
+/// The largest `node.shutdown_grace`: a day (systemd's `TimeoutStopSec=`
+/// must exceed it anyway).
+pub const MAX_SHUTDOWN_GRACE: Duration = Duration::from_secs(24 * 3600);
+
 /// The largest `jitter`: a day, the longest sensible spread of a job.
 pub const MAX_JITTER: Duration = Duration::from_secs(24 * 3600);
 
@@ -58,6 +66,10 @@ pub struct Config {
     /// `node.max_running`: how many runs this daemon holds at once; `None`
     /// (the default) for no limit.
     pub node_max_running: Option<u32>,
+    /// `node.shutdown_grace`: on SIGTERM the daemon competes for nothing
+    /// more and lets its running jobs finish for up to this long before it
+    /// stops them (default 30 s; zero stops them at once).
+    pub node_shutdown_grace: Duration,
     /// `[http] listen`: where the daemon serves `/metrics`, `/livez` and
     /// `/readyz`; `None` (the default) serves nothing.
     pub http_listen: Option<std::net::SocketAddr>,
@@ -291,6 +303,7 @@ struct RawHistory {
 struct RawNode {
     id: Option<Spanned<String>>,
     max_running: Option<Spanned<i64>>,
+    shutdown_grace: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -494,6 +507,23 @@ impl Parser<'_> {
             ),
             None => None,
         };
+        let node_shutdown_grace = match raw.node.as_ref().and_then(|n| n.shutdown_grace.as_ref()) {
+            Some(g) => {
+                let grace = self.duration(g, "node.shutdown_grace")?;
+                if grace > MAX_SHUTDOWN_GRACE {
+                    return Err(self.at(
+                        g.span(),
+                        "node.shutdown_grace",
+                        format!(
+                            "`{}` is longer than 24h; give running jobs at most a day to finish when the daemon stops (\"0s\" stops them at once)",
+                            g.get_ref()
+                        ),
+                    ));
+                }
+                grace
+            }
+            None => DEFAULT_SHUTDOWN_GRACE,
+        };
         let http_listen =
             match &raw.http {
                 Some(h) => Some(h.listen.get_ref().parse::<std::net::SocketAddr>().map_err(
@@ -560,6 +590,7 @@ impl Parser<'_> {
             store_max_connections,
             node_id,
             node_max_running,
+            node_shutdown_grace,
             http_listen,
             history,
             jobs,
@@ -1123,6 +1154,29 @@ mod tests {
         ] {
             let e = err(&text);
             assert_eq!(e.key.as_deref(), Some(key), "{text}: {e}");
+        }
+    }
+
+    #[test]
+    fn shutdown_grace_defaults_to_30s_and_bad_values_name_their_key() {
+        let c = parse(Path::new("jobs.toml"), JOB).unwrap();
+        assert_eq!(c.node_shutdown_grace, Duration::from_secs(30));
+        for (grace, want) in [("0s", 0), ("2m", 120), ("24h", 86_400)] {
+            let c = parse(
+                Path::new("jobs.toml"),
+                &format!("[node]\nshutdown_grace = \"{grace}\"\n{JOB}"),
+            )
+            .unwrap();
+            assert_eq!(c.node_shutdown_grace, Duration::from_secs(want), "{grace}");
+        }
+        for grace in ["\"soon\"", "\"25h\"", "30"] {
+            let e = err(&format!("[node]\nshutdown_grace = {grace}\n{JOB}"));
+            assert_eq!(
+                e.key.as_deref(),
+                Some("node.shutdown_grace"),
+                "{grace}: {e}"
+            );
+            assert_eq!((e.line, e.column), (Some(2), Some(18)), "{grace}: {e}");
         }
     }
 

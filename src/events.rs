@@ -358,7 +358,8 @@ pub struct JobEnd<'a> {
 
 /// The child ended on its own or after a signal. Every run that started
 /// ends with exactly one `job_finished` (INFO); one that did not succeed
-/// also logs `job_failed` (WARN, same fields) for alerting.
+/// also logs `job_failed` (WARN, same fields) for alerting, except a run
+/// stopped by a shutdown, which is not a failure ([`job_stopped`]).
 pub fn job_finished(end: &JobEnd<'_>) {
     let signal = end.signal.map(signal_name);
     let JobEnd {
@@ -373,7 +374,7 @@ pub fn job_finished(end: &JobEnd<'_>) {
         ..
     } = *end;
     crate::metrics::run_finished(job, outcome, duration);
-    let failed = outcome != Outcome::Succeeded;
+    let failed = !matches!(outcome, Outcome::Succeeded | Outcome::Shutdown);
     let outcome = outcome.as_str();
     let duration_ms = ms(duration);
     // The same fields under two names and levels: tracing needs each
@@ -423,6 +424,36 @@ pub fn job_cancelled(job: &str, token: Token, reason: &str, signal: &str) {
     warn!(
         event = "job_cancelled",
         job, token, reason, signal, "job cancelled"
+    );
+}
+
+/// A run was stopped because its daemon (or `exec`) shut down: logged
+/// right after its `job_finished` (outcome `shutdown`), instead of
+/// `job_failed`. A restart is not a failure: INFO. `signal` is the last
+/// signal fencecron sent the job (`SIGTERM`, or `SIGKILL` when it outlived
+/// `kill_grace`); `reason` is `shutdown`.
+pub fn job_stopped(end: &JobEnd<'_>, signal: &str) {
+    let JobEnd {
+        job,
+        resource,
+        node,
+        token,
+        scheduled_at,
+        duration,
+        ..
+    } = *end;
+    let duration_ms = ms(duration);
+    info!(
+        event = "job_stopped",
+        job,
+        resource,
+        node,
+        token,
+        scheduled_at,
+        signal,
+        duration_ms,
+        reason = "shutdown",
+        "job stopped for a shutdown"
     );
 }
 
@@ -757,12 +788,37 @@ pub fn proxy_upstream_failed(resource: &str, token: Token, upstream: &str, error
     );
 }
 
-/// The daemon is shutting down.
-/// `running` counts the occurrences being acquired or run on this node.
-pub fn daemon_stopping(reason: &str, running: usize) {
+/// The daemon is shutting down. `running` counts the occurrences being
+/// acquired or run on this node. `drain` is how long running jobs may still
+/// finish by themselves (`node.shutdown_grace` on a first SIGTERM): the
+/// node competes for nothing more meanwhile; zero when it stops them at
+/// once (SIGINT, a second SIGTERM, `shutdown_grace = "0s"`).
+pub fn daemon_stopping(reason: &str, running: usize, drain: Duration) {
+    let drain_ms = ms(drain);
+    if drain.is_zero() {
+        info!(
+            event = "daemon_stopping",
+            reason, running, drain_ms, "daemon stopping: terminating running jobs"
+        );
+    } else {
+        info!(
+            event = "daemon_stopping",
+            reason,
+            running,
+            drain_ms,
+            "daemon stopping: draining, running jobs may finish by themselves"
+        );
+    }
+}
+
+/// A drain ended after `took`: `reason` is `runs_finished` (nothing was
+/// left to stop), `grace_expired` (`running` runs are stopped now), or the
+/// signal that cut it short (`SIGTERM`, `SIGINT`).
+pub fn drain_ended(reason: &str, running: usize, took: Duration) {
+    let duration_ms = ms(took);
     info!(
-        event = "daemon_stopping",
-        reason, running, "daemon stopping"
+        event = "drain_ended",
+        reason, running, duration_ms, "drain ended"
     );
 }
 

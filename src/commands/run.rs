@@ -1,7 +1,8 @@
 //! `fencecron run`: the daemon as the command line starts it. Resolves the
 //! config, store and node, catches signals, and hands the daemon plain
-//! settings and a control stream: SIGHUP becomes a reloaded job list,
-//! SIGTERM/SIGINT a stop.
+//! settings and a control stream: SIGHUP becomes a reloaded job list, the
+//! first SIGTERM a drain (running jobs may finish for `node.shutdown_grace`),
+//! SIGINT or a second SIGTERM a stop at once.
 
 use std::sync::Arc;
 
@@ -37,6 +38,7 @@ pub async fn run(cli: &Cli, node_flag: Option<String>) -> Result<Exit> {
         store_max_connections: config.store_max_connections,
         node_id: config.node_id.clone(),
         node_max_running: config.node_max_running,
+        node_shutdown_grace: config.node_shutdown_grace,
         http_listen: config.http_listen,
     };
     let node = node_flag.unwrap_or_else(|| ctx.node.clone());
@@ -75,6 +77,7 @@ pub async fn run(cli: &Cli, node_flag: Option<String>) -> Result<Exit> {
         store_display: ctx.store_url.to_string(),
         config_display: ctx.config_path.display().to_string(),
         watchdog: systemd_watchdog(),
+        shutdown_grace: config.node_shutdown_grace,
     };
     let (tx, rx) = mpsc::channel(4);
     let control = tokio::spawn(control(signals, ctx, started_with, tx));
@@ -103,19 +106,29 @@ struct StartedWith {
     store_max_connections: Option<u32>,
     node_id: Option<String>,
     node_max_running: Option<u32>,
+    node_shutdown_grace: std::time::Duration,
     http_listen: Option<std::net::SocketAddr>,
 }
 
-/// Turns signals into the daemon's control messages until it stops.
+/// Turns signals into the daemon's control messages until it stops: the
+/// first SIGTERM drains (what systemd and a rolling upgrade send), SIGINT
+/// (an operator's Ctrl-C) and any SIGTERM after the first stop at once.
+/// SIGHUP during a drain is ignored: nothing more is scheduled.
 async fn control(
     mut signals: Signals,
     ctx: Context,
     started_with: StartedWith,
     tx: mpsc::Sender<Control>,
 ) {
+    let mut draining = false;
     loop {
         let message = match signals.next().await {
+            Some(Received::Hangup) if draining => continue,
             Some(Received::Hangup) => Control::Reload(reload(&ctx, &started_with)),
+            Some(Received::Stop("SIGTERM")) if !draining => {
+                draining = true;
+                Control::Drain("SIGTERM")
+            }
             Some(Received::Stop(name)) => Control::Stop(name),
             None => Control::Stop("signal stream closed"),
         };
@@ -152,6 +165,12 @@ fn reload(ctx: &Context, original: &StartedWith) -> Result<Vec<Job>, String> {
         events::config_ignored(
             "node.max_running",
             "the node's capacity cannot change while running; restart the daemon",
+        );
+    }
+    if new.node_shutdown_grace != original.node_shutdown_grace {
+        events::config_ignored(
+            "node.shutdown_grace",
+            "the drain's length is read at start-up; restart the daemon (the stop uses the old value)",
         );
     }
     if new.node_id != original.node_id {

@@ -26,9 +26,10 @@
 //!   for `acquire`, with the retry): every occurrence then competes on its
 //!   own under the same owner id, so a claim that committed unseen is
 //!   adopted by the retry or given back by its sweep, as for an unanswered
-//!   single acquire. At shutdown a
-//!   claim still in flight finishes in the background and gives back what
-//!   it won.
+//!   single acquire. A drain lets a claim in flight answer and runs its
+//!   wins (the other nodes lost those instants), but makes no second round.
+//!   At a stop a claim still in flight finishes in the background and gives
+//!   back what it won.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -64,6 +65,10 @@ struct Entered {
 
 /// Claims and runs the occurrences of one instant (see the module docs).
 pub(super) async fn claim(shared: Shared, due: Vec<Occurrence>) {
+    if shared.draining.is_cancelled() {
+        // Fired just before the drain began: competed for by nobody here.
+        return;
+    }
     let mut entered = Vec::with_capacity(due.len());
     for occurrence in due {
         if occurrence.job.overlap == Overlap::Replace {
@@ -90,7 +95,8 @@ pub(super) async fn claim(shared: Shared, due: Vec<Occurrence>) {
     }
     tokio::select! {
         _ = tokio::time::sleep(SECOND_ROUND_AFTER) => {}
-        _ = shared.shutdown.cancelled() => return,
+        // Draining: what the other nodes left is theirs to take.
+        _ = shared.draining.cancelled() => return,
     }
     let slots = take_slots(&shared, left.len());
     if slots.is_empty() {

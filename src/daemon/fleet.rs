@@ -56,6 +56,11 @@ pub(super) async fn poll_triggers(shared: Shared, jobs: HashMap<String, Arc<Job>
         }
     };
     for trigger in pending {
+        if shared.draining.is_cancelled() {
+            // A stopping node claims nothing: the trigger stays pending
+            // for another daemon.
+            break;
+        }
         let Some(job) = jobs.get(&trigger.job) else {
             continue;
         };

@@ -3,12 +3,27 @@
 //!
 //! [`run`] takes plain [`Settings`] and a stream of [`Control`] messages,
 //! both built by the command layer (`commands::run`, which turns SIGHUP into
-//! a reloaded job list and SIGTERM/SIGINT into a stop), so the daemon knows
-//! nothing of the command line, config files or signals, and a test can run
-//! it in-process. One scheduler task ([`scheduler`]) fires instants; each
-//! due occurrence is its own task ([`occurrence`]). A stop cancels one
-//! [`CancellationToken`] that every task watches and waits for every task
-//! in the [`TaskTracker`], so leases are released before `run` returns.
+//! a reloaded job list, a first SIGTERM into a drain and SIGINT or a second
+//! SIGTERM into a stop), so the daemon knows nothing of the command line,
+//! config files or signals, and a test can run it in-process. One scheduler
+//! task ([`scheduler`]) fires instants; each due occurrence is its own task
+//! ([`occurrence`]).
+//!
+//! Stopping has two stages. A drain ([`Control::Drain`]) cancels
+//! `Shared::draining`: the scheduler fires nothing more and polls no
+//! triggers, an occurrence waiting to compete (for a place, for a retry
+//! after a store failure, for a store clock behind ours, for a retry of a
+//! failed run) stops, and the instants go to the other nodes at once. An
+//! attempt already sent is answered as usual, and what this node has won
+//! runs: the other nodes have lost that instant and stopped competing for
+//! it, so a win given back would run nowhere. Running jobs keep renewing
+//! their leases (the deadlines are untouched) and may finish by themselves
+//! for up to `node.shutdown_grace`. Then (or at once, on [`Control::Stop`])
+//! the stop cancels `Shared::shutdown`, which terminates what still runs
+//! (SIGTERM, `kill_grace`, SIGKILL), and waits for every task in the
+//! [`TaskTracker`], so leases are released before `run` returns. A run
+//! stopped that way ends with outcome `shutdown`: not a failure (no
+//! `job_failed`, no `on_failure`, no retry).
 //! systemd is told READY (once the store has answered; until then STATUS
 //! says what the daemon waits for), RELOADING, STATUS, STOPPING and, with
 //! `WatchdogSec=`, WATCHDOG pings from the scheduler loop itself.
@@ -86,6 +101,8 @@ pub struct Settings {
     pub watchdog: Option<Duration>,
     /// `[history]`: retention and output kept per run.
     pub history: History,
+    /// `node.shutdown_grace`: how long a drain lets running jobs finish.
+    pub shutdown_grace: Duration,
 }
 
 /// The first wait before retrying a store that did not answer at start-up;
@@ -99,13 +116,18 @@ pub enum Control {
     /// A new job list; or why it could not be read (the old jobs keep
     /// running).
     Reload(Result<Vec<Job>, String>),
-    /// Stop: terminate running jobs, release their leases, return. The
-    /// reason is logged (`SIGTERM`, `SIGINT`).
+    /// Drain, then stop: compete for nothing more, let running jobs finish
+    /// for up to `shutdown_grace`, then stop what is left. The reason is
+    /// logged (`SIGTERM`). A drain during a drain stops at once.
+    Drain(&'static str),
+    /// Stop now: terminate running jobs, release their leases, return. The
+    /// reason is logged (`SIGINT`, a second `SIGTERM`).
     Stop(&'static str),
 }
 
-/// Runs the daemon until [`Control::Stop`] (or until `control` closes), then
-/// terminates running jobs and returns once every lease is released.
+/// Runs the daemon until [`Control::Stop`] (or a drain, or until `control`
+/// closes), then terminates running jobs and returns once every lease is
+/// released.
 pub async fn run(settings: Settings, control: mpsc::Receiver<Control>) {
     // Jobs get it through the supervisor; `on_failure` hooks through
     // `Shared`.
@@ -136,8 +158,10 @@ async fn serve(
         watchdog,
         child_env,
         history,
+        shutdown_grace,
     } = settings;
     let shutdown = CancellationToken::new();
+    let draining = CancellationToken::new();
     let tracker = TaskTracker::new();
     let ready = Arc::new(OnceCell::new());
     if let Some(records) = records {
@@ -171,6 +195,7 @@ async fn serve(
         capacity: Capacity::new(max_running),
         ready: ready.clone(),
         shutdown: shutdown.clone(),
+        draining: draining.clone(),
         tracker: tracker.clone(),
         clock,
         watchdog,
@@ -188,23 +213,69 @@ async fn serve(
         ))]);
     }
 
-    let reason = loop {
+    let (reason, drain) = loop {
         match control.recv().await {
             Some(Control::Reload(jobs)) => reload(jobs, &reload_tx, ready.initialized()).await,
-            Some(Control::Stop(reason)) => break reason,
-            None => break "control stream closed",
+            Some(Control::Drain(reason)) => break (reason, shutdown_grace),
+            Some(Control::Stop(reason)) => break (reason, Duration::ZERO),
+            None => break ("control stream closed", Duration::ZERO),
         }
     };
+    draining.cancel();
+    events::daemon_stopping(reason, running.len(), drain);
+    if !drain.is_zero() {
+        notify(&[NotifyState::Stopping]);
+        let started = tokio::time::Instant::now();
+        let (why, left) = drain_runs(&running, started + drain, &mut control).await;
+        events::drain_ended(why, left, started.elapsed());
+    }
     notify(&[
         NotifyState::Stopping,
         NotifyState::Status("stopping: terminating jobs and releasing leases"),
     ]);
-    let in_progress = running.len();
-    events::daemon_stopping(reason, in_progress);
     shutdown.cancel();
     tracker.close();
     tracker.wait().await;
     events::daemon_stopped();
+}
+
+/// The drain: waits until no run is left on this node, `until` passes, or
+/// a second stop request comes, keeping systemd's STATUS= up to date with
+/// the runs left; returns why it ended (`runs_finished`, `grace_expired`,
+/// or the request's reason) and how many runs were left then. A reload is
+/// ignored: the scheduler fires nothing more.
+async fn drain_runs(
+    running: &Running,
+    until: tokio::time::Instant,
+    control: &mut mpsc::Receiver<Control>,
+) -> (&'static str, usize) {
+    loop {
+        // Registered before the count is read, so a run that ends between
+        // the two still wakes this loop.
+        let changed = running.changed();
+        let left = running.len();
+        if left == 0 {
+            return ("runs_finished", 0);
+        }
+        let secs = until
+            .saturating_duration_since(tokio::time::Instant::now())
+            .as_secs_f64()
+            .ceil();
+        notify(&[NotifyState::Status(&format!(
+            "draining: {left} run(s) left, stopping them in {secs}s"
+        ))]);
+        tokio::select! {
+            _ = changed => {}
+            _ = tokio::time::sleep_until(until) => return ("grace_expired", running.len()),
+            message = control.recv() => match message {
+                Some(Control::Drain(reason) | Control::Stop(reason)) => {
+                    return (reason, running.len())
+                }
+                Some(Control::Reload(_)) => {}
+                None => return ("control stream closed", running.len()),
+            },
+        }
+    }
 }
 
 /// Sends states to systemd when run under `Type=notify`; a no-op otherwise.
@@ -277,8 +348,14 @@ struct Shared {
     capacity: Capacity,
     /// Set once migrations are applied.
     ready: Arc<OnceCell<()>>,
-    /// Cancelled at SIGTERM/SIGINT.
+    /// Cancelled when running jobs are to be stopped: at once on a stop,
+    /// after the drain otherwise.
     shutdown: CancellationToken,
+    /// Cancelled when the daemon starts to stop (a drain or a stop, so
+    /// always before `shutdown`): from then on the node competes for
+    /// nothing new (no instant, no trigger, no retry), while its running
+    /// jobs go on renewing their leases.
+    draining: CancellationToken,
     /// Every task of the daemon; shutdown waits for all of them.
     tracker: TaskTracker,
     /// Wall time: instants, give-up times.

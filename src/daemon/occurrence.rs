@@ -15,7 +15,12 @@
 //!   up to [`MAX_CLOCK_AHEAD`]; a store already past the job's next instant
 //!   (`Superseded`) means this host's clock runs behind: skip;
 //! * if any attempt went unanswered and the job did not run here, sweep for
-//!   a win of this owner id later ([`Occurrence::sweep`]).
+//!   a win of this owner id later ([`Occurrence::sweep`]);
+//! * once the daemon drains, send no attempt and stop waiting (for a place,
+//!   a retry, the store's clock, a retry of a failed run): the other nodes
+//!   take the instant. An attempt already sent is answered as usual, and a
+//!   win runs: the other nodes have lost the instant by then, so a win
+//!   given back would run nowhere.
 //!
 //! *Invariant:* an occurrence never starts after the job's next instant is
 //! due. Wall time comes from the [`Clock`] seam, waiting from tokio's
@@ -27,7 +32,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 use super::{ensure_ready, hook, Shared};
@@ -72,13 +77,17 @@ pub(super) struct Occurrence {
 /// run on this node, and how many: more than one only under
 /// `overlap = "replace"`, while the replaced run is being terminated.
 #[derive(Clone, Default)]
-pub(super) struct Running(Arc<Mutex<HashMap<String, usize>>>);
+pub(super) struct Running {
+    resources: Arc<Mutex<HashMap<String, usize>>>,
+    /// Woken whenever a run leaves (a drain waits for the last).
+    left: Arc<Notify>,
+}
 
 impl Running {
     /// Enters `resource`; `None` when it is in progress here already and
     /// `overlap` does not allow a second one.
     pub(super) fn enter(&self, resource: &str, overlap: bool) -> Option<RunningGuard> {
-        let mut r = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut r = self.resources.lock().unwrap_or_else(|p| p.into_inner());
         let n = r.entry(resource.to_string()).or_insert(0);
         if *n > 0 && !overlap {
             return None;
@@ -92,7 +101,14 @@ impl Running {
 
     /// How many resources are in progress.
     pub(super) fn len(&self) -> usize {
-        self.0.lock().map(|r| r.len()).unwrap_or(0)
+        self.resources.lock().map(|r| r.len()).unwrap_or(0)
+    }
+
+    /// Completes when a run leaves after this call (it is registered at
+    /// once, before it is first polled): read [`Running::len`] after
+    /// calling it, then wait.
+    pub(super) fn changed(&self) -> tokio::sync::futures::Notified<'_> {
+        self.left.notified()
     }
 }
 
@@ -141,13 +157,20 @@ pub(super) struct RunningGuard {
 
 impl Drop for RunningGuard {
     fn drop(&mut self) {
-        let mut r = self.running.0.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(n) = r.get_mut(&self.resource) {
-            *n -= 1;
-            if *n == 0 {
-                r.remove(&self.resource);
+        {
+            let mut r = self
+                .running
+                .resources
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            if let Some(n) = r.get_mut(&self.resource) {
+                *n -= 1;
+                if *n == 0 {
+                    r.remove(&self.resource);
+                }
             }
         }
+        self.running.left.notify_waiters();
     }
 }
 
@@ -259,6 +282,11 @@ impl Occurrence {
                 // time), or why it failed.
                 (outcome, sent)
             } else {
+                if self.shared.draining.is_cancelled() {
+                    // Not even a claim: the other nodes take the instant
+                    // without waiting for anything of ours.
+                    return Ending::Stopped;
+                }
                 let sent = Instant::now();
                 let mut attempt = Box::pin(acquire_attempt(
                     self.store().clone(),
@@ -327,7 +355,7 @@ impl Occurrence {
             };
             tokio::select! {
                 _ = tokio::time::sleep(wait) => {}
-                _ = self.shared.shutdown.cancelled() => return Ending::Stopped,
+                _ = self.shared.draining.cancelled() => return Ending::Stopped,
             }
         }
     }
@@ -403,7 +431,7 @@ impl Occurrence {
                 );
                 Err(Ending::Skipped(SkipReason::Capacity))
             }
-            _ = self.shared.shutdown.cancelled() => Err(Ending::Stopped),
+            _ = self.shared.draining.cancelled() => Err(Ending::Stopped),
         }
     }
 
@@ -465,7 +493,9 @@ impl Occurrence {
         events::retry_scheduled(name, &at, attempt, delay);
         tokio::select! {
             _ = tokio::time::sleep(delay) => {}
-            _ = self.shared.shutdown.cancelled() => return None,
+            // A stopping node starts no new run; the failure stands (and
+            // its `on_failure` hook runs).
+            _ = self.shared.draining.cancelled() => return None,
         }
         let sent = Instant::now();
         let store = self.store();

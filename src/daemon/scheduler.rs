@@ -4,7 +4,9 @@
 //! sleeps until the earliest instant (at most [`MAX_SLEEP`], so a stepped
 //! wall clock shifts firings by at most that much). Each due occurrence
 //! becomes its own task ([`Occurrence`]). A reload replaces the job list
-//! without touching runs in progress.
+//! without touching runs in progress. Once the daemon drains, the loop
+//! fires nothing and polls no triggers (the other nodes take the instants
+//! at once); it only goes on turning for systemd's watchdog until the stop.
 //!
 //! *Invariant:* the job list is held once, here: with croner's schedules at
 //! about 5 KB each, every copy of 1,000 jobs costs 5 MB.
@@ -105,8 +107,31 @@ impl Scheduler {
             tokio::select! {
                 biased;
                 _ = self.shared.shutdown.cancelled() => return,
+                _ = self.shared.draining.cancelled() => return self.drain(next_ping).await,
                 Some(jobs) = reloads.recv() => self.apply(jobs, true),
                 _ = tokio::time::sleep(sleep_for) => self.fire_due(),
+            }
+        }
+    }
+
+    /// While the daemon drains: nothing is fired or polled; the loop only
+    /// turns for systemd's watchdog (and `/livez`) until the stop, so a
+    /// drain longer than `WatchdogSec=` is not mistaken for a hang.
+    async fn drain(self, mut next_ping: tokio::time::Instant) {
+        loop {
+            crate::metrics::loop_turned();
+            let mut wait = MAX_SLEEP;
+            if let Some(every) = self.shared.watchdog {
+                let t = tokio::time::Instant::now();
+                if t >= next_ping {
+                    super::ping_watchdog();
+                    next_ping = t + every;
+                }
+                wait = wait.min(next_ping - t);
+            }
+            tokio::select! {
+                _ = self.shared.shutdown.cancelled() => return,
+                _ = tokio::time::sleep(wait) => {}
             }
         }
     }

@@ -146,12 +146,30 @@ impl<'a> Watch<'a> {
         let kill_at = (now + self.spec.timing.kill_grace).min(self.kill_deadline());
         self.cancel = Some(Cancel { reason, kill_at });
         if now >= kill_at {
-            events::job_cancelled(&self.spec.job, self.lease.token, reason.as_str(), "SIGKILL");
+            self.cancelled(reason, "SIGKILL");
             job.signal(Signal::SIGKILL);
             self.killed = true;
         } else {
-            events::job_cancelled(&self.spec.job, self.lease.token, reason.as_str(), "SIGTERM");
+            self.cancelled(reason, "SIGTERM");
             job.signal(Signal::SIGTERM);
+        }
+    }
+
+    /// Logs `job_cancelled`, except for a shutdown: a run stopped by a
+    /// shutdown is not a failure and reports itself once, at its end
+    /// (`job_stopped`, with the last signal it was sent).
+    fn cancelled(&self, reason: CancelReason, signal: &str) {
+        if reason != CancelReason::Shutdown {
+            events::job_cancelled(&self.spec.job, self.lease.token, reason.as_str(), signal);
+        }
+    }
+
+    /// The last signal this loop sent the job, if it sent one.
+    pub(super) fn sent_signal(&self) -> Option<&'static str> {
+        match (self.killed, self.cancel) {
+            (true, _) => Some("SIGKILL"),
+            (false, Some(_)) => Some("SIGTERM"),
+            (false, None) => None,
         }
     }
 
@@ -219,7 +237,7 @@ impl<'a> Watch<'a> {
                         self.cancel = Some(Cancel { reason: CancelReason::LeaseUnconfirmed, kill_at: Instant::now() });
                     }
                     let reason = self.cancel.map_or(CancelReason::LeaseUnconfirmed, |c| c.reason);
-                    events::job_cancelled(&self.spec.job, self.lease.token, reason.as_str(), "SIGKILL");
+                    self.cancelled(reason, "SIGKILL");
                     job.signal(Signal::SIGKILL);
                     self.killed = true;
                 }

@@ -308,7 +308,7 @@ impl Supervisor {
         let cancelled = watch.cancel_reason();
         let outcome = outcome_of(exit_code, cancelled, watch.lost());
         let duration = started.elapsed();
-        events::job_finished(&events::JobEnd {
+        let ended = events::JobEnd {
             job: &spec.job,
             resource: spec.resource.as_str(),
             node: &self.node,
@@ -318,7 +318,11 @@ impl Supervisor {
             exit_code,
             signal,
             duration,
-        });
+        };
+        events::job_finished(&ended);
+        if outcome == events::Outcome::Shutdown {
+            events::job_stopped(&ended, watch.sent_signal().unwrap_or("SIGTERM"));
+        }
         if let (Some(code), Some(stale_code)) = (exit_code, spec.stale_exit_code) {
             if code == stale_code {
                 self.job_reported_stale(spec, &lease).await;

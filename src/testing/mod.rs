@@ -1,9 +1,11 @@
 //! Test support compiled only for the crate's own tests (`cfg(test)`): an
 //! in-memory [`store::MemoryStore`] with injected faults and a fake job
-//! ([`job::FakeLauncher`]), so that the supervisor's deadline loop and the
+//! ([`job::FakeLauncher`]), and the events a test logged
+//! ([`events::Captured`]), so that the supervisor's deadline loop and the
 //! daemon's occurrence policy run in-process on tokio's paused clock. None
 //! of it ships: the binary knows only the SQL backends.
 
+pub(crate) mod events;
 pub(crate) mod job;
 pub(crate) mod store;
 mod store_tests;

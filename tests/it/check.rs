@@ -174,6 +174,31 @@ fn node_max_running_out_of_range() {
 }
 
 #[test]
+fn node_shutdown_grace_must_be_a_duration_of_at_most_a_day() {
+    for (grace, says) in [
+        ("\"soon\"", "is not a duration"),
+        ("\"2d\"", "longer than 24h"),
+        ("30", "invalid type"),
+    ] {
+        let msg = expect_error(
+            &format!("[node]\nshutdown_grace = {grace}\n{JOB_A}"),
+            2,
+            Some("node.shutdown_grace"),
+        );
+        assert!(msg.contains(says), "{grace}: {msg}");
+    }
+    for grace in ["0s", "24h"] {
+        let (_d, _p, out) = check(&format!("[node]\nshutdown_grace = \"{grace}\"\n{JOB_A}"));
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{grace}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+#[test]
 fn store_max_connections_out_of_range() {
     for n in ["0", "65", "-1"] {
         let msg = expect_error(

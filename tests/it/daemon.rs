@@ -1369,18 +1369,23 @@ fn store_unreachable_mid_run_postgres() {
 // ---------------------------------------------------------------------------
 // 4. Signals
 
+/// SIGTERM with `shutdown_grace = "0s"`: no drain, the job is stopped at
+/// once.
 #[test]
-fn sigterm_stops_job_releases_lease_exits_0_sqlite() {
+fn sigterm_with_no_shutdown_grace_stops_job_releases_lease_exits_0_sqlite() {
     shutdown_on(Signal::SIGTERM);
 }
 
+/// SIGINT stops at once, whatever `shutdown_grace` says (here an hour).
 #[test]
 fn sigint_stops_job_releases_lease_exits_0_sqlite() {
     shutdown_on(Signal::SIGINT);
 }
 
 /// `sig` while a job runs: the job's whole process group is terminated
-/// (SIGTERM, then SIGKILL after the grace), the lease released, exit 0.
+/// (SIGTERM, then SIGKILL after the grace), the lease released, exit 0;
+/// the run is not a failure (`job_stopped`, no `job_failed`, no
+/// `job_cancelled`).
 fn shutdown_on(sig: Signal) {
     let store = TestStore::new(Backend::Sqlite, "shutdown").expect("sqlite");
     let dir = tempfile::tempdir().expect("temp dir");
@@ -1399,6 +1404,15 @@ fn shutdown_on(sig: Signal) {
         "",
         &[job_toml(&job, "*/2 * * * * *", &argv, "lease = \"5s\"")],
     );
+    // SIGTERM: no drain at all; SIGINT: stops at once however long the
+    // drain would be.
+    let grace = if sig == Signal::SIGTERM { "0s" } else { "1h" };
+    let text = std::fs::read_to_string(&config).expect("jobs.toml");
+    std::fs::write(
+        &config,
+        format!("[node]\nshutdown_grace = \"{grace}\"\n{text}"),
+    )
+    .expect("jobs.toml");
     let mut d = Daemon::spawn(DaemonOpts::new(
         &format!("{sig}").to_lowercase(),
         &config,
@@ -1429,15 +1443,11 @@ fn shutdown_on(sig: Signal) {
             .unwrap_or_else(|| panic!("no {what}: {}", d.summary()))
     };
     let stopping = pos(&|e| is(e, "daemon_stopping"), "daemon_stopping");
-    let cancelled = pos(
-        &|e| is(e, "job_cancelled") && token_of(e) == token,
-        "job_cancelled",
-    );
     assert_eq!(
-        str_field(&all[cancelled], "reason"),
-        Some("shutdown"),
+        i64_field(&all[stopping], "drain_ms"),
+        Some(0),
         "{}",
-        all[cancelled]
+        all[stopping]
     );
     let finished = pos(
         &|e| is(e, "job_finished") && token_of(e) == token,
@@ -1453,21 +1463,30 @@ fn shutdown_on(sig: Signal) {
         str_field(&started, "scheduled_at"),
         "{fin}"
     );
-    assert!(
-        all.iter().any(|e| is(e, "job_failed")
-            && token_of(e) == token
-            && str_field(e, "level") == Some("WARN")),
-        "a run ended by shutdown logs job_failed at WARN: {}",
-        d.summary()
+    let stopped_run = pos(
+        &|e| is(e, "job_stopped") && token_of(e) == token,
+        "job_stopped",
     );
+    let st = &all[stopped_run];
+    assert_eq!(str_field(st, "level"), Some("INFO"), "{st}");
+    assert_eq!(str_field(st, "reason"), Some("shutdown"), "{st}");
+    assert_eq!(str_field(st, "signal"), Some("SIGKILL"), "{st}");
+    assert!(finished < stopped_run, "job_stopped after job_finished");
+    for event in ["job_failed", "job_cancelled"] {
+        assert!(
+            d.events(event).is_empty(),
+            "a run ended by a shutdown is not a failure: {}",
+            d.summary()
+        );
+    }
     let released = pos(
         &|e| is(e, "lease_released") && token_of(e) == token,
         "lease_released",
     );
     let stopped = pos(&|e| is(e, "daemon_stopped"), "daemon_stopped");
     assert!(
-        stopping < cancelled && cancelled < finished && finished < released && released < stopped,
-        "shutdown order: daemon_stopping@{stopping} job_cancelled@{cancelled} job_finished@{finished} \
+        stopping < finished && finished < released && released < stopped,
+        "shutdown order: daemon_stopping@{stopping} job_finished@{finished} \
          lease_released@{released} daemon_stopped@{stopped}"
     );
     assert_eq!(str_field(&all[released], "job"), Some(job.as_str()));

@@ -866,7 +866,7 @@ fn systemd_ready_waits_for_the_store_and_the_watchdog_is_pinged_postgres() {
 }
 
 /// Datagrams on `sock` until a line of one matches `want`: all of them.
-fn recv_until_line(
+pub(crate) fn recv_until_line(
     sock: &UnixDatagram,
     want: impl Fn(&str) -> bool,
     timeout: Duration,
@@ -1168,10 +1168,11 @@ fn hung_store_across_an_instant_still_runs_it_postgres() {
     );
 }
 
-/// SIGTERM while an acquire is in flight (a rolling restart at the top of a
-/// minute): the daemon stops waiting for it, but should the acquire still
-/// win once the store answers, that lease is released before the daemon
-/// exits, so the other nodes are not locked out of the job for a lease.
+/// A stop (SIGINT) while an acquire is in flight: the daemon stops waiting
+/// for it, but should the acquire still win once the store answers, that
+/// lease is released before the daemon exits, so the other nodes are not
+/// locked out of the job for a lease. (A drain, SIGTERM, waits for the
+/// answer instead and runs a win: `tests/it/drain.rs`.)
 #[test]
 fn shutdown_releases_an_acquire_in_flight_postgres() {
     let Some(store) = TestStore::new(Backend::Postgres, "shutdown_releases_an_acquire_in_flight")
@@ -1212,7 +1213,7 @@ fn shutdown_releases_an_acquire_in_flight_postgres() {
     std::thread::sleep(Duration::from_millis(
         u64::try_from(next_instant_ms + 500 - now_ms).unwrap(),
     ));
-    d.signal(Signal::SIGTERM);
+    d.signal(Signal::SIGINT);
     d.expect_from(cut, "daemon_stopping", ev("daemon_stopping"), secs(5));
     std::thread::sleep(Duration::from_millis(300));
     proxy.release();

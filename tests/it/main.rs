@@ -23,6 +23,7 @@ mod cli;
 mod daemon;
 mod daemon_faults;
 mod disk_full;
+mod drain;
 mod failover;
 mod fencing;
 mod fleet;

@@ -345,10 +345,11 @@ impl Daemon {
         self.status
     }
 
-    /// SIGTERM and wait for the exit status.
+    /// SIGINT (stop at once, whatever `node.shutdown_grace` says; a
+    /// SIGTERM would first drain) and wait for the exit status.
     pub fn stop(&mut self, timeout: Duration) -> Option<ExitStatus> {
         if self.is_running() {
-            self.signal(Signal::SIGTERM);
+            self.signal(Signal::SIGINT);
         }
         self.wait_exit(timeout)
     }
