@@ -12,15 +12,24 @@
 //!   Both are absolute `CLOCK_MONOTONIC` nanoseconds, read with a raw system
 //!   call so that a faked libc clock (libfaketime) cannot shift them; every
 //!   renewal the daemon confirms moves them later through the control pipe
-//!   (fd 3, lines `D TERM_AT KILL_AT`);
+//!   (fd 3, lines `D TERM_AT KILL_AT`). When the daemon terminates the job
+//!   itself it says so first (`T`: SIGTERM sent, SIGKILL after the grace;
+//!   `K`: SIGKILL sent), so the shim kills by the same points;
 //! * when the control pipe reaches end-of-file, its daemon is gone (crash,
 //!   SIGKILL, OOM kill, abort): SIGTERM at once, SIGKILL after the grace but
 //!   never after `KILL_AT`;
 //! * SIGTERM, SIGINT or SIGHUP sent to the shim itself is handled the same
 //!   way instead of leaving the job behind;
-//! * when the job's leader exits, whatever is left of its group is SIGKILLed
+//! * when the job's leader exits, whatever is left of its tree is SIGKILLed
 //!   and the shim exits the way the job did (same code, or the same signal),
 //!   so its parent sees the job's status.
+//!
+//! Every signal goes to the job's whole tree ([`crate::proctree`]): its
+//! process group and every descendant in any session or group. The shim is
+//! a child subreaper, so a helper the job daemonised (double fork, `setsid`)
+//! is re-parented to it and still found; it exits only once it has no child
+//! left, so its parent, which releases the lease after the shim's exit,
+//! never releases it while part of the job still runs.
 //!
 //! A stopped daemon (SIGSTOP, a blocked runtime) confirms no renewal, so the
 //! deadlines it last sent fire here. The job's leader also gets
@@ -37,7 +46,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::process::Command;
 
-use nix::sys::signal::{killpg, SigSet, Signal};
+use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
@@ -102,15 +111,31 @@ impl Deadlines {
         self.kill_at = self.kill_at.min(now.saturating_add(self.grace_ns));
     }
 
-    /// Sends whatever signal is due; returns milliseconds until the next
-    /// deadline (`-1`: none left).
+    /// The daemon has sent SIGTERM to the job's tree itself (a timeout, a
+    /// lost lease, a shutdown): the termination is under way, SIGKILL
+    /// follows after the grace, and the rest of the tree keeps that grace
+    /// should the leader exit first.
+    fn terminating(&mut self, now: u64) {
+        self.term_sent = true;
+        self.kill_at = self.kill_at.min(now.saturating_add(self.grace_ns));
+    }
+
+    /// The daemon has sent SIGKILL to the job's tree: so does the shim, now,
+    /// and it then waits for the whole tree to be gone.
+    fn kill_now(&mut self, now: u64) {
+        self.term_sent = true;
+        self.kill_at = self.kill_at.min(now);
+    }
+
+    /// Sends whatever signal is due to the job's tree; returns milliseconds
+    /// until the next deadline (`-1`: none left).
     fn fire(&mut self, pgid: Pid, now: u64) -> i32 {
         if !self.kill_sent && now >= self.kill_at {
-            let _ = killpg(pgid, Signal::SIGKILL);
+            signal_tree(pgid, Signal::SIGKILL);
             self.kill_sent = true;
             self.term_sent = true;
         } else if !self.term_sent && now >= self.term_at {
-            let _ = killpg(pgid, Signal::SIGTERM);
+            signal_tree(pgid, Signal::SIGTERM);
             self.term_sent = true;
         }
         let next = if self.kill_sent {
@@ -196,6 +221,17 @@ pub fn main(args: Vec<OsString>) -> ! {
         Err(e) => fail(&mut status, &format!("cannot create a signalfd: {e}")),
     };
 
+    // Orphaned descendants (a daemonising double fork) come back to the
+    // shim instead of PID 1, so none is out of its reach.
+    // SAFETY: prctl with integer arguments on this process.
+    if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } != 0 {
+        let e = std::io::Error::last_os_error();
+        fail(
+            &mut status,
+            &format!("cannot become the job's subreaper (prctl PR_SET_CHILD_SUBREAPER): {e}; allow prctl to the daemon"),
+        );
+    }
+
     let shim_pid = std::process::id() as i32;
     let mut cmd = Command::new(&argv[0]);
     cmd.args(&argv[1..]).process_group(0);
@@ -237,8 +273,22 @@ pub fn main(args: Vec<OsString>) -> ! {
     // SAFETY: fd 3 was set up by the daemon for this process alone.
     let mut ctl: Option<OwnedFd> = Some(unsafe { OwnedFd::from_raw_fd(CTL_FD) });
     let mut pending = Vec::<u8>::new();
+    // The leader's status once it has exited; the shim may still wait for
+    // the rest of the tree (see below).
+    let mut leader: Option<Exit> = None;
+    let mut children_left = true;
     let exit = loop {
         let timeout = deadlines.fire(pid, monotonic_ns());
+        if let Some(e) = leader.take() {
+            // The leader exited on its own: nothing else of the job may
+            // outlive it. During a termination the rest of the tree has its
+            // grace (SIGTERM went to all of it), until it is gone or the
+            // SIGKILL point.
+            if !deadlines.term_sent || deadlines.kill_sent || !children_left {
+                break e;
+            }
+            leader = Some(e);
+        }
         let mut fds = vec![libc::pollfd {
             fd: sfd.as_raw_fd(),
             events: libc::POLLIN,
@@ -265,27 +315,59 @@ pub fn main(args: Vec<OsString>) -> ! {
             }
         }
         if fds[0].revents != 0 {
-            let mut exited = None;
             while let Ok(Some(info)) = sfd.read_signal() {
                 match Signal::try_from(info.ssi_signo as i32) {
                     Ok(Signal::SIGCHLD) => {
-                        if let Some(e) = reap(pid) {
-                            exited = Some(e);
+                        let (e, left) = reap(pid);
+                        children_left = left;
+                        if e.is_some() {
+                            leader = e;
                         }
                     }
                     Ok(_) => deadlines.terminate_now(monotonic_ns()),
                     Err(_) => {}
                 }
             }
-            if let Some(e) = exited {
-                break e;
-            }
         }
     };
-    // The leader is gone; nothing else of the job may outlive it.
-    let _ = killpg(pid, Signal::SIGKILL);
+    // The shim's exit (after which the lease is released) waits for all of
+    // the job's tree to be gone.
+    kill_tree_until_empty(pid, &sfd);
     drop(child);
     exit_like(exit)
+}
+
+/// Sends `sig` to the job's group and to every descendant of the shim.
+fn signal_tree(pgid: Pid, sig: Signal) {
+    crate::proctree::signal_tree(std::process::id() as i32, pgid.as_raw(), sig);
+}
+
+/// SIGKILLs the job's group and every descendant of the shim, again and
+/// again, reaping as they die, until the shim has no child left: a
+/// process can fork between one walk of the tree and its kill, and a
+/// killed parent's children come back to the shim (the subreaper) only
+/// once it is dead.
+fn kill_tree_until_empty(pgid: Pid, sfd: &SignalFd) {
+    loop {
+        signal_tree(pgid, Signal::SIGKILL);
+        loop {
+            match waitpid(None::<Pid>, Some(WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::StillAlive) => break,
+                Ok(_) | Err(nix::errno::Errno::EINTR) => continue,
+                // ECHILD: nothing of the job is left.
+                Err(_) => return,
+            }
+        }
+        // Wait for the next child to die (SIGCHLD), or walk again soon.
+        while let Ok(Some(_)) = sfd.read_signal() {}
+        let mut fds = [libc::pollfd {
+            fd: sfd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        }];
+        // SAFETY: `fds` is a live array of one pollfd.
+        unsafe { libc::poll(fds.as_mut_ptr(), 1, 20) };
+    }
 }
 
 /// Reads what the control pipe holds and applies every complete line.
@@ -306,12 +388,17 @@ fn read_control(fd: RawFd, pending: &mut Vec<u8>, deadlines: &mut Deadlines) -> 
         let line: Vec<u8> = pending.drain(..=end).collect();
         let line = String::from_utf8_lossy(&line);
         let mut f = line.split_whitespace();
-        if f.next() == Some("D") {
-            let term = f.next().and_then(|v| v.parse().ok());
-            let kill = f.next().and_then(|v| v.parse().ok());
-            if let (Some(t), Some(k)) = (term, kill) {
-                deadlines.confirm(t, k);
+        match f.next() {
+            Some("D") => {
+                let term = f.next().and_then(|v| v.parse().ok());
+                let kill = f.next().and_then(|v| v.parse().ok());
+                if let (Some(t), Some(k)) = (term, kill) {
+                    deadlines.confirm(t, k);
+                }
             }
+            Some("T") => deadlines.terminating(monotonic_ns()),
+            Some("K") => deadlines.kill_now(monotonic_ns()),
+            _ => {}
         }
     }
     false
@@ -323,14 +410,23 @@ enum Exit {
     Signal(i32),
 }
 
-/// Reaps the job's leader if it has exited.
-fn reap(pid: Pid) -> Option<Exit> {
-    match waitpid(pid, Some(WaitPidFlag::WNOHANG)) {
-        Ok(WaitStatus::Exited(_, code)) => Some(Exit::Code(code)),
-        Ok(WaitStatus::Signaled(_, sig, _)) => Some(Exit::Signal(sig as i32)),
-        Ok(_) => None,
-        // ECHILD: already reaped; should not happen, but do not spin.
-        Err(_) => Some(Exit::Code(1)),
+/// Reaps every child that has exited: the job's leader (its status, if it
+/// is among them) and descendants re-parented to the shim. Also says
+/// whether the shim has any child left.
+fn reap(pid: Pid) -> (Option<Exit>, bool) {
+    let mut leader = None;
+    loop {
+        match waitpid(None::<Pid>, Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::Exited(p, code)) if p == pid => leader = Some(Exit::Code(code)),
+            Ok(WaitStatus::Signaled(p, sig, _)) if p == pid => {
+                leader = Some(Exit::Signal(sig as i32))
+            }
+            Ok(WaitStatus::StillAlive) => return (leader, true),
+            Ok(_) | Err(nix::errno::Errno::EINTR) => continue,
+            // ECHILD: no child left. (Without the leader's status it was
+            // reaped already; should not happen, but do not spin.)
+            Err(_) => return (leader.or(Some(Exit::Code(1))), false),
+        }
     }
 }
 
@@ -393,6 +489,24 @@ mod tests {
         assert_eq!(x.kill_at, 6_000);
         x.confirm(3_000, 4_000);
         assert_eq!(x.kill_at, 4_000);
+    }
+
+    #[test]
+    fn the_daemons_termination_keeps_the_grace_and_the_lease_deadline() {
+        // SIGTERM sent by the daemon: SIGKILL after the grace...
+        let mut x = d();
+        x.terminating(100);
+        assert!(x.term_sent && !x.kill_sent);
+        assert_eq!(x.kill_at, 600);
+        // ...but never after the lease deadline.
+        let mut x = d();
+        x.terminating(1_800);
+        assert_eq!(x.kill_at, 2_000);
+        // SIGKILL sent by the daemon: the shim's is due at once.
+        let mut x = d();
+        x.kill_now(300);
+        assert_eq!(x.kill_at, 300);
+        assert!(x.term_sent);
     }
 
     #[test]

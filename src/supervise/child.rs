@@ -58,7 +58,8 @@ pub(crate) trait JobProcess: Send {
     fn output_tail(&self) -> String {
         String::new()
     }
-    /// Sends `sig` to the job's process group.
+    /// Sends `sig` to the job's whole tree: its process group and every
+    /// other process it started, in any session or group.
     fn signal(&mut self, sig: Signal);
     /// Hands newly confirmed deadlines to the watchdog, which enforces them
     /// even if this process stops or dies. A failed hand-over only leaves
@@ -68,7 +69,8 @@ pub(crate) trait JobProcess: Send {
     async fn wait(&mut self) -> std::io::Result<ExitStatus>;
     /// After the job's leader ended: kills whatever is left of its group
     /// (a grandchild could still hold the token) and waits for its output
-    /// to be logged.
+    /// to be logged. The watchdog has already killed the rest of the tree
+    /// before it exited.
     async fn reap(&mut self);
 }
 
@@ -315,7 +317,24 @@ impl JobProcess for ShimJob {
     }
 
     fn signal(&mut self, sig: Signal) {
-        let _ = killpg(Pid::from_raw(self.pid as i32), sig);
+        // The watchdog learns first that a termination is under way, so
+        // that a leader exiting on this SIGTERM does not cut the rest of the
+        // tree's grace short; it SIGKILLs after the grace by its own clock.
+        let line: &[u8] = match sig {
+            Signal::SIGTERM => b"T\n",
+            Signal::SIGKILL => b"K\n",
+            _ => b"",
+        };
+        let _ = self.ctl.write_all(line);
+        // Also here, not only through the watchdog: a watchdog that cannot
+        // act (stopped by someone) must not keep the signal from the job.
+        // Its descendants are the job's tree; it is not signalled itself.
+        match self.child.id() {
+            Some(watchdog) => crate::proctree::signal_tree(watchdog as i32, self.pid as i32, sig),
+            None => {
+                let _ = killpg(Pid::from_raw(self.pid as i32), sig);
+            }
+        }
     }
 
     fn confirm(&mut self, term_at: Instant, kill_at: Instant) {
