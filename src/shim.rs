@@ -43,6 +43,7 @@
 use std::ffi::OsString;
 use std::io::Write;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::CommandExt;
 use std::process::Command;
 
@@ -50,6 +51,8 @@ use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
+
+use crate::proctree::RunCgroup;
 
 /// The first argument that selects the shim.
 pub const SHIM_ARG: &str = "__shim";
@@ -156,17 +159,41 @@ fn fail(status: &mut std::fs::File, msg: &str) -> ! {
     std::process::exit(127);
 }
 
-/// Parses `TERM_AT KILL_AT GRACE_MS -- CMD ARGS…`.
-fn parse(args: &[OsString]) -> Option<(u64, u64, u64, Vec<OsString>)> {
+/// What the daemon asks of the shim.
+struct Args {
+    term_at: u64,
+    kill_at: u64,
+    grace_ms: u64,
+    /// The run's cgroup, created by the daemon, where it has one.
+    cgroup: Option<std::path::PathBuf>,
+    argv: Vec<OsString>,
+}
+
+/// Parses `TERM_AT KILL_AT GRACE_MS [CGROUP] -- CMD ARGS…`.
+fn parse(args: &[OsString]) -> Option<Args> {
     let num = |a: &OsString| a.to_str()?.parse::<u64>().ok();
     let term_at = num(args.first()?)?;
     let kill_at = num(args.get(1)?)?;
     let grace_ms = num(args.get(2)?)?;
-    if args.get(3)?.to_str()? != "--" || args.len() < 5 {
+    let (cgroup, rest) = match args.get(3)? {
+        a if a == "--" => (None, 4),
+        a => (Some(std::path::PathBuf::from(a)), 5),
+    };
+    if args.get(rest - 1)? != "--" || args.len() <= rest {
         return None;
     }
-    Some((term_at, kill_at, grace_ms, args[4..].to_vec()))
+    Some(Args {
+        term_at,
+        kill_at,
+        grace_ms,
+        cgroup,
+        argv: args[rest..].to_vec(),
+    })
 }
+
+/// The run's cgroup, when the daemon gave one: signalled with the rest of
+/// the tree, and emptied before the shim exits.
+static CGROUP: std::sync::OnceLock<RunCgroup> = std::sync::OnceLock::new();
 
 /// The shim's entry point; `args` are those after [`SHIM_ARG`]. Never
 /// returns: it exits the way the job did.
@@ -194,7 +221,14 @@ pub fn main(args: Vec<OsString>) -> ! {
     // SAFETY: fd 4 was set up by the daemon for this process alone; if it
     // is not open, writes fail and are ignored.
     let mut status = unsafe { std::fs::File::from_raw_fd(STATUS_FD) };
-    let Some((term_at, kill_at, grace_ms, argv)) = parse(&args) else {
+    let Some(Args {
+        term_at,
+        kill_at,
+        grace_ms,
+        cgroup,
+        argv,
+    }) = parse(&args)
+    else {
         fail(
             &mut status,
             "fencecron __shim: internal use only (TERM_AT KILL_AT GRACE_MS -- CMD…)",
@@ -232,6 +266,21 @@ pub fn main(args: Vec<OsString>) -> ! {
         );
     }
 
+    // The job moves itself into the run's cgroup before it execs (the
+    // path is made ready here: nothing may allocate after the fork).
+    let procs = match &cgroup {
+        Some(dir) => {
+            let run = RunCgroup::at(dir.clone());
+            let procs = std::ffi::CString::new(run.procs_file().as_os_str().as_bytes());
+            let _ = CGROUP.set(run);
+            match procs {
+                Ok(p) => Some(p),
+                Err(_) => fail(&mut status, "the run's cgroup path holds a NUL byte"),
+            }
+        }
+        None => None,
+    };
+
     let shim_pid = std::process::id() as i32;
     let mut cmd = Command::new(&argv[0]);
     cmd.args(&argv[1..]).process_group(0);
@@ -251,6 +300,18 @@ pub fn main(args: Vec<OsString>) -> ! {
             // The shim died between fork and prctl: do not run unwatched.
             if libc::getppid() != shim_pid {
                 return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            if let Some(procs) = &procs {
+                let fd = libc::open(procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+                if fd < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                let written = libc::write(fd, b"0".as_ptr().cast(), 1);
+                let err = std::io::Error::last_os_error();
+                libc::close(fd);
+                if written != 1 {
+                    return Err(err);
+                }
             }
             Ok(())
         });
@@ -339,11 +400,12 @@ pub fn main(args: Vec<OsString>) -> ! {
 
 /// Sends `sig` to the job's group and to every descendant of the shim.
 fn signal_tree(pgid: Pid, sig: Signal) {
-    crate::proctree::signal_tree(std::process::id() as i32, pgid.as_raw(), sig);
+    crate::proctree::signal_tree(std::process::id() as i32, pgid.as_raw(), CGROUP.get(), sig);
 }
 
-/// SIGKILLs the job's group and every descendant of the shim, again and
-/// again, reaping as they die, until the shim has no child left: a
+/// SIGKILLs the job's group, every descendant of the shim and its cgroup,
+/// again and again, reaping as they die, until the shim has no child left
+/// and the cgroup is empty: a
 /// process can fork between one walk of the tree and its kill, and a
 /// killed parent's children come back to the shim (the subreaper) only
 /// once it is dead.
@@ -354,8 +416,11 @@ fn kill_tree_until_empty(pgid: Pid, sfd: &SignalFd) {
             match waitpid(None::<Pid>, Some(WaitPidFlag::WNOHANG)) {
                 Ok(WaitStatus::StillAlive) => break,
                 Ok(_) | Err(nix::errno::Errno::EINTR) => continue,
-                // ECHILD: nothing of the job is left.
-                Err(_) => return,
+                // ECHILD: no child left; nothing of the job, unless in its
+                // cgroup (re-parented elsewhere before the shim became the
+                // subreaper cannot happen; moved there by someone else can).
+                Err(_) if CGROUP.get().is_none_or(RunCgroup::is_empty) => return,
+                Err(_) => break,
             }
         }
         // Wait for the next child to die (SIGCHLD), or walk again soon.
@@ -515,11 +580,25 @@ mod tests {
             .iter()
             .map(Into::into)
             .collect();
+        let p = parse(&a).expect("parsed");
         assert_eq!(
-            parse(&a).map(|p| (p.0, p.1, p.2, p.3.len())),
-            Some((1, 2, 3, 1))
+            (p.term_at, p.kill_at, p.grace_ms, p.argv.len()),
+            (1, 2, 3, 1)
         );
-        let a: Vec<OsString> = ["1", "2", "3", "--"].iter().map(Into::into).collect();
-        assert!(parse(&a).is_none());
+        assert!(p.cgroup.is_none());
+        let a: Vec<OsString> = ["1", "2", "3", "/cg/run", "--", "true", "x"]
+            .iter()
+            .map(Into::into)
+            .collect();
+        let p = parse(&a).expect("parsed");
+        assert_eq!(p.cgroup.as_deref(), Some(std::path::Path::new("/cg/run")));
+        assert_eq!(p.argv.len(), 2);
+        for bad in [
+            &["1", "2", "3", "--"][..],
+            &["1", "2", "3", "/cg", "true"][..],
+        ] {
+            let a: Vec<OsString> = bad.iter().map(Into::into).collect();
+            assert!(parse(&a).is_none(), "{bad:?}");
+        }
     }
 }

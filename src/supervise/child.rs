@@ -23,6 +23,7 @@ use tokio::time::Instant;
 
 use crate::events;
 use crate::job_env::ChildEnv;
+use crate::proctree::{Cgroups, RunCgroup};
 use crate::shim;
 use crate::store::{rfc3339, Lease, Token};
 
@@ -42,6 +43,12 @@ pub(crate) trait Launch: Send + Sync {
         term_at: Instant,
         kill_at: Instant,
     ) -> Result<Box<dyn JobProcess>, String>;
+
+    /// How a run's whole tree is stopped (`cgroup` or `subreaper`), for
+    /// the log.
+    fn process_tree(&self) -> &'static str {
+        "subreaper"
+    }
 }
 
 /// A started job, as the supervisor sees it.
@@ -82,6 +89,9 @@ pub(crate) struct ShimLauncher {
     /// `fencecron put/get` inside it reach this store, and the store's
     /// credentials kept out of it.
     child_env: ChildEnv,
+    /// The cgroup v2 delegated to this process, where each run gets its
+    /// own; `None`: the watchdog as subreaper alone stops the tree.
+    cgroups: Option<Cgroups>,
 }
 
 impl ShimLauncher {
@@ -89,6 +99,7 @@ impl ShimLauncher {
         ShimLauncher {
             shim: ShimProgram::locate(),
             child_env,
+            cgroups: Cgroups::detect(),
         }
     }
 }
@@ -150,6 +161,45 @@ impl Launch for ShimLauncher {
         term_at: Instant,
         kill_at: Instant,
     ) -> Result<Box<dyn JobProcess>, String> {
+        let cgroup = match &self.cgroups {
+            Some(c) => Some(c.create(&lease.owner_id.to_string()).map_err(|e| {
+                format!(
+                    "cannot create the run's cgroup under {}: {e}",
+                    c.base().display()
+                )
+            })?),
+            None => None,
+        };
+        match self
+            .spawn(spec, lease, node, term_at, kill_at, cgroup.as_ref())
+            .await
+        {
+            Ok(job) => Ok(job),
+            Err(e) => {
+                if let Some(cg) = &cgroup {
+                    let _ = cg.remove();
+                }
+                Err(e)
+            }
+        }
+    }
+
+    fn process_tree(&self) -> &'static str {
+        crate::proctree::mechanism(self.cgroups.as_ref())
+    }
+}
+
+impl ShimLauncher {
+    /// Starts the watchdog (and through it the job, in `cgroup` if given).
+    async fn spawn(
+        &self,
+        spec: &RunSpec,
+        lease: &Lease,
+        node: &str,
+        term_at: Instant,
+        kill_at: Instant,
+        cgroup: Option<&RunCgroup>,
+    ) -> Result<Box<dyn JobProcess>, String> {
         let io = |what: &str, e: std::io::Error| format!("{what}: {e}");
         let (ctl_r, ctl_w) = pipe_pair().map_err(|e| io("cannot create a pipe", e))?;
         let (st_r, st_w) = pipe_pair().map_err(|e| io("cannot create a pipe", e))?;
@@ -168,6 +218,7 @@ impl Launch for ShimLauncher {
         cmd.arg(to_monotonic(term_at).to_string())
             .arg(to_monotonic(kill_at).to_string())
             .arg(spec.timing.kill_grace.as_millis().to_string())
+            .args(cgroup.map(|c| c.path().as_os_str()))
             .arg("--")
             .args(&spec.command)
             .envs(&spec.env)
@@ -245,6 +296,7 @@ impl Launch for ShimLauncher {
                         return Ok(Box::new(ShimJob {
                             child,
                             pid,
+                            cgroup: cgroup.cloned(),
                             ctl,
                             forwarders: Vec::new(),
                             tail: OutputTail::new(0),
@@ -271,6 +323,8 @@ struct ShimJob {
     child: Child,
     /// The job's pid, which is also its process group.
     pid: u32,
+    /// The run's cgroup, if it has one.
+    cgroup: Option<RunCgroup>,
     /// The control pipe: confirmed deadlines go down it. Closing it (this
     /// process dying included) tells the watchdog to terminate the job.
     ctl: std::fs::File,
@@ -330,7 +384,12 @@ impl JobProcess for ShimJob {
         // act (stopped by someone) must not keep the signal from the job.
         // Its descendants are the job's tree; it is not signalled itself.
         match self.child.id() {
-            Some(watchdog) => crate::proctree::signal_tree(watchdog as i32, self.pid as i32, sig),
+            Some(watchdog) => crate::proctree::signal_tree(
+                watchdog as i32,
+                self.pid as i32,
+                self.cgroup.as_ref(),
+                sig,
+            ),
             None => {
                 let _ = killpg(Pid::from_raw(self.pid as i32), sig);
             }
@@ -348,6 +407,21 @@ impl JobProcess for ShimJob {
 
     async fn reap(&mut self) {
         let _ = killpg(Pid::from_raw(self.pid as i32), Signal::SIGKILL);
+        // The watchdog emptied the run's cgroup before it exited; should it
+        // have been killed itself, what the job left behind is still in
+        // there and dies now, before the lease is released.
+        if let Some(cg) = self.cgroup.take() {
+            loop {
+                cg.signal(Signal::SIGKILL);
+                if cg.is_empty() {
+                    break;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+            if let Err(e) = cg.remove() {
+                events::run_cgroup_left(&cg.path().display().to_string(), &e.to_string());
+            }
+        }
         for f in self.forwarders.drain(..) {
             let _ = f.await;
         }

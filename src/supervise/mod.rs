@@ -231,6 +231,12 @@ impl Supervisor {
         &self.node
     }
 
+    /// How each run's whole process tree is stopped: `cgroup` or
+    /// `subreaper` (see [`crate::proctree`]).
+    pub fn process_tree(&self) -> &'static str {
+        self.launcher.process_tree()
+    }
+
     /// Runs `spec` under `lease`, acquired by a call sent at `sent_at`.
     /// Returns once the child (and its process group) is gone and the lease
     /// released (or known lost).

@@ -441,3 +441,223 @@ fn exec_sigkill_kills_a_setsid_grandchild() {
         died - expiry
     );
 }
+
+// ---------------------------------------------------------------------------
+// The cgroup path: a daemon in a delegated cgroup v2 runs each job in a
+// cgroup of its own.
+
+/// A cgroup v2 made for one test below the test's own, marked delegated
+/// the way systemd marks a `Delegate=yes` unit's cgroup (`trusted.delegate
+/// = 1`). Emptied and removed, with whatever runs' cgroups are left in it,
+/// when dropped.
+struct DelegatedCgroup {
+    path: PathBuf,
+}
+
+impl DelegatedCgroup {
+    /// `None` (skipped loudly; a failure under `CI=true`) where the host has
+    /// no cgroup v2 this test may create a cgroup in (needs root).
+    fn new(test: &str) -> Option<DelegatedCgroup> {
+        let made = fencecron::proctree::own_cgroup_dir()
+            .ok_or_else(|| "no cgroup v2 is mounted".to_string())
+            .and_then(|own| {
+                let path = own.join(unique("fencecron-test"));
+                std::fs::create_dir(&path)
+                    .map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+                let cg = DelegatedCgroup { path };
+                set_xattr(&cg.path, "trusted.delegate", b"1")
+                    .map_err(|e| format!("cannot mark {} delegated: {e}", cg.path.display()))?;
+                Ok(cg)
+            });
+        match made {
+            Ok(cg) => Some(cg),
+            Err(why) if std::env::var("CI").as_deref() == Ok("true") => {
+                panic!("{test}: {why} (CI=true: the cgroup path must be tested)")
+            }
+            Err(why) => {
+                skipped!("SKIPPED {test}: {why}; run as root on a host with cgroup v2");
+                None
+            }
+        }
+    }
+
+    /// The run cgroups (`fencecron-…`) in it.
+    fn runs(&self) -> Vec<PathBuf> {
+        std::fs::read_dir(&self.path)
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.path())
+                    .filter(|p| p.is_dir())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+fn set_xattr(path: &Path, name: &str, value: &[u8]) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let p = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+    let n = std::ffi::CString::new(name).unwrap();
+    // SAFETY: NUL-terminated names and a live value buffer of its length.
+    let rc = unsafe {
+        libc::setxattr(
+            p.as_ptr(),
+            n.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            0,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// Kills everything in cgroup `dir` and removes it.
+fn remove_cgroup(dir: &Path) {
+    let deadline = Instant::now() + secs(10);
+    loop {
+        let _ = std::fs::write(dir.join("cgroup.kill"), "1");
+        if std::fs::remove_dir(dir).is_ok() || !dir.exists() || Instant::now() > deadline {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+impl Drop for DelegatedCgroup {
+    fn drop(&mut self) {
+        for run in self.runs() {
+            remove_cgroup(&run);
+        }
+        remove_cgroup(&self.path);
+    }
+}
+
+/// The cgroup v2 path of `pid` (`0::/PATH`).
+fn cgroup_of(pid: i32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("0::").map(str::to_string))
+        .unwrap_or_default()
+}
+
+/// The daemon says which mechanism it uses; outside a delegated cgroup it
+/// is the subreaper.
+#[test]
+fn daemon_started_names_the_subreaper_outside_a_delegated_cgroup_sqlite() {
+    if fencecron::proctree::Cgroups::detect().is_some() {
+        skipped!("SKIPPED: this test process itself runs in a delegated cgroup");
+        return;
+    }
+    let store = TestStore::new(Backend::Sqlite, "tree_mechanism").expect("sqlite");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (_, config) = one_job(dir.path(), &common::daemon::sh("true"), "");
+    let mut d = Daemon::spawn(DaemonOpts::new(&unique("tree-m"), &config, &store.url));
+    let started = d.expect("daemon_started", ev("daemon_started"), secs(30));
+    assert_eq!(
+        str_field(&started, "process_tree"),
+        Some("subreaper"),
+        "{started}"
+    );
+    d.stop(secs(20));
+}
+
+/// In a delegated cgroup: `process_tree` is `cgroup`, the job's helper in
+/// another session is in the run's own cgroup below it, and it dies with
+/// the daemon (SIGKILL) before the lease's stored expiry.
+#[test]
+fn cgroup_runs_each_job_in_its_own_cgroup_and_it_dies_with_the_daemon_sqlite() {
+    let Some(cg) = DelegatedCgroup::new("cgroup_runs_each_job_in_its_own_cgroup") else {
+        return;
+    };
+    let store = TestStore::new(Backend::Sqlite, "tree_cgroup_k9").expect("sqlite");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let argv = tree_job(dir.path(), Start::DoubleFork, OnTerm::Ignore, Leader::Runs);
+    let (_, config) = one_job(dir.path(), &argv, "lease = \"5s\"");
+    let d = Daemon::spawn(
+        DaemonOpts::new(&unique("tree-cg"), &config, &store.url)
+            .debug()
+            .in_cgroup(&cg.path),
+    );
+    let started = d.expect("daemon_started", ev("daemon_started"), secs(30));
+    assert_eq!(
+        str_field(&started, "process_tree"),
+        Some("cgroup"),
+        "{started}"
+    );
+    let started = d.expect("job_started", ev("job_started"), secs(30));
+    let t = token_of(&started);
+    let helper = Helper::of(dir.path(), t);
+    let owner = str_field(
+        &d.expect("lease_acquired", ev_token("lease_acquired", t), secs(5)),
+        "owner_id",
+    )
+    .expect("owner_id")
+    .to_string();
+    let in_cg = cgroup_of(helper.pid);
+    assert!(
+        in_cg.ends_with(&format!("/fencecron-{owner}")),
+        "the helper is in {in_cg}, not the run's cgroup"
+    );
+    wait_beats(dir.path(), t, 3);
+    let expiry = logged_expiry(&d.all(), t);
+    d.signal(Signal::SIGKILL);
+    let died = helper.dead_by(secs(10), "its daemon was killed");
+    assert!(
+        died < expiry,
+        "the helper died {} ms after the lease's stored expiry",
+        died - expiry
+    );
+}
+
+/// What the subreaper cannot do, the cgroup does: the run's watchdog is
+/// killed with SIGKILL, so the helper (another session, deaf to SIGTERM)
+/// is re-parented past it; the daemon still kills it through the run's
+/// cgroup before it releases the lease, and removes the cgroup.
+#[test]
+fn cgroup_stops_what_a_killed_watchdog_left_before_the_release_sqlite() {
+    let Some(cg) = DelegatedCgroup::new("cgroup_stops_what_a_killed_watchdog_left") else {
+        return;
+    };
+    let store = TestStore::new(Backend::Sqlite, "tree_cgroup_shim_killed").expect("sqlite");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let argv = tree_job(dir.path(), Start::Setsid, OnTerm::Ignore, Leader::Runs);
+    let (_, config) = one_job(dir.path(), &argv, "lease = \"30s\"");
+    let d = Daemon::spawn(
+        DaemonOpts::new(&unique("tree-cgw"), &config, &store.url).in_cgroup(&cg.path),
+    );
+    let started = d.expect("job_started", ev("job_started"), secs(30));
+    let t = token_of(&started);
+    let leader = common::daemon::pid_of(&started);
+    let helper = Helper::of(dir.path(), t);
+    let owner = str_field(
+        &d.expect("lease_acquired", ev_token("lease_acquired", t), secs(5)),
+        "owner_id",
+    )
+    .expect("owner_id")
+    .to_string();
+    let run_cg = cg.path.join(format!("fencecron-{owner}"));
+    assert!(run_cg.is_dir(), "no run cgroup {}", run_cg.display());
+    let stat = std::fs::read_to_string(format!("/proc/{leader}/stat")).expect("leader's stat");
+    let watchdog: i32 = stat[stat.rfind(')').unwrap() + 2..]
+        .split_whitespace()
+        .nth(1)
+        .and_then(|p| p.parse().ok())
+        .expect("the leader's parent");
+    kill(Pid::from_raw(watchdog), Signal::SIGKILL).expect("kill the watchdog");
+    let released = d.expect("lease_released", ev_token("lease_released", t), secs(15));
+    let died = helper.dead_by(Duration::ZERO, "the lease was released");
+    assert!(
+        died <= ms_of(&released, "timestamp"),
+        "released before the helper died"
+    );
+    assert!(
+        !run_cg.exists(),
+        "the run's cgroup is left: {}",
+        run_cg.display()
+    );
+}
