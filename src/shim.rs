@@ -1,11 +1,13 @@
 //! The run watchdog: a small process of its own between the daemon (or
 //! `fencecron exec`) and each job, so that a job is dead before its lease can
-//! expire even when the daemon is killed, aborts, or stalls (PRODUCT.md
-//! principle 8).
+//! expire even when the daemon is killed, aborts, or stalls (README.md, "The
+//! guarantee, exactly", point 1), and so is everything the job started
+//! (point 5).
 //!
-//! The daemon starts `fencecron __shim TERM_AT KILL_AT GRACE_MS -- CMD…`
-//! (the same binary; `main` hands it to [`main`] before any runtime or log
-//! set-up). The shim starts the job in a process group of its own and then
+//! The daemon starts `fencecron __shim TERM_AT KILL_AT GRACE_MS [CGROUP] --
+//! CMD…` (the same binary; `main` hands it to [`main`] before any runtime or
+//! log set-up; `CGROUP`: the run's own cgroup, which the job moves into
+//! before it execs). The shim starts the job in a process group of its own and then
 //! only waits, on its own monotonic clock:
 //!
 //! * at `TERM_AT` it sends SIGTERM to the job's group, at `KILL_AT` SIGKILL.

@@ -2,8 +2,9 @@
 //! the running job. [`Launch`] and [`JobProcess`] are the seam between the
 //! supervisor's deadline loop ([`super::deadline`]) and processes: the real
 //! implementation ([`ShimLauncher`], [`ShimJob`]) spawns the run's watchdog
-//! ([`crate::shim`]), signals the job's process group and writes confirmed
-//! deadlines down the watchdog's control pipe; tests drive the same loop
+//! ([`crate::shim`]), signals the job's whole tree ([`crate::proctree`]),
+//! gives each run its own cgroup where the daemon's cgroup v2 is delegated,
+//! and writes confirmed deadlines down the watchdog's control pipe; tests drive the same loop
 //! with a fake job on tokio's paused clock.
 
 use std::io::Write;
