@@ -344,6 +344,45 @@ fn lease_loss_terminates_a_setsid_grandchild_sqlite() {
     d.expect("job_finished", ev_token("job_finished", t), secs(10));
 }
 
+/// `overlap = "replace"`: the next instant takes the lease from the run
+/// still going (on the same node); the replaced run's helper in another
+/// session gets SIGTERM and is gone.
+#[test]
+fn replace_terminates_the_old_runs_setsid_grandchild_sqlite() {
+    let store = TestStore::new(Backend::Sqlite, "tree_replace").expect("sqlite");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let argv = tree_job(dir.path(), Start::Setsid, OnTerm::Record, Leader::Runs);
+    let job = unique("tree");
+    let config = write_config(
+        dir.path(),
+        "",
+        &[common::daemon::job_toml(
+            &job,
+            "*/3 * * * * *",
+            &argv,
+            "lease = \"6s\"\nrenew_every = \"1s\"\nkill_grace = \"1s\"\noverlap = \"replace\"",
+        )],
+    );
+    let d = Daemon::spawn(DaemonOpts::new(&unique("tree-rp"), &config, &store.url).debug());
+    let started = d.expect("job_started", ev("job_started"), secs(30));
+    let t = token_of(&started);
+    let helper = Helper::of(dir.path(), t);
+    let replaced = d.expect(
+        "run_replaced",
+        |e| is(e, "run_replaced") && common::daemon::i64_field(e, "previous_token") == Some(t),
+        secs(15),
+    );
+    eprintln!("{replaced}");
+    helper.dead_by(secs(10), "its run was replaced");
+    assert!(termed(dir.path(), t), "the helper never got SIGTERM");
+    let finished = d.expect("job_finished", ev_token("job_finished", t), secs(10));
+    assert_eq!(
+        str_field(&finished, "outcome"),
+        Some("lease_lost"),
+        "{finished}"
+    );
+}
+
 /// SIGTERM to the daemon (shutdown): the helper gets SIGTERM too, and the
 /// daemon exits 0 only after it is gone.
 #[test]
