@@ -7,10 +7,10 @@
 //! The daemon starts `fencecron __shim TERM_AT KILL_AT GRACE_MS [CGROUP] --
 //! CMD…` (the same binary; `main` hands it to [`main`] before any runtime or
 //! log set-up; `CGROUP`: the run's own cgroup, which the job moves into
-//! before it execs). The shim starts the job in a process group of its own and then
-//! only waits, on its own monotonic clock:
+//! before it execs). The shim starts the job in a process group of its own
+//! and then only waits, on its own monotonic clock:
 //!
-//! * at `TERM_AT` it sends SIGTERM to the job's group, at `KILL_AT` SIGKILL.
+//! * at `TERM_AT` it sends SIGTERM to the job's tree, at `KILL_AT` SIGKILL.
 //!   Both are absolute `CLOCK_MONOTONIC` nanoseconds, read with a raw system
 //!   call so that a faked libc clock (libfaketime) cannot shift them; every
 //!   renewal the daemon confirms moves them later through the control pipe
@@ -385,6 +385,10 @@ pub fn main(args: Vec<OsString>) -> ! {
                         children_left = left;
                         if e.is_some() {
                             leader = e;
+                        } else if !left && leader.is_none() {
+                            // No child left and the leader's status never
+                            // seen: should not happen, but do not spin.
+                            leader = Some(Exit::Code(1));
                         }
                     }
                     Ok(_) => deadlines.terminate_now(monotonic_ns()),
@@ -407,10 +411,9 @@ fn signal_tree(pgid: Pid, sig: Signal) {
 
 /// SIGKILLs the job's group, every descendant of the shim and its cgroup,
 /// again and again, reaping as they die, until the shim has no child left
-/// and the cgroup is empty: a
-/// process can fork between one walk of the tree and its kill, and a
-/// killed parent's children come back to the shim (the subreaper) only
-/// once it is dead.
+/// and the cgroup is empty: a process can fork between one walk of the
+/// tree and its kill, and a killed parent's children come back to the shim
+/// (the subreaper) only once it is dead.
 fn kill_tree_until_empty(pgid: Pid, sfd: &SignalFd) {
     loop {
         signal_tree(pgid, Signal::SIGKILL);
@@ -490,9 +493,8 @@ fn reap(pid: Pid) -> (Option<Exit>, bool) {
             }
             Ok(WaitStatus::StillAlive) => return (leader, true),
             Ok(_) | Err(nix::errno::Errno::EINTR) => continue,
-            // ECHILD: no child left. (Without the leader's status it was
-            // reaped already; should not happen, but do not spin.)
-            Err(_) => return (leader.or(Some(Exit::Code(1))), false),
+            // ECHILD: no child left.
+            Err(_) => return (leader, false),
         }
     }
 }

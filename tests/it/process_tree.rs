@@ -46,7 +46,8 @@ enum Start {
 enum OnTerm {
     /// Ignores it: only SIGKILL ends it.
     Ignore,
-    /// Appends its token to `dir/term` and exits.
+    /// Appends its token to `dir/term` and exits 0.3 s later (so it
+    /// outlives a leader that dies of the same SIGTERM).
     Record,
 }
 
@@ -64,7 +65,9 @@ fn tree_job(dir: &Path, start: Start, on_term: OnTerm, leader: Leader) -> Vec<St
     let d = dir.display().to_string();
     let trap = match on_term {
         OnTerm::Ignore => "trap '' TERM".to_string(),
-        OnTerm::Record => format!(r#"trap 'echo "$FENCECRON_TOKEN" >> "{d}/term"; exit 0' TERM"#),
+        OnTerm::Record => {
+            format!(r#"trap 'echo "$FENCECRON_TOKEN" >> "{d}/term"; sleep 0.3; exit 0' TERM"#)
+        }
     };
     let helper = format!(
         r#"{trap}
@@ -308,6 +311,14 @@ fn timeout_terminates_a_setsid_grandchild_sqlite() {
     );
     let died = helper.dead_by(secs(10), "the job's timeout");
     assert!(termed(dir.path(), t), "the helper never got SIGTERM");
+    // The leader died of SIGTERM at once; its status is the run's, however
+    // long the rest of the tree took.
+    let finished = d.expect("job_finished", ev_token("job_finished", t), secs(10));
+    assert_eq!(
+        str_field(&finished, "signal"),
+        Some("SIGTERM"),
+        "{finished}"
+    );
     let released = d.expect("lease_released", ev_token("lease_released", t), secs(10));
     assert!(
         died <= ms_of(&released, "timestamp"),
