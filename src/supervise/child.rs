@@ -4,8 +4,8 @@
 //! implementation ([`ShimLauncher`], [`ShimJob`]) spawns the run's watchdog
 //! ([`crate::shim`]), signals the job's whole tree ([`crate::proctree`]),
 //! gives each run its own cgroup where the daemon's cgroup v2 is delegated,
-//! and writes confirmed deadlines down the watchdog's control pipe; tests drive the same loop
-//! with a fake job on tokio's paused clock.
+//! and writes confirmed deadlines down the watchdog's control pipe; tests
+//! drive the same loop with a fake job on tokio's paused clock.
 
 use std::io::Write;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -177,8 +177,8 @@ impl Launch for ShimLauncher {
         {
             Ok(job) => Ok(job),
             Err(e) => {
-                if let Some(cg) = &cgroup {
-                    let _ = cg.remove();
+                if let Some(cg) = cgroup {
+                    empty_and_remove(cg).await;
                 }
                 Err(e)
             }
@@ -412,20 +412,27 @@ impl JobProcess for ShimJob {
         // have been killed itself, what the job left behind is still in
         // there and dies now, before the lease is released.
         if let Some(cg) = self.cgroup.take() {
-            loop {
-                cg.signal(Signal::SIGKILL);
-                if cg.is_empty() {
-                    break;
-                }
-                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-            }
-            if let Err(e) = cg.remove() {
-                events::run_cgroup_left(&cg.path().display().to_string(), &e.to_string());
-            }
+            empty_and_remove(cg).await;
         }
         for f in self.forwarders.drain(..) {
             let _ = f.await;
         }
+    }
+}
+
+/// Kills whatever is in a run's cgroup until it is empty (SIGKILLed
+/// processes go at once, so no bound: the release must wait for them), then
+/// removes it.
+async fn empty_and_remove(cg: RunCgroup) {
+    loop {
+        cg.signal(Signal::SIGKILL);
+        if cg.is_empty() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    if let Err(e) = cg.remove() {
+        events::run_cgroup_left(&cg.path().display().to_string(), &e.to_string());
     }
 }
 
