@@ -413,21 +413,23 @@ fn signal_tree(pgid: Pid, sig: Signal) {
 /// again and again, reaping as they die, until the shim has no child left
 /// and the cgroup is empty: a process can fork between one walk of the
 /// tree and its kill, and a killed parent's children come back to the shim
-/// (the subreaper) only once it is dead.
+/// (the subreaper) only once it is dead. A job that left nothing behind
+/// costs no walk of `/proc`: every live descendant of the subreaper is its
+/// child or below one.
 fn kill_tree_until_empty(pgid: Pid, sfd: &SignalFd) {
+    let _ = nix::sys::signal::killpg(pgid, Signal::SIGKILL);
     loop {
-        signal_tree(pgid, Signal::SIGKILL);
         loop {
             match waitpid(None::<Pid>, Some(WaitPidFlag::WNOHANG)) {
                 Ok(WaitStatus::StillAlive) => break,
                 Ok(_) | Err(nix::errno::Errno::EINTR) => continue,
-                // ECHILD: no child left; nothing of the job, unless in its
-                // cgroup (re-parented elsewhere before the shim became the
-                // subreaper cannot happen; moved there by someone else can).
+                // ECHILD: no descendant left; the cgroup may still hold a
+                // process someone else moved there.
                 Err(_) if CGROUP.get().is_none_or(RunCgroup::is_empty) => return,
                 Err(_) => break,
             }
         }
+        signal_tree(pgid, Signal::SIGKILL);
         // Wait for the next child to die (SIGCHLD), or walk again soon.
         while let Ok(Some(_)) = sfd.read_signal() {}
         let mut fds = [libc::pollfd {
