@@ -749,10 +749,13 @@ pub fn stale_record_failed(resource: &str, error: &str) {
 }
 
 /// The daemon is up and scheduling.
-pub fn daemon_started(node: &str, jobs: usize, store: &str, config: &str) {
+/// `process_tree` names how each run's whole process tree is stopped:
+/// `cgroup` (a cgroup of its own per run, under a delegated cgroup v2) or
+/// `subreaper` (the run's watchdog as child subreaper alone).
+pub fn daemon_started(node: &str, jobs: usize, store: &str, config: &str, process_tree: &str) {
     info!(
         event = "daemon_started",
-        node, jobs, store, config, "daemon started"
+        node, jobs, store, config, process_tree, "daemon started"
     );
 }
 
@@ -876,6 +879,15 @@ pub fn run_record_failed(job: Option<&str>, error: &str) {
     warn!(
         event = "run_record_failed",
         job, error, "could not write the run record"
+    );
+}
+
+/// A run's cgroup could not be removed once its processes were gone (it
+/// is left empty under the delegated cgroup).
+pub fn run_cgroup_left(cgroup: &str, error: &str) {
+    warn!(
+        event = "run_cgroup_left",
+        cgroup, error, "could not remove the run's cgroup"
     );
 }
 

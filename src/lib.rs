@@ -22,6 +22,7 @@ pub mod job_env;
 pub mod metrics;
 pub mod names;
 pub mod output;
+pub mod proctree;
 pub mod proxy;
 pub mod runs;
 pub mod schedule;

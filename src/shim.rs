@@ -1,26 +1,37 @@
 //! The run watchdog: a small process of its own between the daemon (or
 //! `fencecron exec`) and each job, so that a job is dead before its lease can
-//! expire even when the daemon is killed, aborts, or stalls (PRODUCT.md
-//! principle 8).
+//! expire even when the daemon is killed, aborts, or stalls (README.md, "The
+//! guarantee, exactly", point 1), and so is everything the job started
+//! (point 5).
 //!
-//! The daemon starts `fencecron __shim TERM_AT KILL_AT GRACE_MS -- CMD…`
-//! (the same binary; `main` hands it to [`main`] before any runtime or log
-//! set-up). The shim starts the job in a process group of its own and then
-//! only waits, on its own monotonic clock:
+//! The daemon starts `fencecron __shim TERM_AT KILL_AT GRACE_MS [CGROUP] --
+//! CMD…` (the same binary; `main` hands it to [`main`] before any runtime or
+//! log set-up; `CGROUP`: the run's own cgroup, which the job moves into
+//! before it execs). The shim starts the job in a process group of its own
+//! and then only waits, on its own monotonic clock:
 //!
-//! * at `TERM_AT` it sends SIGTERM to the job's group, at `KILL_AT` SIGKILL.
+//! * at `TERM_AT` it sends SIGTERM to the job's tree, at `KILL_AT` SIGKILL.
 //!   Both are absolute `CLOCK_MONOTONIC` nanoseconds, read with a raw system
 //!   call so that a faked libc clock (libfaketime) cannot shift them; every
 //!   renewal the daemon confirms moves them later through the control pipe
-//!   (fd 3, lines `D TERM_AT KILL_AT`);
+//!   (fd 3, lines `D TERM_AT KILL_AT`). When the daemon terminates the job
+//!   itself it says so first (`T`: SIGTERM sent, SIGKILL after the grace;
+//!   `K`: SIGKILL sent), so the shim kills by the same points;
 //! * when the control pipe reaches end-of-file, its daemon is gone (crash,
 //!   SIGKILL, OOM kill, abort): SIGTERM at once, SIGKILL after the grace but
 //!   never after `KILL_AT`;
 //! * SIGTERM, SIGINT or SIGHUP sent to the shim itself is handled the same
 //!   way instead of leaving the job behind;
-//! * when the job's leader exits, whatever is left of its group is SIGKILLed
+//! * when the job's leader exits, whatever is left of its tree is SIGKILLed
 //!   and the shim exits the way the job did (same code, or the same signal),
 //!   so its parent sees the job's status.
+//!
+//! Every signal goes to the job's whole tree ([`crate::proctree`]): its
+//! process group and every descendant in any session or group. The shim is
+//! a child subreaper, so a helper the job daemonised (double fork, `setsid`)
+//! is re-parented to it and still found; it exits only once it has no child
+//! left, so its parent, which releases the lease after the shim's exit,
+//! never releases it while part of the job still runs.
 //!
 //! A stopped daemon (SIGSTOP, a blocked runtime) confirms no renewal, so the
 //! deadlines it last sent fire here. The job's leader also gets
@@ -34,13 +45,16 @@
 use std::ffi::OsString;
 use std::io::Write;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::CommandExt;
 use std::process::Command;
 
-use nix::sys::signal::{killpg, SigSet, Signal};
+use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
+
+use crate::proctree::RunCgroup;
 
 /// The first argument that selects the shim.
 pub const SHIM_ARG: &str = "__shim";
@@ -102,15 +116,31 @@ impl Deadlines {
         self.kill_at = self.kill_at.min(now.saturating_add(self.grace_ns));
     }
 
-    /// Sends whatever signal is due; returns milliseconds until the next
-    /// deadline (`-1`: none left).
+    /// The daemon has sent SIGTERM to the job's tree itself (a timeout, a
+    /// lost lease, a shutdown): the termination is under way, SIGKILL
+    /// follows after the grace, and the rest of the tree keeps that grace
+    /// should the leader exit first.
+    fn terminating(&mut self, now: u64) {
+        self.term_sent = true;
+        self.kill_at = self.kill_at.min(now.saturating_add(self.grace_ns));
+    }
+
+    /// The daemon has sent SIGKILL to the job's tree: so does the shim, now,
+    /// and it then waits for the whole tree to be gone.
+    fn kill_now(&mut self, now: u64) {
+        self.term_sent = true;
+        self.kill_at = self.kill_at.min(now);
+    }
+
+    /// Sends whatever signal is due to the job's tree; returns milliseconds
+    /// until the next deadline (`-1`: none left).
     fn fire(&mut self, pgid: Pid, now: u64) -> i32 {
         if !self.kill_sent && now >= self.kill_at {
-            let _ = killpg(pgid, Signal::SIGKILL);
+            signal_tree(pgid, Signal::SIGKILL);
             self.kill_sent = true;
             self.term_sent = true;
         } else if !self.term_sent && now >= self.term_at {
-            let _ = killpg(pgid, Signal::SIGTERM);
+            signal_tree(pgid, Signal::SIGTERM);
             self.term_sent = true;
         }
         let next = if self.kill_sent {
@@ -131,17 +161,41 @@ fn fail(status: &mut std::fs::File, msg: &str) -> ! {
     std::process::exit(127);
 }
 
-/// Parses `TERM_AT KILL_AT GRACE_MS -- CMD ARGS…`.
-fn parse(args: &[OsString]) -> Option<(u64, u64, u64, Vec<OsString>)> {
+/// What the daemon asks of the shim.
+struct Args {
+    term_at: u64,
+    kill_at: u64,
+    grace_ms: u64,
+    /// The run's cgroup, created by the daemon, where it has one.
+    cgroup: Option<std::path::PathBuf>,
+    argv: Vec<OsString>,
+}
+
+/// Parses `TERM_AT KILL_AT GRACE_MS [CGROUP] -- CMD ARGS…`.
+fn parse(args: &[OsString]) -> Option<Args> {
     let num = |a: &OsString| a.to_str()?.parse::<u64>().ok();
     let term_at = num(args.first()?)?;
     let kill_at = num(args.get(1)?)?;
     let grace_ms = num(args.get(2)?)?;
-    if args.get(3)?.to_str()? != "--" || args.len() < 5 {
+    let (cgroup, rest) = match args.get(3)? {
+        a if a == "--" => (None, 4),
+        a => (Some(std::path::PathBuf::from(a)), 5),
+    };
+    if args.get(rest - 1)? != "--" || args.len() <= rest {
         return None;
     }
-    Some((term_at, kill_at, grace_ms, args[4..].to_vec()))
+    Some(Args {
+        term_at,
+        kill_at,
+        grace_ms,
+        cgroup,
+        argv: args[rest..].to_vec(),
+    })
 }
+
+/// The run's cgroup, when the daemon gave one: signalled with the rest of
+/// the tree, and emptied before the shim exits.
+static CGROUP: std::sync::OnceLock<RunCgroup> = std::sync::OnceLock::new();
 
 /// The shim's entry point; `args` are those after [`SHIM_ARG`]. Never
 /// returns: it exits the way the job did.
@@ -169,7 +223,14 @@ pub fn main(args: Vec<OsString>) -> ! {
     // SAFETY: fd 4 was set up by the daemon for this process alone; if it
     // is not open, writes fail and are ignored.
     let mut status = unsafe { std::fs::File::from_raw_fd(STATUS_FD) };
-    let Some((term_at, kill_at, grace_ms, argv)) = parse(&args) else {
+    let Some(Args {
+        term_at,
+        kill_at,
+        grace_ms,
+        cgroup,
+        argv,
+    }) = parse(&args)
+    else {
         fail(
             &mut status,
             "fencecron __shim: internal use only (TERM_AT KILL_AT GRACE_MS -- CMD…)",
@@ -196,6 +257,32 @@ pub fn main(args: Vec<OsString>) -> ! {
         Err(e) => fail(&mut status, &format!("cannot create a signalfd: {e}")),
     };
 
+    // Orphaned descendants (a daemonising double fork) come back to the
+    // shim instead of PID 1, so none is out of its reach.
+    // SAFETY: prctl with integer arguments on this process.
+    if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } != 0 {
+        let e = std::io::Error::last_os_error();
+        fail(
+            &mut status,
+            &format!("cannot become the job's subreaper (prctl PR_SET_CHILD_SUBREAPER): {e}; allow prctl to the daemon"),
+        );
+    }
+
+    // The job moves itself into the run's cgroup before it execs (the
+    // path is made ready here: nothing may allocate after the fork).
+    let procs = match &cgroup {
+        Some(dir) => {
+            let run = RunCgroup::at(dir.clone());
+            let procs = std::ffi::CString::new(run.procs_file().as_os_str().as_bytes());
+            let _ = CGROUP.set(run);
+            match procs {
+                Ok(p) => Some(p),
+                Err(_) => fail(&mut status, "the run's cgroup path holds a NUL byte"),
+            }
+        }
+        None => None,
+    };
+
     let shim_pid = std::process::id() as i32;
     let mut cmd = Command::new(&argv[0]);
     cmd.args(&argv[1..]).process_group(0);
@@ -215,6 +302,18 @@ pub fn main(args: Vec<OsString>) -> ! {
             // The shim died between fork and prctl: do not run unwatched.
             if libc::getppid() != shim_pid {
                 return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            if let Some(procs) = &procs {
+                let fd = libc::open(procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+                if fd < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                let written = libc::write(fd, b"0".as_ptr().cast(), 1);
+                let err = std::io::Error::last_os_error();
+                libc::close(fd);
+                if written != 1 {
+                    return Err(err);
+                }
             }
             Ok(())
         });
@@ -237,8 +336,22 @@ pub fn main(args: Vec<OsString>) -> ! {
     // SAFETY: fd 3 was set up by the daemon for this process alone.
     let mut ctl: Option<OwnedFd> = Some(unsafe { OwnedFd::from_raw_fd(CTL_FD) });
     let mut pending = Vec::<u8>::new();
+    // The leader's status once it has exited; the shim may still wait for
+    // the rest of the tree (see below).
+    let mut leader: Option<Exit> = None;
+    let mut children_left = true;
     let exit = loop {
         let timeout = deadlines.fire(pid, monotonic_ns());
+        if let Some(e) = leader.take() {
+            // The leader exited on its own: nothing else of the job may
+            // outlive it. During a termination the rest of the tree has its
+            // grace (SIGTERM went to all of it), until it is gone or the
+            // SIGKILL point.
+            if !deadlines.term_sent || deadlines.kill_sent || !children_left {
+                break e;
+            }
+            leader = Some(e);
+        }
         let mut fds = vec![libc::pollfd {
             fd: sfd.as_raw_fd(),
             events: libc::POLLIN,
@@ -265,27 +378,68 @@ pub fn main(args: Vec<OsString>) -> ! {
             }
         }
         if fds[0].revents != 0 {
-            let mut exited = None;
             while let Ok(Some(info)) = sfd.read_signal() {
                 match Signal::try_from(info.ssi_signo as i32) {
                     Ok(Signal::SIGCHLD) => {
-                        if let Some(e) = reap(pid) {
-                            exited = Some(e);
+                        let (e, left) = reap(pid);
+                        children_left = left;
+                        if e.is_some() {
+                            leader = e;
+                        } else if !left && leader.is_none() {
+                            // No child left and the leader's status never
+                            // seen: should not happen, but do not spin.
+                            leader = Some(Exit::Code(1));
                         }
                     }
                     Ok(_) => deadlines.terminate_now(monotonic_ns()),
                     Err(_) => {}
                 }
             }
-            if let Some(e) = exited {
-                break e;
-            }
         }
     };
-    // The leader is gone; nothing else of the job may outlive it.
-    let _ = killpg(pid, Signal::SIGKILL);
+    // The shim's exit (after which the lease is released) waits for all of
+    // the job's tree to be gone.
+    kill_tree_until_empty(pid, &sfd);
     drop(child);
     exit_like(exit)
+}
+
+/// Sends `sig` to the job's group and to every descendant of the shim.
+fn signal_tree(pgid: Pid, sig: Signal) {
+    crate::proctree::signal_tree(std::process::id() as i32, pgid.as_raw(), CGROUP.get(), sig);
+}
+
+/// SIGKILLs the job's group, every descendant of the shim and its cgroup,
+/// again and again, reaping as they die, until the shim has no child left
+/// and the cgroup is empty: a process can fork between one walk of the
+/// tree and its kill, and a killed parent's children come back to the shim
+/// (the subreaper) only once it is dead. A job that left nothing behind
+/// costs no walk of `/proc`: every live descendant of the subreaper is its
+/// child or below one.
+fn kill_tree_until_empty(pgid: Pid, sfd: &SignalFd) {
+    let _ = nix::sys::signal::killpg(pgid, Signal::SIGKILL);
+    loop {
+        loop {
+            match waitpid(None::<Pid>, Some(WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::StillAlive) => break,
+                Ok(_) | Err(nix::errno::Errno::EINTR) => continue,
+                // ECHILD: no descendant left; the cgroup may still hold a
+                // process someone else moved there.
+                Err(_) if CGROUP.get().is_none_or(RunCgroup::is_empty) => return,
+                Err(_) => break,
+            }
+        }
+        signal_tree(pgid, Signal::SIGKILL);
+        // Wait for the next child to die (SIGCHLD), or walk again soon.
+        while let Ok(Some(_)) = sfd.read_signal() {}
+        let mut fds = [libc::pollfd {
+            fd: sfd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        }];
+        // SAFETY: `fds` is a live array of one pollfd.
+        unsafe { libc::poll(fds.as_mut_ptr(), 1, 20) };
+    }
 }
 
 /// Reads what the control pipe holds and applies every complete line.
@@ -306,12 +460,17 @@ fn read_control(fd: RawFd, pending: &mut Vec<u8>, deadlines: &mut Deadlines) -> 
         let line: Vec<u8> = pending.drain(..=end).collect();
         let line = String::from_utf8_lossy(&line);
         let mut f = line.split_whitespace();
-        if f.next() == Some("D") {
-            let term = f.next().and_then(|v| v.parse().ok());
-            let kill = f.next().and_then(|v| v.parse().ok());
-            if let (Some(t), Some(k)) = (term, kill) {
-                deadlines.confirm(t, k);
+        match f.next() {
+            Some("D") => {
+                let term = f.next().and_then(|v| v.parse().ok());
+                let kill = f.next().and_then(|v| v.parse().ok());
+                if let (Some(t), Some(k)) = (term, kill) {
+                    deadlines.confirm(t, k);
+                }
             }
+            Some("T") => deadlines.terminating(monotonic_ns()),
+            Some("K") => deadlines.kill_now(monotonic_ns()),
+            _ => {}
         }
     }
     false
@@ -323,14 +482,22 @@ enum Exit {
     Signal(i32),
 }
 
-/// Reaps the job's leader if it has exited.
-fn reap(pid: Pid) -> Option<Exit> {
-    match waitpid(pid, Some(WaitPidFlag::WNOHANG)) {
-        Ok(WaitStatus::Exited(_, code)) => Some(Exit::Code(code)),
-        Ok(WaitStatus::Signaled(_, sig, _)) => Some(Exit::Signal(sig as i32)),
-        Ok(_) => None,
-        // ECHILD: already reaped; should not happen, but do not spin.
-        Err(_) => Some(Exit::Code(1)),
+/// Reaps every child that has exited: the job's leader (its status, if it
+/// is among them) and descendants re-parented to the shim. Also says
+/// whether the shim has any child left.
+fn reap(pid: Pid) -> (Option<Exit>, bool) {
+    let mut leader = None;
+    loop {
+        match waitpid(None::<Pid>, Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::Exited(p, code)) if p == pid => leader = Some(Exit::Code(code)),
+            Ok(WaitStatus::Signaled(p, sig, _)) if p == pid => {
+                leader = Some(Exit::Signal(sig as i32))
+            }
+            Ok(WaitStatus::StillAlive) => return (leader, true),
+            Ok(_) | Err(nix::errno::Errno::EINTR) => continue,
+            // ECHILD: no child left.
+            Err(_) => return (leader, false),
+        }
     }
 }
 
@@ -396,16 +563,48 @@ mod tests {
     }
 
     #[test]
+    fn the_daemons_termination_keeps_the_grace_and_the_lease_deadline() {
+        // SIGTERM sent by the daemon: SIGKILL after the grace...
+        let mut x = d();
+        x.terminating(100);
+        assert!(x.term_sent && !x.kill_sent);
+        assert_eq!(x.kill_at, 600);
+        // ...but never after the lease deadline.
+        let mut x = d();
+        x.terminating(1_800);
+        assert_eq!(x.kill_at, 2_000);
+        // SIGKILL sent by the daemon: the shim's is due at once.
+        let mut x = d();
+        x.kill_now(300);
+        assert_eq!(x.kill_at, 300);
+        assert!(x.term_sent);
+    }
+
+    #[test]
     fn parses_its_arguments() {
         let a: Vec<OsString> = ["1", "2", "3", "--", "true"]
             .iter()
             .map(Into::into)
             .collect();
+        let p = parse(&a).expect("parsed");
         assert_eq!(
-            parse(&a).map(|p| (p.0, p.1, p.2, p.3.len())),
-            Some((1, 2, 3, 1))
+            (p.term_at, p.kill_at, p.grace_ms, p.argv.len()),
+            (1, 2, 3, 1)
         );
-        let a: Vec<OsString> = ["1", "2", "3", "--"].iter().map(Into::into).collect();
-        assert!(parse(&a).is_none());
+        assert!(p.cgroup.is_none());
+        let a: Vec<OsString> = ["1", "2", "3", "/cg/run", "--", "true", "x"]
+            .iter()
+            .map(Into::into)
+            .collect();
+        let p = parse(&a).expect("parsed");
+        assert_eq!(p.cgroup.as_deref(), Some(std::path::Path::new("/cg/run")));
+        assert_eq!(p.argv.len(), 2);
+        for bad in [
+            &["1", "2", "3", "--"][..],
+            &["1", "2", "3", "/cg", "true"][..],
+        ] {
+            let a: Vec<OsString> = bad.iter().map(Into::into).collect();
+            assert!(parse(&a).is_none(), "{bad:?}");
+        }
     }
 }

@@ -189,6 +189,7 @@ async fn serve(
 
     let (reload_tx, reload_rx) = mpsc::channel(4);
     let running = Running::default();
+    let process_tree = supervisor.process_tree();
     let scheduler = Scheduler::new(Shared {
         supervisor,
         running: running.clone(),
@@ -206,7 +207,13 @@ async fn serve(
     let job_count = jobs.len();
     tracker.spawn(scheduler.run(jobs, reload_rx));
 
-    events::daemon_started(&node, job_count, &store_display, &config_display);
+    events::daemon_started(
+        &node,
+        job_count,
+        &store_display,
+        &config_display,
+        process_tree,
+    );
     if !ready.initialized() {
         notify(&[NotifyState::Status(&format!(
             "waiting for the store {store_display} to answer"

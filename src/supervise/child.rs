@@ -2,9 +2,10 @@
 //! the running job. [`Launch`] and [`JobProcess`] are the seam between the
 //! supervisor's deadline loop ([`super::deadline`]) and processes: the real
 //! implementation ([`ShimLauncher`], [`ShimJob`]) spawns the run's watchdog
-//! ([`crate::shim`]), signals the job's process group and writes confirmed
-//! deadlines down the watchdog's control pipe; tests drive the same loop
-//! with a fake job on tokio's paused clock.
+//! ([`crate::shim`]), signals the job's whole tree ([`crate::proctree`]),
+//! gives each run its own cgroup where the daemon's cgroup v2 is delegated,
+//! and writes confirmed deadlines down the watchdog's control pipe; tests
+//! drive the same loop with a fake job on tokio's paused clock.
 
 use std::io::Write;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -23,6 +24,7 @@ use tokio::time::Instant;
 
 use crate::events;
 use crate::job_env::ChildEnv;
+use crate::proctree::{Cgroups, RunCgroup};
 use crate::shim;
 use crate::store::{rfc3339, Lease, Token};
 
@@ -42,6 +44,12 @@ pub(crate) trait Launch: Send + Sync {
         term_at: Instant,
         kill_at: Instant,
     ) -> Result<Box<dyn JobProcess>, String>;
+
+    /// How a run's whole tree is stopped (`cgroup` or `subreaper`), for
+    /// the log.
+    fn process_tree(&self) -> &'static str {
+        "subreaper"
+    }
 }
 
 /// A started job, as the supervisor sees it.
@@ -58,7 +66,8 @@ pub(crate) trait JobProcess: Send {
     fn output_tail(&self) -> String {
         String::new()
     }
-    /// Sends `sig` to the job's process group.
+    /// Sends `sig` to the job's whole tree: its process group and every
+    /// other process it started, in any session or group.
     fn signal(&mut self, sig: Signal);
     /// Hands newly confirmed deadlines to the watchdog, which enforces them
     /// even if this process stops or dies. A failed hand-over only leaves
@@ -68,7 +77,8 @@ pub(crate) trait JobProcess: Send {
     async fn wait(&mut self) -> std::io::Result<ExitStatus>;
     /// After the job's leader ended: kills whatever is left of its group
     /// (a grandchild could still hold the token) and waits for its output
-    /// to be logged.
+    /// to be logged. The watchdog has already killed the rest of the tree
+    /// before it exited.
     async fn reap(&mut self);
 }
 
@@ -80,6 +90,9 @@ pub(crate) struct ShimLauncher {
     /// `fencecron put/get` inside it reach this store, and the store's
     /// credentials kept out of it.
     child_env: ChildEnv,
+    /// The cgroup v2 delegated to this process, where each run gets its
+    /// own; `None`: the watchdog as subreaper alone stops the tree.
+    cgroups: Option<Cgroups>,
 }
 
 impl ShimLauncher {
@@ -87,6 +100,7 @@ impl ShimLauncher {
         ShimLauncher {
             shim: ShimProgram::locate(),
             child_env,
+            cgroups: Cgroups::detect(),
         }
     }
 }
@@ -148,6 +162,45 @@ impl Launch for ShimLauncher {
         term_at: Instant,
         kill_at: Instant,
     ) -> Result<Box<dyn JobProcess>, String> {
+        let cgroup = match &self.cgroups {
+            Some(c) => Some(c.create(&lease.owner_id.to_string()).map_err(|e| {
+                format!(
+                    "cannot create the run's cgroup under {}: {e}",
+                    c.base().display()
+                )
+            })?),
+            None => None,
+        };
+        match self
+            .spawn(spec, lease, node, term_at, kill_at, cgroup.as_ref())
+            .await
+        {
+            Ok(job) => Ok(job),
+            Err(e) => {
+                if let Some(cg) = cgroup {
+                    empty_and_remove(cg).await;
+                }
+                Err(e)
+            }
+        }
+    }
+
+    fn process_tree(&self) -> &'static str {
+        crate::proctree::mechanism(self.cgroups.as_ref())
+    }
+}
+
+impl ShimLauncher {
+    /// Starts the watchdog (and through it the job, in `cgroup` if given).
+    async fn spawn(
+        &self,
+        spec: &RunSpec,
+        lease: &Lease,
+        node: &str,
+        term_at: Instant,
+        kill_at: Instant,
+        cgroup: Option<&RunCgroup>,
+    ) -> Result<Box<dyn JobProcess>, String> {
         let io = |what: &str, e: std::io::Error| format!("{what}: {e}");
         let (ctl_r, ctl_w) = pipe_pair().map_err(|e| io("cannot create a pipe", e))?;
         let (st_r, st_w) = pipe_pair().map_err(|e| io("cannot create a pipe", e))?;
@@ -166,6 +219,7 @@ impl Launch for ShimLauncher {
         cmd.arg(to_monotonic(term_at).to_string())
             .arg(to_monotonic(kill_at).to_string())
             .arg(spec.timing.kill_grace.as_millis().to_string())
+            .args(cgroup.map(|c| c.path().as_os_str()))
             .arg("--")
             .args(&spec.command)
             .envs(&spec.env)
@@ -243,6 +297,7 @@ impl Launch for ShimLauncher {
                         return Ok(Box::new(ShimJob {
                             child,
                             pid,
+                            cgroup: cgroup.cloned(),
                             ctl,
                             forwarders: Vec::new(),
                             tail: OutputTail::new(0),
@@ -269,6 +324,8 @@ struct ShimJob {
     child: Child,
     /// The job's pid, which is also its process group.
     pid: u32,
+    /// The run's cgroup, if it has one.
+    cgroup: Option<RunCgroup>,
     /// The control pipe: confirmed deadlines go down it. Closing it (this
     /// process dying included) tells the watchdog to terminate the job.
     ctl: std::fs::File,
@@ -315,7 +372,29 @@ impl JobProcess for ShimJob {
     }
 
     fn signal(&mut self, sig: Signal) {
-        let _ = killpg(Pid::from_raw(self.pid as i32), sig);
+        // The watchdog learns first that a termination is under way, so
+        // that a leader exiting on this SIGTERM does not cut the rest of the
+        // tree's grace short; it SIGKILLs after the grace by its own clock.
+        let line: &[u8] = match sig {
+            Signal::SIGTERM => b"T\n",
+            Signal::SIGKILL => b"K\n",
+            _ => b"",
+        };
+        let _ = self.ctl.write_all(line);
+        // Also here, not only through the watchdog: a watchdog that cannot
+        // act (stopped by someone) must not keep the signal from the job.
+        // Its descendants are the job's tree; it is not signalled itself.
+        match self.child.id() {
+            Some(watchdog) => crate::proctree::signal_tree(
+                watchdog as i32,
+                self.pid as i32,
+                self.cgroup.as_ref(),
+                sig,
+            ),
+            None => {
+                let _ = killpg(Pid::from_raw(self.pid as i32), sig);
+            }
+        }
     }
 
     fn confirm(&mut self, term_at: Instant, kill_at: Instant) {
@@ -329,9 +408,31 @@ impl JobProcess for ShimJob {
 
     async fn reap(&mut self) {
         let _ = killpg(Pid::from_raw(self.pid as i32), Signal::SIGKILL);
+        // The watchdog emptied the run's cgroup before it exited; should it
+        // have been killed itself, what the job left behind is still in
+        // there and dies now, before the lease is released.
+        if let Some(cg) = self.cgroup.take() {
+            empty_and_remove(cg).await;
+        }
         for f in self.forwarders.drain(..) {
             let _ = f.await;
         }
+    }
+}
+
+/// Kills whatever is in a run's cgroup until it is empty (SIGKILLed
+/// processes go at once, so no bound: the release must wait for them), then
+/// removes it.
+async fn empty_and_remove(cg: RunCgroup) {
+    loop {
+        cg.signal(Signal::SIGKILL);
+        if cg.is_empty() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    if let Err(e) = cg.remove() {
+        events::run_cgroup_left(&cg.path().display().to_string(), &e.to_string());
     }
 }
 

@@ -2,7 +2,7 @@
 //! kill before the local deadline, release. Shared by the daemon and
 //! `fencecron exec`.
 //!
-//! The deadline rule (PRODUCT.md principle 8): from the moment the last
+//! The deadline rule (README.md, "The guarantee, exactly", point 1): from the moment the last
 //! successful acquire or renew was *sent*, measured on this host's monotonic
 //! clock, the job receives SIGTERM at `lease − margin − kill_grace` and
 //! SIGKILL at `lease − margin`. The store computed its expiry no earlier
@@ -229,6 +229,12 @@ impl Supervisor {
     /// This node's id.
     pub fn node(&self) -> &str {
         &self.node
+    }
+
+    /// How each run's whole process tree is stopped: `cgroup` or
+    /// `subreaper` (see [`crate::proctree`]).
+    pub fn process_tree(&self) -> &'static str {
+        self.launcher.process_tree()
     }
 
     /// Runs `spec` under `lease`, acquired by a call sent at `sent_at`.

@@ -71,14 +71,14 @@ enum Conn {
 }
 
 /// A direct connection to the test's store, to play "another owner" and to
-/// read the stored expiry.
-struct Db {
+/// read the stored expiry (also used by `process_tree`).
+pub(crate) struct Db {
     rt: tokio::runtime::Runtime,
     conn: Conn,
 }
 
 impl Db {
-    fn connect(store: &TestStore) -> Db {
+    pub(crate) fn connect(store: &TestStore) -> Db {
         use sqlx::Connection;
         use std::str::FromStr;
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -107,7 +107,7 @@ impl Db {
 
     /// Another owner takes the lease: new owner id, next fence, same expiry.
     /// Returns the number of rows changed.
-    fn intrude(&mut self, resource: &str) -> u64 {
+    pub(crate) fn intrude(&mut self, resource: &str) -> u64 {
         let rt = &self.rt;
         match &mut self.conn {
             Conn::Pg(c) => rt

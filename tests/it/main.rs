@@ -32,6 +32,7 @@ mod hardening;
 mod job_credentials;
 mod migrate;
 mod policies;
+mod process_tree;
 mod proxy;
 mod recipes;
 mod store_conformance;

@@ -40,6 +40,8 @@ pub struct DaemonOpts {
     pub env: Vec<(String, String)>,
     /// Put `--config`/`--store` before `run` instead of after it.
     pub flags_before_subcommand: bool,
+    /// Start the daemon in this cgroup (v2) directory.
+    pub cgroup: Option<PathBuf>,
 }
 
 impl DaemonOpts {
@@ -53,7 +55,14 @@ impl DaemonOpts {
             log_filter: None,
             env: Vec::new(),
             flags_before_subcommand: false,
+            cgroup: None,
         }
+    }
+
+    /// Starts the daemon in the cgroup v2 directory `dir`.
+    pub fn in_cgroup(mut self, dir: &Path) -> Self {
+        self.cgroup = Some(dir.to_path_buf());
+        self
     }
 
     /// Runs the daemon under `faketime -f offset`.
@@ -145,6 +154,9 @@ impl Daemon {
             cmd.env(k, v);
         }
         use std::os::unix::process::CommandExt;
+        if let Some(dir) = &opts.cgroup {
+            super::harness::into_cgroup(&mut cmd, dir);
+        }
         cmd.process_group(0)
             .stdin(Stdio::null())
             .stdout(Stdio::null())

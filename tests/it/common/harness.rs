@@ -168,3 +168,30 @@ pub fn describe(out: &Output) -> String {
         String::from_utf8_lossy(&out.stderr)
     )
 }
+
+/// Makes `cmd` start in the cgroup v2 directory `dir` (it moves itself
+/// there between fork and exec, so it never runs outside it).
+pub fn into_cgroup(cmd: &mut Command, dir: &Path) {
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::process::CommandExt;
+    let procs = std::ffi::CString::new(dir.join("cgroup.procs").as_os_str().as_bytes())
+        .expect("cgroup path without NUL");
+    // SAFETY: between fork and exec the closure makes only
+    // async-signal-safe system calls on memory prepared before the fork.
+    unsafe {
+        cmd.pre_exec(move || {
+            let fd = libc::open(procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+            if fd < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            let n = libc::write(fd, b"0".as_ptr().cast(), 1);
+            let err = std::io::Error::last_os_error();
+            libc::close(fd);
+            if n == 1 {
+                Ok(())
+            } else {
+                Err(err)
+            }
+        });
+    }
+}
