@@ -2053,10 +2053,17 @@ fn bash_completion_offers_the_configs_job_names() {
 }
 
 /// The zsh and fish scripts, with their job-name additions, are valid for
-/// their shells (`zsh -n`, `fish --no-execute`).
+/// their shells (`zsh -n`, `fish --no-execute`); fish, which completes a
+/// command line without a terminal (`complete -C`), offers the config's
+/// job names for `trigger ` and none for `status `.
 #[test]
 fn zsh_and_fish_completions_are_valid_scripts() {
     let dir = tempfile::tempdir().unwrap();
+    let job = |name: &str| {
+        format!("[[job]]\nname = \"{name}\"\nschedule = \"@daily\"\ncommand = [\"true\"]\n")
+    };
+    let config = dir.path().join("jobs.toml");
+    std::fs::write(&config, format!("{}{}", job("alpha"), job("beta"))).unwrap();
     for (shell, check) in [("zsh", &["-n"][..]), ("fish", &["--no-execute"][..])] {
         let mut cmd = fencecron(dir.path());
         cmd.args(["completions", shell]);
@@ -2078,6 +2085,30 @@ fn zsh_and_fish_completions_are_valid_scripts() {
             "{shell}: {}",
             describe(&syntax)
         );
+        if shell != "fish" {
+            continue;
+        }
+        let path_var = format!(
+            "{}:{}",
+            common::bin().parent().unwrap().display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        let complete = |line: &str| -> Vec<String> {
+            let mut fish = clean(Command::new("fish"), dir.path());
+            fish.arg("-c")
+                .arg(format!("source '{}'; complete -C '{line}'", path.display()))
+                .env("PATH", &path_var)
+                .env("FENCECRON_CONFIG", &config);
+            let out = run(fish, None);
+            assert!(out.status.success(), "{}", describe(&out));
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .map(|l| l.split('\t').next().unwrap_or("").to_string())
+                .collect()
+        };
+        assert_eq!(complete("fencecron trigger "), ["alpha", "beta"]);
+        let status = complete("fencecron status ");
+        assert!(!status.iter().any(|w| w == "alpha"), "{status:?}");
     }
 }
 
