@@ -2055,7 +2055,8 @@ fn bash_completion_offers_the_configs_job_names() {
 /// The zsh and fish scripts, with their job-name additions, are valid for
 /// their shells (`zsh -n`, `fish --no-execute`); fish, which completes a
 /// command line without a terminal (`complete -C`), offers the config's
-/// job names for `trigger ` and none for `status `.
+/// job names for `trigger ` and none for `status `; zsh's job-name function
+/// offers them for `pause `.
 #[test]
 fn zsh_and_fish_completions_are_valid_scripts() {
     let dir = tempfile::tempdir().unwrap();
@@ -2085,14 +2086,35 @@ fn zsh_and_fish_completions_are_valid_scripts() {
             "{shell}: {}",
             describe(&syntax)
         );
-        if shell != "fish" {
-            continue;
-        }
         let path_var = format!(
             "{}:{}",
             common::bin().parent().unwrap().display(),
             std::env::var("PATH").unwrap_or_default()
         );
+        if shell == "zsh" {
+            // The script's job-name function, with zsh's completion system
+            // stubbed to print what it would offer (that `_arguments`
+            // calls it for JOB is checked on the script in the crate).
+            let mut zsh = clean(Command::new("zsh"), dir.path());
+            zsh.arg("-f")
+                .arg("-c")
+                .arg(format!(
+                    "compdef() {{ }}; _wanted() {{ shift 3; \"$@\" }}; \
+                     compadd() {{ print -l -- \"${{(@P)${{@[-1]}}}}\" }}; \
+                     source '{}'; LBUFFER='fencecron pause '; _fencecron_jobs",
+                    path.display()
+                ))
+                .env("PATH", &path_var)
+                .env("FENCECRON_CONFIG", &config);
+            let out = run(zsh, None);
+            assert!(
+                out.status.success() && out.stderr.is_empty(),
+                "{}",
+                describe(&out)
+            );
+            assert_eq!(String::from_utf8_lossy(&out.stdout), "alpha\nbeta\n");
+            continue;
+        }
         let complete = |line: &str| -> Vec<String> {
             let mut fish = clean(Command::new("fish"), dir.path());
             fish.arg("-c")
