@@ -14,6 +14,13 @@ fn main() -> ExitCode {
     if args.nth(1).is_some_and(|a| a == fencecron::shim::SHIM_ARG) {
         fencecron::shim::main(args.collect());
     }
+    // What the completion scripts ask for (job names): no runtime, no log,
+    // nothing on stderr; not a subcommand, so no help, page or completion
+    // offers it.
+    let mut args = std::env::args_os();
+    if args.nth(1).is_some_and(|a| a == commands::COMPLETE_ARG) {
+        return commands::complete(args.collect());
+    }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         // --help and --version print to stdout and exit 0, as clap does.

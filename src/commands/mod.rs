@@ -17,6 +17,8 @@ mod run;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+pub use generate::{complete, COMPLETE_ARG};
+
 use crate::cli::{Cli, Command};
 use crate::config::{self, Config};
 use crate::error::{Error, Exit, Result};

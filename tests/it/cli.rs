@@ -1830,6 +1830,310 @@ fn completions_and_man_pages_are_generated_from_the_command_line() {
     }
 }
 
+/// Whether `tool` runs here; without it a test skips loudly, and fails
+/// under CI=true (.ci/run installs it).
+fn have_tool(tool: &str, test: &str) -> bool {
+    if Command::new(tool).arg("--version").output().is_ok() {
+        return true;
+    }
+    assert!(
+        std::env::var("CI").as_deref() != Ok("true"),
+        "{test}: {tool} is not installed under CI=true; .ci/run must install it"
+    );
+    skipped!("\n*** SKIPPED {test}: {tool} is not installed ***\n");
+    false
+}
+
+/// The man pages say more than `--help`: every section-1 page has EXIT
+/// STATUS (the command's own codes), EXAMPLES and SEE ALSO, the pages of
+/// commands that read the config also ENVIRONMENT and FILES; `jobs.toml.5`
+/// is written beside them with every key of the configuration reference;
+/// no page names the hidden completion helper; groff reads every page
+/// without a warning.
+#[test]
+fn man_pages_have_exit_status_environment_files_examples_and_jobs_toml() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = fencecron(dir.path());
+    cmd.arg("man").arg(dir.path());
+    let out = run(cmd, None);
+    assert_eq!(code(&out), 0, "{}", describe(&out));
+    let page = |name: &str| {
+        std::fs::read_to_string(dir.path().join(name)).unwrap_or_else(|e| panic!("{name}: {e}"))
+    };
+    let get = page("fencecron-get.1");
+    for section in [
+        ".SH \"EXIT STATUS\"",
+        ".SH ENVIRONMENT",
+        ".SH FILES",
+        ".SH EXAMPLES",
+        ".SH \"SEE ALSO\"",
+    ] {
+        assert!(
+            get.contains(section),
+            "fencecron-get.1 lacks {section}:\n{get}"
+        );
+    }
+    // get's own codes, as README's commands table gives them; put's
+    // variables; a job-less command has no FILES.
+    for code in ["\\fB0\\fR", "\\fB1\\fR", "\\fB4\\fR"] {
+        assert!(get.contains(code), "fencecron-get.1 lacks exit code {code}");
+    }
+    assert!(!get.contains("\\fB75\\fR"), "get has no exit 75");
+    let put = page("fencecron-put.1");
+    for var in [
+        "FENCECRON_TOKEN",
+        "FENCECRON_OWNER_ID",
+        "FENCECRON_STORE_FILE",
+    ] {
+        assert!(
+            put.contains(&format!("\\fB{var}\\fR")),
+            "fencecron-put.1 lacks {var}"
+        );
+    }
+    assert!(page("fencecron-run.1").contains("/run/fencecron/"));
+    assert!(!page("fencecron-guard-ddl.1").contains(".SH FILES"));
+    assert!(page("fencecron.1").contains("\\fBjobs.toml\\fR(5)"));
+    let jobs = page("jobs.toml.5");
+    assert!(jobs.contains(".TH JOBS.TOML 5"), "{jobs}");
+    for key in [
+        "store.url_env",
+        "history.max_age",
+        "retry_backoff_max",
+        "on_failure",
+    ] {
+        assert!(
+            jobs.contains(&format!(".TP\n\\fB{key}\\fR\n")),
+            "jobs.toml.5 lacks {key}"
+        );
+    }
+    let mut names: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    for name in &names {
+        assert!(
+            !page(name).contains("__complete"),
+            "{name} names the hidden helper"
+        );
+    }
+    if !have_tool("groff", "man page rendering test") {
+        return;
+    }
+    for name in &names {
+        // -k: UTF-8 input, as man(1) reads it; -ww: every warning.
+        let check = Command::new("groff")
+            .args(["-k", "-man", "-Tutf8", "-ww", "-z"])
+            .arg(dir.path().join(name))
+            .output()
+            .unwrap();
+        assert!(
+            check.status.success() && check.stderr.is_empty(),
+            "{name}: {}",
+            describe(&check)
+        );
+    }
+}
+
+/// bash completion offers the job names of the config the command line
+/// would use, for JOB arguments only: `trigger ` completes to both jobs of
+/// $FENCECRON_CONFIG, `--config OTHER pause b` to the matching job of the
+/// other file; `status` (no JOB) and a second argument get none; a config
+/// that does not load gives no names and no message.
+#[test]
+fn bash_completion_offers_the_configs_job_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let job = |name: &str| {
+        format!("[[job]]\nname = \"{name}\"\nschedule = \"@daily\"\ncommand = [\"true\"]\n")
+    };
+    let config = dir.path().join("jobs.toml");
+    std::fs::write(&config, format!("{}{}", job("alpha"), job("beta"))).unwrap();
+    let other = dir.path().join("other.toml");
+    std::fs::write(&other, format!("{}{}", job("backup"), job("archive"))).unwrap();
+    let broken = dir.path().join("broken.toml");
+    std::fs::write(&broken, format!("{}schedule = \"61 * * * *\"\n", job("x"))).unwrap();
+
+    let mut cmd = fencecron(dir.path());
+    cmd.args(["completions", "bash"]);
+    let out = run(cmd, None);
+    assert_eq!(code(&out), 0, "{}", describe(&out));
+    let script = dir.path().join("fencecron.bash");
+    std::fs::write(&script, &out.stdout).unwrap();
+    let syntax = Command::new("bash")
+        .arg("-n")
+        .arg(&script)
+        .output()
+        .unwrap();
+    assert!(syntax.status.success(), "{}", describe(&syntax));
+
+    let bin = common::bin();
+    // Completes the last word of `words` as bash would: the script's
+    // function for fencecron, called with (command, word, previous word).
+    let complete = |words: &[&str]| -> Vec<String> {
+        let mut all = vec![bin.to_str().unwrap()];
+        all.extend_from_slice(words);
+        let quoted: Vec<String> = all.iter().map(|w| format!("'{w}'")).collect();
+        let driver = format!(
+            "source '{}'\n\
+             COMP_WORDS=({})\n\
+             COMP_CWORD=$(( ${{#COMP_WORDS[@]}} - 1 ))\n\
+             COMP_LINE=\"${{COMP_WORDS[*]}}\"; COMP_POINT=${{#COMP_LINE}}\n\
+             spec=$(complete -p fencecron); spec=${{spec#*-F }}; fn=${{spec%% *}}\n\
+             \"$fn\" \"${{COMP_WORDS[0]}}\" \"${{COMP_WORDS[COMP_CWORD]}}\" \"${{COMP_WORDS[COMP_CWORD-1]}}\"\n\
+             printf '%s\\n' \"${{COMPREPLY[@]}}\"\n",
+            script.display(),
+            quoted.join(" ")
+        );
+        let mut bash = clean(Command::new("bash"), dir.path());
+        bash.arg("-c").arg(driver).env("FENCECRON_CONFIG", &config);
+        let out = run(bash, None);
+        assert!(out.status.success(), "{}", describe(&out));
+        assert!(out.stderr.is_empty(), "{}", describe(&out));
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| !l.is_empty())
+            .map(str::to_string)
+            .collect()
+    };
+    let mut trigger = complete(&["trigger", ""]);
+    trigger.sort();
+    assert_eq!(trigger, ["alpha", "beta"]);
+    assert_eq!(
+        complete(&["--config", other.to_str().unwrap(), "pause", "b"]),
+        ["backup"]
+    );
+    assert_eq!(
+        complete(&["resume", "--config", other.to_str().unwrap(), "a"]),
+        ["archive"]
+    );
+    assert_eq!(complete(&["runs", "--since", "1h", "al"]), ["alpha"]);
+    for words in [
+        &["status", ""][..],
+        &["trigger", "alpha", ""],
+        &["trigger", "--timeout", ""],
+    ] {
+        let offered = complete(words);
+        assert!(
+            !offered.iter().any(|w| w == "alpha" || w == "beta"),
+            "{words:?} offered job names: {offered:?}"
+        );
+    }
+    assert!(
+        complete(&["--config", broken.to_str().unwrap(), "trigger", ""])
+            .iter()
+            .all(|w| w != "x")
+    );
+    // The helper itself: names only, nothing on stderr, exit 0, also for a
+    // config that does not load.
+    for (file, names) in [
+        (&config, "alpha\nbeta\n"),
+        (&broken, ""),
+        (&dir.path().join("missing.toml"), ""),
+    ] {
+        let mut cmd = fencecron(dir.path());
+        cmd.args([
+            "__complete",
+            "jobs",
+            "--",
+            "fencecron",
+            "trigger",
+            "--config",
+        ])
+        .arg(file);
+        let out = run(cmd, None);
+        assert_eq!(code(&out), 0, "{}", describe(&out));
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            names,
+            "{}",
+            describe(&out)
+        );
+        assert!(out.stderr.is_empty(), "{}", describe(&out));
+    }
+}
+
+/// The zsh and fish scripts, with their job-name additions, are valid for
+/// their shells (`zsh -n`, `fish --no-execute`); fish, which completes a
+/// command line without a terminal (`complete -C`), offers the config's
+/// job names for `trigger ` and none for `status `; zsh's job-name function
+/// offers them for `pause `.
+#[test]
+fn zsh_and_fish_completions_are_valid_scripts() {
+    let dir = tempfile::tempdir().unwrap();
+    let job = |name: &str| {
+        format!("[[job]]\nname = \"{name}\"\nschedule = \"@daily\"\ncommand = [\"true\"]\n")
+    };
+    let config = dir.path().join("jobs.toml");
+    std::fs::write(&config, format!("{}{}", job("alpha"), job("beta"))).unwrap();
+    for (shell, check) in [("zsh", &["-n"][..]), ("fish", &["--no-execute"][..])] {
+        let mut cmd = fencecron(dir.path());
+        cmd.args(["completions", shell]);
+        let out = run(cmd, None);
+        assert_eq!(code(&out), 0, "{}", describe(&out));
+        let script = String::from_utf8_lossy(&out.stdout).to_string();
+        assert!(
+            script.contains("__complete jobs --"),
+            "{shell}: no job names"
+        );
+        if !have_tool(shell, &format!("{shell} completion syntax test")) {
+            continue;
+        }
+        let path = dir.path().join(format!("fencecron.{shell}"));
+        std::fs::write(&path, &script).unwrap();
+        let syntax = Command::new(shell).args(check).arg(&path).output().unwrap();
+        assert!(
+            syntax.status.success() && syntax.stderr.is_empty(),
+            "{shell}: {}",
+            describe(&syntax)
+        );
+        let path_var = format!(
+            "{}:{}",
+            common::bin().parent().unwrap().display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        if shell == "zsh" {
+            // The script's job-name function, with zsh's completion system
+            // stubbed to print what it would offer (that `_arguments`
+            // calls it for JOB is checked on the script in the crate).
+            let mut zsh = clean(Command::new("zsh"), dir.path());
+            zsh.arg("-f")
+                .arg("-c")
+                .arg(format!(
+                    "compdef() {{ }}; _wanted() {{ shift 3; \"$@\" }}; \
+                     compadd() {{ print -l -- \"${{(@P)${{@[-1]}}}}\" }}; \
+                     source '{}'; LBUFFER='fencecron pause '; _fencecron_jobs",
+                    path.display()
+                ))
+                .env("PATH", &path_var)
+                .env("FENCECRON_CONFIG", &config);
+            let out = run(zsh, None);
+            assert!(
+                out.status.success() && out.stderr.is_empty(),
+                "{}",
+                describe(&out)
+            );
+            assert_eq!(String::from_utf8_lossy(&out.stdout), "alpha\nbeta\n");
+            continue;
+        }
+        let complete = |line: &str| -> Vec<String> {
+            let mut fish = clean(Command::new("fish"), dir.path());
+            fish.arg("-c")
+                .arg(format!("source '{}'; complete -C '{line}'", path.display()))
+                .env("PATH", &path_var)
+                .env("FENCECRON_CONFIG", &config);
+            let out = run(fish, None);
+            assert!(out.status.success(), "{}", describe(&out));
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .map(|l| l.split('\t').next().unwrap_or("").to_string())
+                .collect()
+        };
+        assert_eq!(complete("fencecron trigger "), ["alpha", "beta"]);
+        let status = complete("fencecron status ");
+        assert!(!status.iter().any(|w| w == "alpha"), "{status:?}");
+    }
+}
+
 /// `--version` names the version and the commit the binary was built from.
 #[test]
 fn version_names_the_commit() {

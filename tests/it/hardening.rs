@@ -1242,7 +1242,8 @@ fn prometheus_rules_check_and_their_unit_tests_pass() {
 
 /// `packaging/build-deb.sh` builds a .deb (here from the binaries under
 /// test) that holds the binaries, the unit pointing at /usr/bin, the example
-/// config as a conffile, completions, man pages and docs, and a postinst that
+/// config as a conffile, completions, man pages (jobs.toml(5) in section 5)
+/// and docs, and a postinst that
 /// creates the `fencecron` user; the packaged binary checks the packaged
 /// config; its binaries are stripped, with their debug information in the
 /// dbgsym package under their build ids.
@@ -1280,6 +1281,8 @@ fn deb_package_holds_what_a_host_needs() {
         "./usr/share/zsh/vendor-completions/_fencecron",
         "./usr/share/man/man1/fencecron.1.gz",
         "./usr/share/man/man1/fencecron-run.1.gz",
+        "./usr/share/man/man5/jobs.toml.5.gz",
+        "./usr/share/fish/vendor_completions.d/fencecron.fish",
         "./usr/share/doc/fencecron/README.md",
     ] {
         assert!(
@@ -1385,6 +1388,29 @@ fn deb_package_holds_what_a_host_needs() {
     .output()
     .unwrap();
     assert!(check.status.success(), "{}", describe(&check));
+    // The packaged completions ask the packaged binary for the packaged
+    // config's job names.
+    let names = clean(
+        Command::new(tree.path().join("usr/bin/fencecron")),
+        tree.path(),
+    )
+    .args(["__complete", "jobs", "--", "fencecron", "--config"])
+    .arg(tree.path().join("etc/fencecron/jobs.toml"))
+    .arg("trigger")
+    .output()
+    .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&names.stdout),
+        "heartbeat\ncounter\nreport\n",
+        "{}",
+        describe(&names)
+    );
+    let bash = std::fs::read_to_string(
+        tree.path()
+            .join("usr/share/bash-completion/completions/fencecron"),
+    )
+    .unwrap();
+    assert!(bash.contains("__complete jobs --"), "{bash}");
 }
 
 /// `readelf ARGS FILE`'s output (binutils, which the package build needs too).
