@@ -717,12 +717,31 @@ pub fn stale_record_failed(resource: &str, error: &str) {
     );
 }
 
-/// The daemon is up and scheduling.
-pub fn daemon_started(node: &str, jobs: usize, store: &str, config: &str) {
-    info!(
-        event = "daemon_started",
-        node, jobs, store, config, "daemon started"
-    );
+/// The daemon is up and scheduling. `scope` is which daemons its store
+/// fences against each other: `host` (SQLite: this host's only) or `fleet`
+/// (a shared database server).
+pub fn daemon_started(node: &str, jobs: usize, store: &str, scope: &str, config: &str) {
+    if scope == "host" {
+        info!(
+            event = "daemon_started",
+            node,
+            jobs,
+            store,
+            scope,
+            config,
+            "daemon started; its store fences the daemons of this host only (set [store] for a fleet)"
+        );
+    } else {
+        info!(
+            event = "daemon_started",
+            node,
+            jobs,
+            store,
+            scope,
+            config,
+            "daemon started; its store fences every daemon that uses it (a fleet)"
+        );
+    }
 }
 
 /// `fencecron proxy` is listening.

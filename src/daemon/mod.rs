@@ -80,6 +80,8 @@ pub struct Settings {
     pub records: Option<Arc<RunRecords>>,
     /// For the start-up log line: the store (redacted) and the config file.
     pub store_display: String,
+    /// Which daemons the store fences ([`crate::store::StoreUrl::scope`]).
+    pub store_scope: &'static str,
     pub config_display: String,
     /// How often to ping systemd's watchdog (half of `WatchdogSec=`); `None`
     /// without one. The scheduler loop pings, so a stuck loop stops pinging.
@@ -132,6 +134,7 @@ async fn serve(
         store,
         records,
         store_display,
+        store_scope,
         config_display,
         watchdog,
         child_env,
@@ -181,7 +184,13 @@ async fn serve(
     let job_count = jobs.len();
     tracker.spawn(scheduler.run(jobs, reload_rx));
 
-    events::daemon_started(&node, job_count, &store_display, &config_display);
+    events::daemon_started(
+        &node,
+        job_count,
+        &store_display,
+        store_scope,
+        &config_display,
+    );
     if !ready.initialized() {
         notify(&[NotifyState::Status(&format!(
             "waiting for the store {store_display} to answer"

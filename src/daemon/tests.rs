@@ -562,6 +562,7 @@ async fn the_daemon_runs_in_process_from_settings_and_a_control_stream() {
         child_env: Default::default(),
         records: None,
         store_display: "memory".into(),
+        store_scope: "host",
         config_display: "none".into(),
         watchdog: None,
         history: Default::default(),
@@ -957,6 +958,7 @@ async fn the_daemon_prunes_the_history_to_the_newest_runs() {
         child_env: Default::default(),
         records: None,
         store_display: "memory".into(),
+        store_scope: "host",
         config_display: "none".into(),
         watchdog: None,
         history: crate::config::History {
