@@ -1385,6 +1385,23 @@ fn deb_package_holds_what_a_host_needs() {
     .output()
     .unwrap();
     assert!(check.status.success(), "{}", describe(&check));
+    // The packaged config runs nothing until edited, and neither it nor
+    // `check` leaves unsaid that its SQLite store fences this host only.
+    let packaged = std::fs::read_to_string(tree.path().join("etc/fencecron/jobs.toml")).unwrap();
+    assert!(
+        !packaged.lines().any(|l| l.trim() == "[[job]]"),
+        "{packaged}"
+    );
+    assert!(packaged.contains("THIS HOST ONLY"), "{packaged}");
+    assert!(
+        String::from_utf8_lossy(&check.stdout).contains("fences the daemons of this host only"),
+        "{}",
+        describe(&check)
+    );
+    assert!(
+        listing.contains("./usr/share/doc/fencecron/jobs.example.toml"),
+        "{listing}"
+    );
 }
 
 /// `readelf ARGS FILE`'s output (binutils, which the package build needs too).
