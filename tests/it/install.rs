@@ -571,12 +571,7 @@ impl Host {
         }
         let mut failed = Vec::new();
         if std::mem::take(&mut self.installed) {
-            let out = system({
-                let mut c = Command::new("dpkg");
-                c.args(["-P", "fencecron"]);
-                c
-            })
-            .output();
+            let out = cmd("dpkg", &["-P", "fencecron"]).output();
             if !out.as_ref().is_ok_and(|o| o.status.success()) {
                 failed.push(format!("dpkg -P fencecron: {out:?}"));
             }
@@ -585,11 +580,18 @@ impl Host {
                     failed.push(format!("rm -r {ETC}: {e}"));
                 }
             }
-            if user(USER).is_some() && !succeeds(system(Command::new("userdel")).arg(USER)) {
-                failed.push(format!("userdel {USER}"));
+            // userdel refuses while a process of the user lives: a job's
+            // watchdog (fencecron-shim) outlives a killed daemon briefly.
+            let deadline = Instant::now() + secs(30);
+            while user(USER).is_some() && !succeeds(&mut cmd("userdel", &[USER])) {
+                if Instant::now() > deadline {
+                    failed.push(format!("userdel {USER}"));
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(100));
             }
             if nix::unistd::Group::from_name(USER).ok().flatten().is_some()
-                && !succeeds(system(Command::new("groupdel")).arg(USER))
+                && !succeeds(&mut cmd("groupdel", &[USER]))
             {
                 failed.push(format!("groupdel {USER}"));
             }
