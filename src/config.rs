@@ -1212,7 +1212,7 @@ mod tests {
         std::fs::remove_file(&file).unwrap();
         let p = dir.path().join("jobs.toml");
         std::fs::write(&p, &conf).unwrap();
-        assert!(load(&p).unwrap_err().message.contains("cannot read"));
+        assert!(load(&p).unwrap_err().message.contains("does not exist"));
         assert!(load_store_given(&p).unwrap().store.is_none());
     }
 

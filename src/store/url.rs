@@ -225,8 +225,11 @@ fn is_env_name(s: &str) -> bool {
 pub fn read_url_file(path: &std::path::Path) -> Result<StoreUrl, String> {
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
     let shown = path.display();
-    let meta = std::fs::metadata(path).map_err(|e| {
-        format!("cannot read {shown} ({e}); create it holding the store URL, mode 0640")
+    let meta = std::fs::metadata(path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => format!(
+            "{shown} does not exist; write the store URL into it (mode 0640, group fencecron) or fix store.url_file"
+        ),
+        _ => format!("cannot read {shown} ({e}); run this as root or as the user the daemon runs as"),
     })?;
     let mode = meta.permissions().mode() & 0o7777;
     if mode & 0o007 != 0 {
