@@ -281,6 +281,7 @@ struct RawConfig {
 struct RawStore {
     url: Option<Spanned<String>>,
     url_env: Option<Spanned<String>>,
+    url_file: Option<Spanned<String>>,
     max_connections: Option<Spanned<i64>>,
 }
 
@@ -356,8 +357,9 @@ pub fn load(path: &Path) -> Result<Config, ConfigError> {
 
 /// Reads and validates a config file for a command whose store is given
 /// elsewhere (`--store`, `$FENCECRON_STORE`, `$FENCECRON_STORE_FILE`): the
-/// variable named by `store.url_env` is not read, so it may be unset (jobs
-/// do not inherit it), and `store` is then `None`.
+/// variable named by `store.url_env` and the file named by `store.url_file`
+/// are not read, so they may be missing (jobs do not inherit the variable),
+/// and `store` is then `None`.
 pub fn load_store_given(path: &Path) -> Result<Config, ConfigError> {
     load_with(path, false)
 }
@@ -385,6 +387,12 @@ fn read_text(path: &Path) -> Result<String, ConfigError> {
         message,
     };
     let cannot_read = |e: std::io::Error| {
+        if e.kind() == std::io::ErrorKind::PermissionDenied {
+            return fail(format!(
+                "cannot read the config file ({e}); {}",
+                who_may_read(path)
+            ));
+        }
         fail(format!(
             "cannot read the config file ({e}); pass --config FILE or set FENCECRON_CONFIG"
         ))
@@ -406,6 +414,23 @@ fn read_text(path: &Path) -> Result<String, ConfigError> {
     })
 }
 
+/// Who may read a file this user may not: its group (the package makes
+/// `/etc/fencecron/jobs.toml` root's and group `fencecron`'s, 0640).
+fn who_may_read(path: &Path) -> String {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(meta) = std::fs::metadata(path) else {
+        return "run this as root or as the user the daemon runs as".to_string();
+    };
+    let group = nix::unistd::Group::from_gid(meta.gid().into())
+        .ok()
+        .flatten()
+        .map(|g| g.name)
+        .unwrap_or_else(|| meta.gid().to_string());
+    format!(
+        "only its owner and group `{group}` may read it: run this as root or as a member of group `{group}` (e.g. `sudo -u {group} fencecron ...`), or add your user to the group with `usermod -aG {group} USER`"
+    )
+}
+
 /// Validates config text; `path` is only used in messages.
 pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
     Parser {
@@ -419,7 +444,8 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
 struct Parser<'a> {
     path: &'a Path,
     text: &'a str,
-    /// Whether `store.url_env` is resolved (see [`load_store_given`]).
+    /// Whether `store.url_env` and `store.url_file` are resolved (see
+    /// [`load_store_given`]).
     read_url_env: bool,
 }
 
@@ -716,17 +742,47 @@ impl Parser<'_> {
                 ));
             }
         }
-        match (&raw.url, &raw.url_env) {
-            (Some(_), Some(env)) => Err(self.at(
-                env.span(),
-                "store.url_env",
-                "set either store.url or store.url_env, not both",
-            )),
-            (Some(url), None) => StoreUrl::parse(url.get_ref())
+        if let Some(file) = &raw.url_file {
+            let path = file.get_ref();
+            if !path.starts_with('/') || path.contains('\0') {
+                return Err(self.at(
+                    file.span(),
+                    "store.url_file",
+                    format!("{path:?} is not an absolute path; give the file holding the store URL as one, such as /etc/fencecron/store-url"),
+                ));
+            }
+        }
+        // Exactly one source of the URL: the second one set is the error.
+        let mut given = [
+            ("store.url", raw.url.as_ref()),
+            ("store.url_env", raw.url_env.as_ref()),
+            ("store.url_file", raw.url_file.as_ref()),
+        ]
+        .into_iter()
+        .filter_map(|(key, v)| v.map(|v| (key, v)));
+        let first = given.next();
+        if let Some((key, second)) = given.next() {
+            return Err(self.at(
+                second.span(),
+                key,
+                format!(
+                    "set only one of store.url, store.url_env and store.url_file; {} is set too",
+                    first.map(|f| f.0).unwrap_or_default()
+                ),
+            ));
+        }
+        match first {
+            None => Ok(None),
+            Some(("store.url", url)) => StoreUrl::parse(url.get_ref())
                 .map(Some)
                 .map_err(|m| self.at(url.span(), "store.url", m)),
-            (None, Some(_)) if !self.read_url_env => Ok(None),
-            (None, Some(env)) => {
+            Some(_) if !self.read_url_env => Ok(None),
+            Some(("store.url_file", file)) => {
+                crate::store::read_url_file(Path::new(file.get_ref()))
+                    .map(Some)
+                    .map_err(|m| self.at(file.span(), "store.url_file", m))
+            }
+            Some((_, env)) => {
                 let var = env.get_ref();
                 let value = std::env::var(var).map_err(|_| {
                     self.at(
@@ -745,7 +801,6 @@ impl Parser<'_> {
                     )
                 })
             }
-            (None, None) => Ok(None),
         }
     }
 
@@ -1104,6 +1159,93 @@ mod tests {
     }
 
     const JOB: &str = "[[job]]\nname = \"a\"\nschedule = \"* * * * * *\"\ncommand = [\"true\"]\n";
+
+    /// `[store] url_file`: the URL is read from the file (alone or as an
+    /// environment file's `NAME=URL` line), a file open to other users is
+    /// refused with the chmod that fixes it, a relative path is refused,
+    /// and only one of `url`, `url_env`, `url_file` may be set (the second
+    /// one named at its line and column). The file's content never shows
+    /// in an error.
+    #[test]
+    fn store_url_file_is_read_private_and_exclusive() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("store-url");
+        let write = |text: &str, mode: u32| {
+            std::fs::write(&file, text).unwrap();
+            std::fs::set_permissions(&file, std::fs::Permissions::from_mode(mode)).unwrap();
+        };
+        let conf = format!("[store]\nurl_file = \"{}\"\n{JOB}", file.display());
+        let parsed = |text: &str| parse(Path::new("jobs.toml"), text);
+
+        write("postgres://fencecron:s3cret@db.internal/fencecron\n", 0o640);
+        let c = parsed(&conf).unwrap();
+        let url = c.store.unwrap();
+        assert_eq!(
+            url.expose(),
+            "postgres://fencecron:s3cret@db.internal/fencecron"
+        );
+        assert_eq!(url.scope(), "fleet");
+
+        write(
+            "FENCECRON_DATABASE_URL='postgres://f:s3cret@db/f?sslmode=require'\n",
+            0o600,
+        );
+        let c = parsed(&conf).unwrap();
+        assert_eq!(
+            c.store.unwrap().expose(),
+            "postgres://f:s3cret@db/f?sslmode=require"
+        );
+
+        write("postgres://fencecron:s3cret@db.internal/fencecron\n", 0o644);
+        let e = parsed(&conf).unwrap_err();
+        assert_eq!(
+            (e.line, e.key.as_deref()),
+            (Some(2), Some("store.url_file"))
+        );
+        assert!(
+            e.message.contains("mode 0644") && e.message.contains("chmod o-rwx"),
+            "{e}"
+        );
+        assert!(!e.to_string().contains("s3cret"), "{e}");
+
+        write(
+            "postgres://fencecron:s3cret@db.internal/fencecron\nmore\n",
+            0o640,
+        );
+        let e = parsed(&conf).unwrap_err();
+        assert!(
+            e.message.contains("2 lines") && !e.to_string().contains("s3cret"),
+            "{e}"
+        );
+
+        write("ftp://fencecron:s3cret@db.internal/fencecron\n", 0o640);
+        let e = parsed(&conf).unwrap_err();
+        assert!(
+            e.message.contains("unsupported scheme") && !e.to_string().contains("s3cret"),
+            "{e}"
+        );
+
+        let e = err(&format!("[store]\nurl_file = \"store-url\"\n{JOB}"));
+        assert!(e.message.contains("absolute path"), "{e}");
+        let e = err(&format!(
+            "[store]\nurl = \"sqlite://x.db\"\nurl_file = \"{}\"\n{JOB}",
+            file.display()
+        ));
+        assert_eq!((e.line, e.column), (Some(3), Some(12)), "{e}");
+        assert_eq!(e.key.as_deref(), Some("store.url_file"));
+        assert!(
+            e.message.contains("only one of") && e.message.contains("store.url is set"),
+            "{e}"
+        );
+
+        // A command whose store is given elsewhere does not read the file.
+        std::fs::remove_file(&file).unwrap();
+        let p = dir.path().join("jobs.toml");
+        std::fs::write(&p, &conf).unwrap();
+        assert!(load(&p).unwrap_err().message.contains("does not exist"));
+        assert!(load_store_given(&p).unwrap().store.is_none());
+    }
 
     #[test]
     fn history_and_retries_parse_and_bad_values_name_their_key() {

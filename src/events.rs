@@ -748,15 +748,43 @@ pub fn stale_record_failed(resource: &str, error: &str) {
     );
 }
 
-/// The daemon is up and scheduling.
-/// `process_tree` names how each run's whole process tree is stopped:
-/// `cgroup` (a cgroup of its own per run, under a delegated cgroup v2) or
-/// `subreaper` (the run's watchdog as child subreaper alone).
-pub fn daemon_started(node: &str, jobs: usize, store: &str, config: &str, process_tree: &str) {
-    info!(
-        event = "daemon_started",
-        node, jobs, store, config, process_tree, "daemon started"
-    );
+/// The daemon is up and scheduling. `scope` is which daemons its store
+/// fences against each other: `host` (SQLite: this host's only) or `fleet`
+/// (a shared database server). `process_tree` names how each run's whole
+/// process tree is stopped: `cgroup` (a cgroup of its own per run, under a
+/// delegated cgroup v2) or `subreaper` (the run's watchdog as child
+/// subreaper alone).
+pub fn daemon_started(
+    node: &str,
+    jobs: usize,
+    store: &str,
+    scope: &str,
+    config: &str,
+    process_tree: &str,
+) {
+    if scope == "host" {
+        info!(
+            event = "daemon_started",
+            node,
+            jobs,
+            store,
+            scope,
+            config,
+            process_tree,
+            "daemon started; its store fences the daemons of this host only (set [store] for a fleet)"
+        );
+    } else {
+        info!(
+            event = "daemon_started",
+            node,
+            jobs,
+            store,
+            scope,
+            config,
+            process_tree,
+            "daemon started; its store fences every daemon that uses it (a fleet)"
+        );
+    }
 }
 
 /// `fencecron proxy` is listening.

@@ -72,6 +72,9 @@ pub async fn run(cli: &Cli, connect: bool) -> Result<Exit> {
         config.jobs.len(),
         ctx.store_url
     )?;
+    // A SQLite store on every host makes each host a fleet of one that
+    // runs every job: said here, and by the daemon at start.
+    writeln!(out, "{}", ctx.store_url.scope_line())?;
     let now = Utc::now();
     for job in &config.jobs {
         writeln!(

@@ -48,7 +48,8 @@ impl Context {
     /// `--config` or `$FENCECRON_CONFIG`; the default path is optional for
     /// commands that do not need jobs. The store is, in order: `--store` or
     /// `$FENCECRON_STORE`, the URL in the file `$FENCECRON_STORE_FILE`
-    /// names, the config's `[store]`, and for a config without `[store]` the
+    /// names, the config's `[store]` (`url`, `url_env` or `url_file`, read
+    /// by [`config::load`]), and for a config without `[store]` the
     /// embedded SQLite default. With neither a config nor a store, a command
     /// that needs no config (they all touch the store) refuses: it must not
     /// fence against a database it would create on the spot (PRODUCT.md
@@ -139,7 +140,7 @@ impl Context {
 /// The store given outside the config file: `--store` or `$FENCECRON_STORE`
 /// (clap reads both), else the URL in the file `$FENCECRON_STORE_FILE`
 /// names (how a job started by fencecron finds a store whose URL holds a
-/// password).
+/// password): the URL alone or an environment file's `NAME=URL` line.
 fn given_store(cli: &Cli) -> Result<Option<StoreUrl>> {
     if let Some(raw) = &cli.store {
         return StoreUrl::parse(raw)
@@ -157,7 +158,7 @@ fn given_store(cli: &Cli) -> Result<Option<StoreUrl>> {
             path.display()
         ))
     })?;
-    StoreUrl::parse(&raw).map(Some).map_err(|m| {
+    store::url_in_file_text(&raw).map(Some).map_err(|m| {
         Error::Usage(format!(
             "${} ({}): {m}",
             job_env::STORE_FILE_VAR,

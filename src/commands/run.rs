@@ -75,6 +75,7 @@ pub async fn run(cli: &Cli, node_flag: Option<String>) -> Result<Exit> {
         child_env,
         records,
         store_display: ctx.store_url.to_string(),
+        store_scope: ctx.store_url.scope(),
         config_display: ctx.config_path.display().to_string(),
         watchdog: systemd_watchdog(),
         shutdown_grace: config.node_shutdown_grace,

@@ -95,6 +95,8 @@ pub struct Settings {
     pub records: Option<Arc<RunRecords>>,
     /// For the start-up log line: the store (redacted) and the config file.
     pub store_display: String,
+    /// Which daemons the store fences ([`crate::store::StoreUrl::scope`]).
+    pub store_scope: &'static str,
     pub config_display: String,
     /// How often to ping systemd's watchdog (half of `WatchdogSec=`); `None`
     /// without one. The scheduler loop pings, so a stuck loop stops pinging.
@@ -154,6 +156,7 @@ async fn serve(
         store,
         records,
         store_display,
+        store_scope,
         config_display,
         watchdog,
         child_env,
@@ -211,6 +214,7 @@ async fn serve(
         &node,
         job_count,
         &store_display,
+        store_scope,
         &config_display,
         process_tree,
     );

@@ -563,6 +563,7 @@ async fn the_daemon_runs_in_process_from_settings_and_a_control_stream() {
         child_env: Default::default(),
         records: None,
         store_display: "memory".into(),
+        store_scope: "host",
         config_display: "none".into(),
         watchdog: None,
         history: Default::default(),
@@ -959,6 +960,7 @@ async fn the_daemon_prunes_the_history_to_the_newest_runs() {
         child_env: Default::default(),
         records: None,
         store_display: "memory".into(),
+        store_scope: "host",
         config_display: "none".into(),
         watchdog: None,
         history: crate::config::History {
@@ -1388,6 +1390,7 @@ fn start_daemon(
         child_env: Default::default(),
         records: None,
         store_display: "memory".into(),
+        store_scope: "host",
         config_display: "none".into(),
         watchdog: None,
         history: Default::default(),

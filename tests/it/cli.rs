@@ -1449,6 +1449,22 @@ fn store_file_is_read_and_a_missing_one_is_named() {
         .env("FENCECRON_STORE_FILE", &file);
     expect_code(run(cmd, None), 0, &["lease", "acquire", "(store file)"]);
     assert!(db.exists(), "the URL in the file was used");
+
+    // An environment file's line (systemd's EnvironmentFile=) works too.
+    let env_db = dir.path().join("from-env-file.db");
+    std::fs::write(
+        &file,
+        format!(
+            "# the store\nFENCECRON_DATABASE_URL=\"sqlite://{}\"\n",
+            env_db.display()
+        ),
+    )
+    .unwrap();
+    let mut cmd = fencecron(dir.path());
+    cmd.args(["lease", "acquire", &unique("cli-file")])
+        .env("FENCECRON_STORE_FILE", &file);
+    expect_code(run(cmd, None), 0, &["lease", "acquire", "(NAME=URL)"]);
+    assert!(env_db.exists(), "the URL after NAME= was used");
 }
 
 // ------------------------------------------------- epochs and takeovers

@@ -85,8 +85,15 @@ fn fleet_dedup(backend: Backend, test: &str, nodes: usize, run_for: Duration) {
             Daemon::spawn(opts)
         })
         .collect();
+    // Each says once, at start, which daemons its store fences.
+    let scope = if backend == Backend::Sqlite {
+        "host"
+    } else {
+        "fleet"
+    };
     for d in &daemons {
-        d.expect("daemon_started", ev("daemon_started"), secs(60));
+        let e = d.expect("daemon_started", ev("daemon_started"), secs(60));
+        assert_eq!(str_field(&e, "scope"), Some(scope), "{e}");
     }
     let t0 = Utc::now();
     std::thread::sleep(run_for);

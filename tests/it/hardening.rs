@@ -1388,14 +1388,34 @@ fn deb_package_holds_what_a_host_needs() {
     .output()
     .unwrap();
     assert!(check.status.success(), "{}", describe(&check));
-    // The packaged completions ask the packaged binary for the packaged
-    // config's job names.
+    // The packaged config runs nothing until edited, and neither it nor
+    // `check` leaves unsaid that its SQLite store fences this host only.
+    let packaged = std::fs::read_to_string(tree.path().join("etc/fencecron/jobs.toml")).unwrap();
+    assert!(
+        !packaged.lines().any(|l| l.trim() == "[[job]]"),
+        "{packaged}"
+    );
+    assert!(packaged.contains("THIS HOST ONLY"), "{packaged}");
+    assert!(
+        String::from_utf8_lossy(&check.stdout).contains("fences the daemons of this host only"),
+        "{}",
+        describe(&check)
+    );
+    assert!(
+        listing.contains("./usr/share/doc/fencecron/jobs.example.toml"),
+        "{listing}"
+    );
+    // The packaged completions ask the packaged binary for the job names of
+    // the config on the command line (here the example the package ships).
     let names = clean(
         Command::new(tree.path().join("usr/bin/fencecron")),
         tree.path(),
     )
     .args(["__complete", "jobs", "--", "fencecron", "--config"])
-    .arg(tree.path().join("etc/fencecron/jobs.toml"))
+    .arg(
+        tree.path()
+            .join("usr/share/doc/fencecron/jobs.example.toml"),
+    )
     .arg("trigger")
     .output()
     .unwrap();

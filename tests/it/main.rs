@@ -29,6 +29,7 @@ mod fencing;
 mod fleet;
 mod guard;
 mod hardening;
+mod install;
 mod job_credentials;
 mod migrate;
 mod policies;
