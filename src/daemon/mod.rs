@@ -15,6 +15,7 @@
 
 mod claim;
 mod fleet;
+mod heartbeat;
 mod hook;
 mod occurrence;
 mod scheduler;
@@ -26,7 +27,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sd_notify::NotifyState;
-use tokio::sync::{mpsc, OnceCell};
+use tokio::sync::{mpsc, watch, OnceCell};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -38,6 +39,8 @@ use crate::runs::{self, RunRecords};
 use crate::store::{self, OpenOptions, Store};
 use crate::supervise::Supervisor;
 
+pub use heartbeat::current_drift;
+use heartbeat::{Heartbeat, JobSet};
 use occurrence::{Capacity, Running};
 use scheduler::Scheduler;
 
@@ -165,12 +168,30 @@ async fn serve(
 
     let (reload_tx, reload_rx) = mpsc::channel(4);
     let running = Running::default();
+    // The node's row in the store: not in the tracker, since it outlives
+    // every other task (its last beat says the node stopped).
+    let draining = CancellationToken::new();
+    let stopped = CancellationToken::new();
+    let (jobs_tx, jobs_rx) = watch::channel(JobSet::of(&jobs));
+    let beats = tokio::spawn(
+        Heartbeat {
+            store: store.clone(),
+            node: node.clone(),
+            jobs: jobs_rx,
+            running: running.clone(),
+            ready: ready.clone(),
+            draining: draining.clone(),
+            stopped: stopped.clone(),
+        }
+        .run(),
+    );
     let scheduler = Scheduler::new(Shared {
         supervisor,
         running: running.clone(),
         capacity: Capacity::new(max_running),
         ready: ready.clone(),
         shutdown: shutdown.clone(),
+        draining: draining.clone(),
         tracker: tracker.clone(),
         clock,
         watchdog,
@@ -190,7 +211,12 @@ async fn serve(
 
     let reason = loop {
         match control.recv().await {
-            Some(Control::Reload(jobs)) => reload(jobs, &reload_tx, ready.initialized()).await,
+            Some(Control::Reload(jobs)) => {
+                if let Ok(jobs) = &jobs {
+                    jobs_tx.send_replace(JobSet::of(jobs));
+                }
+                reload(jobs, &reload_tx, ready.initialized()).await
+            }
             Some(Control::Stop(reason)) => break reason,
             None => break "control stream closed",
         }
@@ -201,9 +227,12 @@ async fn serve(
     ]);
     let in_progress = running.len();
     events::daemon_stopping(reason, in_progress);
+    draining.cancel();
     shutdown.cancel();
     tracker.close();
     tracker.wait().await;
+    stopped.cancel();
+    let _ = beats.await;
     events::daemon_stopped();
 }
 
@@ -279,6 +308,11 @@ struct Shared {
     ready: Arc<OnceCell<()>>,
     /// Cancelled at SIGTERM/SIGINT.
     shutdown: CancellationToken,
+    /// Cancelled when a stop starts: the node is draining (`fencecron
+    /// nodes` shows it). The heartbeat holds its own handle; nothing in
+    /// `Shared`'s users reads it yet.
+    #[allow(dead_code)]
+    draining: CancellationToken,
     /// Every task of the daemon; shutdown waits for all of them.
     tracker: TaskTracker,
     /// Wall time: instants, give-up times.

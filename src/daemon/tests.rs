@@ -74,6 +74,7 @@ impl Rig {
             capacity: Default::default(),
             ready: Arc::new(OnceCell::new()),
             shutdown: CancellationToken::new(),
+            draining: CancellationToken::new(),
             tracker: TaskTracker::new(),
             clock,
             watchdog: None,
