@@ -29,6 +29,7 @@ mod guard;
 mod hardening;
 mod job_credentials;
 mod migrate;
+mod nodes;
 mod policies;
 mod proxy;
 mod recipes;
