@@ -135,9 +135,11 @@ const PUBLISHED_DEFINITIONS: &str = "SELECT node, job, digest, definition FROM f
 
 const PRUNE_NODES: &str = "DELETE FROM fencecron_nodes WHERE seen_ms < $1";
 
-/// Definitions whose node row went (pruned, or never written).
+/// The definitions of the nodes [`PRUNE_NODES`] is about to delete. Not
+/// "of nodes without a row": a node publishes its definitions before its
+/// first beat writes its row.
 const PRUNE_NODE_JOBS: &str = "DELETE FROM fencecron_node_jobs
- WHERE node NOT IN (SELECT node FROM fencecron_nodes)";
+ WHERE node IN (SELECT node FROM fencecron_nodes WHERE seen_ms < $1)";
 
 /// The fleet statements in one backend's placeholders.
 pub(super) struct FleetSql {
@@ -750,11 +752,14 @@ where
         sql: &FleetSql,
         before: StoreTime,
     ) -> Result<u64, sqlx::Error> {
+        sqlx::query(&sql.prune_node_jobs)
+            .bind(before.0)
+            .execute(pool)
+            .await?;
         let n = sqlx::query(&sql.prune_nodes)
             .bind(before.0)
             .execute(pool)
             .await?;
-        sqlx::query(&sql.prune_node_jobs).execute(pool).await?;
         Ok(n.rows_affected())
     }
 }

@@ -1252,13 +1252,15 @@ impl Store for MemoryStore {
 
     async fn prune_nodes(&self, before: StoreTime) -> Result<u64, StoreError> {
         self.call(Op::Nodes, move |s, _| {
-            let n = s.nodes.len();
+            let old: Vec<String> = s
+                .nodes
+                .values()
+                .filter(|r| r.last_seen < before)
+                .map(|r| r.node.clone())
+                .collect();
+            s.node_jobs.retain(|(node, _), _| !old.contains(node));
             s.nodes.retain(|_, r| r.last_seen >= before);
-            let State {
-                nodes, node_jobs, ..
-            } = s;
-            node_jobs.retain(|(node, _), _| nodes.contains_key(node));
-            (n - s.nodes.len()) as u64
+            old.len() as u64
         })
         .await
     }

@@ -16,6 +16,7 @@ use serde_json::Value;
 use crate::common::daemon::{
     is, job_toml, secs, sh, str_field, wait_until, write_config, Daemon, DaemonOpts,
 };
+use crate::common::fresh::with_fresh_database;
 use crate::common::harness::{code, describe, fencecron, run};
 use crate::common::{unique, Backend, TestStore};
 
@@ -181,9 +182,21 @@ fn drift_of(job: &str) -> impl Fn(&Value) -> bool + '_ {
 /// side), not at every beat; `status` and `nodes` show it; when the second
 /// daemon stops, the drift ends (`config_drift_resolved`).
 fn drift_is_logged_once_per_change(backend: Backend, test: &str) {
-    let Some(store) = TestStore::new(backend, test) else {
+    let Some(ts) = TestStore::new(backend, test) else {
         return;
     };
+    // A database of its own: every live node of a store takes part in the
+    // drift, also other tests' daemons.
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(with_fresh_database(&ts, |url| async move {
+        if let Err(e) = tokio::task::spawn_blocking(move || drift_on(backend, &url)).await {
+            std::panic::resume_unwind(e.into_panic());
+        }
+    }));
+}
+
+fn drift_on(backend: Backend, url: &str) {
+    let store = TestStore::at(backend, url.to_string());
     let dir = tempfile::tempdir().expect("temp dir");
     let [same, changed, only] = ["same", "changed", "only"].map(unique);
     let (da, db) = (dir.path().join("a"), dir.path().join("b"));

@@ -2421,6 +2421,9 @@ async fn case_nodes_register_publish_and_are_forgotten(store: Arc<dyn Store>) {
         );
     }
 
+    // A node publishes before its first beat writes its row: a prune in
+    // between keeps its definitions.
+    s.publish_jobs("node-new", &[def("a", "d1")]).await.unwrap();
     let last = s.now().await.unwrap();
     assert_eq!(
         s.prune_nodes(StoreTime(t1.0)).await.unwrap(),
@@ -2433,6 +2436,7 @@ async fn case_nodes_register_publish_and_are_forgotten(store: Arc<dyn Store>) {
         s.published_jobs("node-x", true).await.unwrap().is_empty(),
         "its definitions went too"
     );
+    assert_eq!(s.published_jobs("node-new", false).await.unwrap().len(), 1);
 }
 
 /// A losing acquire changes nothing: the row (owner, node, token, expiry,
