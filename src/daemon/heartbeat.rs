@@ -28,6 +28,9 @@ use crate::store::{
     NODE_RETENTION,
 };
 
+/// How long the exit waits for the beat that marks the node stopped.
+const LAST_BEAT: Duration = Duration::from_secs(2);
+
 /// How often node rows older than [`NODE_RETENTION`] are deleted.
 const PRUNE_EVERY: Duration = Duration::from_secs(3600);
 
@@ -96,16 +99,21 @@ impl Heartbeat {
                     }
                 }
             }
-            self.beat(&mut b).await;
+            // A beat waiting on a store that does not answer must not hold
+            // up the daemon's exit.
+            tokio::select! {
+                _ = self.stopped.cancelled() => break,
+                _ = self.beat(&mut b) => {}
+            }
         }
         if b.started_at.is_some() {
             let set = self.jobs.borrow().clone();
-            if let Err(e) = self
-                .store
-                .beat(&self.row(&b, &set, node_state::STOPPED))
-                .await
-            {
-                events::store_unavailable("beat", None, &e.to_string(), None);
+            let row = self.row(&b, &set, node_state::STOPPED);
+            match tokio::time::timeout(LAST_BEAT, self.store.beat(&row)).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => events::store_unavailable("beat", None, &e.to_string(), None),
+                // Unmarked, the node shows `gone` once NODE_LIVE passed.
+                Err(_) => events::store_unavailable("beat", None, "timed out", None),
             }
         }
     }
@@ -398,6 +406,36 @@ mod tests {
         let now = store.now().await.unwrap();
         assert!(!last.live(now));
         assert_eq!(last.shown_state(now), node_state::GONE);
+    }
+
+    /// A stop does not wait for a store that does not answer: a beat in
+    /// progress is dropped, and the last beat is given at most LAST_BEAT.
+    #[tokio::test(start_paused = true)]
+    async fn a_hanging_store_does_not_hold_up_the_exit() {
+        use crate::testing::store::{Commit, Fault, Gate, Op};
+        let store = MemoryStore::new(Clock::following_tokio(chrono::Utc::now()));
+        let (_tx, rx) = watch::channel(JobSet::of(&[job("alpha")]));
+        let stopped = CancellationToken::new();
+        let beats = tokio::spawn(
+            Heartbeat {
+                store: Arc::new(store.clone()),
+                node: "node-a".into(),
+                jobs: rx,
+                running: Running::default(),
+                ready: Default::default(),
+                draining: CancellationToken::new(),
+                stopped: stopped.clone(),
+            }
+            .run(),
+        );
+        tokio::time::sleep(ms(1)).await;
+        assert_eq!(row(&store, "node-a").await.state, node_state::RUNNING);
+        store.fault(Op::Nodes, Fault::Hang(Gate::new(), Commit::After), 10);
+        tokio::time::sleep(ms(6_000)).await;
+        let t0 = tokio::time::Instant::now();
+        stopped.cancel();
+        beats.await.unwrap();
+        assert_eq!(tokio::time::Instant::now() - t0, LAST_BEAT);
     }
 
     /// A node that stops beating (killed) is live for less than NODE_LIVE
