@@ -209,8 +209,7 @@ pub struct ClaimOutcome {
     /// One per item, in the request's order.
     pub items: Vec<Claimed>,
     /// The limit the claim applied: the request's, or with `share` at most
-    /// `ceil(items / live nodes) + 1`, the live nodes being those that
-    /// claimed in the last [`NODE_LIVE`].
+    /// `ceil(items / live nodes) + 1` ([`NodeInfo::live`]).
     pub limit: usize,
 }
 
