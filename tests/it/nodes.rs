@@ -442,3 +442,64 @@ fn status_exits_3_when_overdue_and_works_with_only_the_store() {
     assert!(std::fs::read_dir(empty.path()).unwrap().next().is_none());
     drop(d);
 }
+
+/// A job whose instants all go unrun (its lease is held by hand, so every
+/// instant is skipped as held) becomes overdue once an instant after the
+/// daemon started is more than 60 s old: `status` exits 0 before, 3 after,
+/// naming the instant.
+#[test]
+fn status_exits_3_once_an_instant_older_than_60s_has_no_run() {
+    let Some(store) = TestStore::new(Backend::Sqlite, "nodes_overdue_sqlite") else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let job = unique("blocked");
+    let config = write_config(
+        dir.path(),
+        "",
+        &[job_toml(&job, "* * * * * *", &sh("true"), "")],
+    );
+    let out = cli(
+        dir.path(),
+        &store.url,
+        Some(&config),
+        &["lease", "acquire", &job, "--lease", "300s"],
+    );
+    assert_eq!(code(&out), 0, "{}", describe(&out));
+    let d = Daemon::spawn(DaemonOpts::new(&unique("overdue-"), &config, &store.url));
+    d.expect(
+        "held skips",
+        |e| is(e, "occurrence_skipped") && str_field(e, "job") == Some(job.as_str()),
+        secs(30),
+    );
+    let status = || cli(dir.path(), &store.url, Some(&config), &["status", "--json"]);
+    let first = status();
+    assert_eq!(code(&first), 0, "young instants: {}", describe(&first));
+    let last = std::cell::RefCell::new(None);
+    wait_until(
+        secs(150),
+        || {
+            let out = status();
+            let overdue = code(&out) == 3;
+            *last.borrow_mut() = Some(out);
+            overdue
+        },
+        || {
+            format!(
+                "overdue\n{}\n{}",
+                last.borrow().as_ref().map(describe).unwrap_or_default(),
+                d.summary()
+            )
+        },
+    );
+    let out = last.borrow_mut().take().unwrap();
+    let all: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    let reason = str_field(&all[0], "overdue_reason")
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        reason.starts_with("the instant ") && reason.ends_with(" has no run"),
+        "{reason}"
+    );
+    drop(d);
+}
