@@ -118,7 +118,13 @@ pub enum Command {
     Epoch(EpochArgs),
     /// List the fleet's runs, newest first, from the run history.
     Runs(RunsArgs),
-    /// Show each job of the config: schedule, next instant, paused, running, last run.
+    /// Show the fleet's daemons: live, draining or gone, version, config digest, runs held.
+    Nodes {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show each job of the config: schedule, next instant, paused, running, last run, live nodes, overdue (exit 3).
     Status {
         /// Print JSON.
         #[arg(long)]

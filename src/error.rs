@@ -18,6 +18,11 @@ pub const EXIT_STALE: u8 = 3;
 /// distinct from [`EXIT_RUNTIME`], so a script can tell "nothing written
 /// yet" from "the store could not be read".
 pub const EXIT_MISSING: u8 = 4;
+/// Exit code: `status` found a job overdue (an old instant without a run,
+/// or no live node has the job). The same number as [`EXIT_STALE`]: both
+/// mean "something is out of date", and a monitoring script tells them
+/// apart by the command it ran.
+pub const EXIT_OVERDUE: u8 = 3;
 /// Exit code: the lease is held by another owner (EX_TEMPFAIL).
 pub const EXIT_HELD: u8 = 75;
 /// Exit code: the job's program could not be started (not found, not
@@ -38,6 +43,9 @@ pub enum Exit {
     Job(u8),
     /// Stopped by a signal before finishing: [`EXIT_INTERRUPTED`].
     Interrupted,
+    /// `status` printed everything and found a job overdue:
+    /// [`EXIT_OVERDUE`].
+    Overdue,
 }
 
 impl Exit {
@@ -47,6 +55,7 @@ impl Exit {
             Exit::Success => EXIT_OK,
             Exit::Job(code) => code,
             Exit::Interrupted => EXIT_INTERRUPTED,
+            Exit::Overdue => EXIT_OVERDUE,
         }
     }
 }

@@ -928,3 +928,28 @@ pub fn job_env_filtered(variables: &str) {
         "these variables contain the store's password and are removed from every job's environment"
     );
 }
+
+/// The live nodes disagree about a job: a different definition (the nodes
+/// with each one, by digest) or some lack it. Logged once per change of
+/// the job's drift by each daemon that sees it, not per heartbeat.
+pub fn config_drift(d: &crate::fleet::Drift, jobs_in_drift: usize) {
+    crate::metrics::config_drift_jobs(jobs_in_drift);
+    warn!(
+        event = "config_drift",
+        job = d.job.as_str(),
+        nodes_with = d.with_text().as_str(),
+        nodes_without = d.nodes_without.join(",").as_str(),
+        definitions = d.nodes_with.len(),
+        "the live nodes disagree about a job's definition"
+    );
+}
+
+/// The live nodes agree again about a job (changed, left, or the nodes that
+/// disagreed are gone).
+pub fn config_drift_resolved(job: &str, jobs_in_drift: usize) {
+    crate::metrics::config_drift_jobs(jobs_in_drift);
+    info!(
+        event = "config_drift_resolved",
+        job, "the live nodes agree about the job again"
+    );
+}

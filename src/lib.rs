@@ -18,6 +18,7 @@ pub mod daemon;
 pub mod error;
 pub mod events;
 pub mod fence;
+pub mod fleet;
 pub mod job_env;
 pub mod metrics;
 pub mod names;

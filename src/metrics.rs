@@ -30,9 +30,9 @@ use crate::events::Outcome;
 use crate::names::Name;
 use crate::store::{
     AcquireOutcome, AcquireRequest, AdmitOutcome, AdmitRequest, Backend, ClaimOutcome,
-    ClaimRequest, EpochInfo, LeaseInfo, NewStaleRecord, OwnerId, PauseInfo, PutOutcome, PutRequest,
-    ReleaseOutcome, RenewOutcome, RunEnd, RunInfo, RunQuery, StaleRecord, Store, StoreError,
-    StoreTime, StoreUrl, StoredValue, Token, TriggerInfo, Unseen,
+    ClaimRequest, EpochInfo, LeaseInfo, NewStaleRecord, NodeBeat, NodeInfo, OwnerId, PauseInfo,
+    PublishedJob, PutOutcome, PutRequest, ReleaseOutcome, RenewOutcome, RunEnd, RunInfo, RunQuery,
+    StaleRecord, Store, StoreError, StoreTime, StoreUrl, StoredValue, Token, TriggerInfo, Unseen,
 };
 
 /// How long the scheduler loop may go without turning before `/livez` says
@@ -86,6 +86,7 @@ pub struct Metrics {
     stale_writes: Family<JobLabel, Counter>,
     store_errors: Family<Operation, Counter>,
     store_latency: Family<Operation, Histogram, fn() -> Histogram>,
+    drift_jobs: Gauge,
     /// Unix milliseconds of the scheduler loop's last turn (0: never).
     loop_turned_ms: AtomicI64,
     /// Whether the store answered the last call (and migrations are done).
@@ -163,6 +164,12 @@ impl Metrics {
             Unit::Seconds,
             store_latency.clone(),
         );
+        let drift_jobs = Gauge::default();
+        registry.register(
+            "config_drift_jobs",
+            "Jobs the live nodes disagree about (config_drift), as this node sees them",
+            drift_jobs.clone(),
+        );
         let build = Family::<Version, Gauge>::default();
         build
             .get_or_create(&Version {
@@ -183,6 +190,7 @@ impl Metrics {
             stale_writes,
             store_errors,
             store_latency,
+            drift_jobs,
             loop_turned_ms: AtomicI64::new(0),
             store_ok: AtomicBool::new(false),
         }
@@ -289,6 +297,13 @@ pub fn stale_write_rejected(name: Option<&str>) {
         .stale_writes
         .get_or_create(&job(name.unwrap_or("")))
         .inc();
+}
+
+/// How many jobs are in config drift (`config_drift`).
+pub fn config_drift_jobs(n: usize) {
+    global()
+        .drift_jobs
+        .set(i64::try_from(n).unwrap_or(i64::MAX));
 }
 
 /// A store call ended: its latency, and whether the store answered.
@@ -608,5 +623,37 @@ impl Store for Observed {
 
     async fn prune_fleet(&self, before: StoreTime) -> Result<u64, StoreError> {
         observe("prune_fleet", self.inner.prune_fleet(before)).await
+    }
+
+    async fn beat(&self, beat: &NodeBeat<'_>) -> Result<StoreTime, StoreError> {
+        observe("beat", self.inner.beat(beat)).await
+    }
+
+    async fn nodes(&self) -> Result<Vec<NodeInfo>, StoreError> {
+        observe("nodes", self.inner.nodes()).await
+    }
+
+    async fn publish_jobs(
+        &self,
+        node: &str,
+        jobs: &[(String, String, String)],
+    ) -> Result<(), StoreError> {
+        observe("publish_jobs", self.inner.publish_jobs(node, jobs)).await
+    }
+
+    async fn published_jobs(
+        &self,
+        node: &str,
+        definitions: bool,
+    ) -> Result<Vec<PublishedJob>, StoreError> {
+        observe(
+            "published_jobs",
+            self.inner.published_jobs(node, definitions),
+        )
+        .await
+    }
+
+    async fn prune_nodes(&self, before: StoreTime) -> Result<u64, StoreError> {
+        observe("prune_nodes", self.inner.prune_nodes(before)).await
     }
 }

@@ -103,6 +103,13 @@ impl Schedule {
         self
     }
 
+    /// Shifts every instant by `offset` (whole seconds): the shift
+    /// `with_jitter` chose, as a node published it.
+    pub fn with_offset(mut self, offset: std::time::Duration) -> Schedule {
+        self.offset = chrono::Duration::seconds(offset.as_secs() as i64);
+        self
+    }
+
     /// The fixed shift `with_jitter` chose (zero without jitter).
     pub fn jitter_offset(&self) -> std::time::Duration {
         self.offset.to_std().unwrap_or_default()

@@ -2,6 +2,7 @@
 //! and `resume`. Each reads or writes the shared store only; the daemons
 //! act on what it says (see `daemon::fleet` and the acquire's pause check).
 
+use std::collections::BTreeMap;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -11,11 +12,14 @@ use serde::Serialize;
 use super::{hostname, print_json, Context};
 use crate::cli::{Cli, PauseArgs, RunsArgs, TriggerArgs};
 use crate::config::Job;
+use crate::daemon::current_drift;
 use crate::error::{Error, Exit, Result};
+use crate::fleet::{Drift, JobDef, JobFacts};
 use crate::output::Out;
+use crate::schedule::Schedule;
 use crate::store::{
-    millis, rfc3339, trigger_state, OpenOptions, PauseInfo, RunInfo, RunQuery, Store, StoreTime,
-    TriggerInfo, RUNNING, UNKNOWN,
+    millis, rfc3339, trigger_state, NodeInfo, OpenOptions, PauseInfo, RunInfo, RunQuery, Store,
+    StoreTime, TriggerInfo, RUNNING, UNKNOWN,
 };
 
 /// Most runs one `runs` call lists.
@@ -101,6 +105,13 @@ struct JobStatus {
     running: Option<Running>,
     last_run: Option<LastRun>,
     last_success: Option<LastRun>,
+    /// The live nodes that have the job (published it).
+    live_nodes: Vec<String>,
+    overdue: bool,
+    /// Why it is overdue.
+    overdue_reason: Option<String>,
+    /// The live nodes disagree about it.
+    config_drift: Option<Drift>,
 }
 
 #[derive(Debug, Serialize)]
@@ -130,16 +141,85 @@ impl LastRun {
     }
 }
 
-/// `fencecron status`.
-pub async fn status(cli: &Cli, json: bool) -> Result<Exit> {
-    let ctx = Context::load(cli, true)?;
-    let store = ctx.store(&OpenOptions::default()).await?;
-    let jobs = &ctx.config.as_ref().expect("status loads the config").jobs;
+/// A job as the fleet commands see it: from the config, or without one
+/// from the definitions the daemons published.
+struct JobView {
+    name: String,
+    resource: String,
+    schedule: Schedule,
+}
+
+impl JobView {
+    fn of(job: &Job) -> JobView {
+        JobView {
+            name: job.name.to_string(),
+            resource: job.resource.to_string(),
+            schedule: job.schedule.clone(),
+        }
+    }
+}
+
+/// The config's jobs; without a config (only `--store`), the definitions
+/// the live nodes published, or when none is live those of the nodes seen
+/// most recently (a job is taken from the newest node that has it).
+async fn fleet_jobs(ctx: &Context, store: &dyn Store) -> Result<Vec<JobView>> {
+    if let Some(c) = &ctx.config {
+        return Ok(c.jobs.iter().map(JobView::of).collect());
+    }
     let now = store.now().await?;
+    let mut nodes = store.nodes().await?;
+    nodes.retain(|n| !n.config_digest.is_empty());
+    if nodes.iter().any(|n| n.live(now)) {
+        nodes.retain(|n| n.live(now));
+    }
+    nodes.sort_by_key(|n| std::cmp::Reverse(n.last_seen));
+    let mut jobs: BTreeMap<String, JobView> = BTreeMap::new();
+    for n in &nodes {
+        for p in store.published_jobs(&n.node, true).await? {
+            if jobs.contains_key(&p.job) {
+                continue;
+            }
+            let def: JobDef = serde_json::from_str(p.definition.as_deref().unwrap_or_default())
+                .map_err(|e| Error::Runtime(format!(
+                    "the definition of {} that {} published cannot be read ({e}); run `fencecron status` with the config instead",
+                    p.job, p.node
+                )))?;
+            let schedule = def.parsed_schedule().map_err(|e| Error::Runtime(format!(
+                "the schedule of {} that {} published is not valid here ({e}); run `fencecron status` with the config instead",
+                p.job, p.node
+            )))?;
+            jobs.insert(
+                p.job.clone(),
+                JobView {
+                    name: def.name,
+                    resource: def.resource,
+                    schedule,
+                },
+            );
+        }
+    }
+    Ok(jobs.into_values().collect())
+}
+
+/// `fencecron status`: exits [`Exit::Overdue`] when a job is overdue.
+pub async fn status(cli: &Cli, json: bool) -> Result<Exit> {
+    let ctx = Context::load(cli, false)?;
+    let store = ctx.store(&OpenOptions::default()).await?;
+    let jobs = fleet_jobs(&ctx, store.as_ref()).await?;
+    let (now, nodes, drift) = fleet_view(store.as_ref()).await?;
+    // Which live node has which job, and since when it runs.
+    let mut has: BTreeMap<String, Vec<(String, StoreTime)>> = BTreeMap::new();
+    for n in nodes.iter().filter(|n| n.live(now)) {
+        for p in store.published_jobs(&n.node, false).await? {
+            has.entry(p.job)
+                .or_default()
+                .push((n.node.clone(), n.started_at));
+        }
+    }
     let pauses = store.pauses(now).await?;
-    let local_now = Utc::now();
+    let store_now = now.to_utc();
     let mut all = Vec::with_capacity(jobs.len());
-    for job in jobs {
+    for job in &jobs {
         let name = job.name.as_str();
         // The newest runs: one in progress, if any, then the last one that
         // ended (or whose node died).
@@ -160,13 +240,25 @@ pub async fn status(cli: &Cli, json: bool) -> Result<Exit> {
                 ..RunQuery::default()
             })
             .await?;
+        let paused = pauses.iter().find(|p| p.job == name).cloned();
+        let live = has.get(name).cloned().unwrap_or_default();
+        let facts = JobFacts {
+            live_since: live.iter().map(|(_, s)| s.to_utc()).min(),
+            paused: paused.is_some(),
+            running: running.is_some(),
+            runs: recent
+                .iter()
+                .map(|r| (r.scheduled_at.map(StoreTime::to_utc), r.started_at.to_utc()))
+                .collect(),
+        };
+        let reason = crate::fleet::overdue(&job.schedule, store_now, &facts);
         all.push(JobStatus {
             job: name.to_string(),
-            resource: job.resource.to_string(),
+            resource: job.resource.clone(),
             schedule: job.schedule.expr().to_string(),
             timezone: job.schedule.tz().name().to_string(),
-            next_at: job.schedule.next_after(local_now).map(rfc3339),
-            paused: pauses.iter().find(|p| p.job == name).cloned(),
+            next_at: job.schedule.next_after(Utc::now()).map(rfc3339),
+            paused,
             running: running.map(|r| Running {
                 node: r.node.clone(),
                 token: r.token,
@@ -175,17 +267,26 @@ pub async fn status(cli: &Cli, json: bool) -> Result<Exit> {
             }),
             last_run: last.map(LastRun::of),
             last_success: success.first().map(LastRun::of),
+            live_nodes: live.into_iter().map(|(n, _)| n).collect(),
+            overdue: reason.is_some(),
+            overdue_reason: reason,
+            config_drift: drift.get(name).cloned(),
         });
     }
+    let exit = if all.iter().any(|s| s.overdue) {
+        Exit::Overdue
+    } else {
+        Exit::Success
+    };
     if json {
         print_json(&all)?;
-        return Ok(Exit::Success);
+        return Ok(exit);
     }
     let mut out = Out::stdout();
     writeln!(
         out,
-        "{:<20} {:<22} {:<24} {:<28} {:<36} LAST SUCCESS",
-        "JOB", "SCHEDULE", "NEXT", "STATE", "LAST RUN"
+        "{:<20} {:<22} {:<24} {:<28} {:<8} {:<36} LAST SUCCESS",
+        "JOB", "SCHEDULE", "NEXT", "STATE", "NODES", "LAST RUN"
     )?;
     for s in &all {
         let state = match (&s.paused, &s.running) {
@@ -194,15 +295,21 @@ pub async fn status(cli: &Cli, json: bool) -> Result<Exit> {
                 Some(u) => format!("paused until {u}"),
                 None => "paused".to_string(),
             },
+            (None, None) if s.overdue => "overdue".to_string(),
             (None, None) => "idle".to_string(),
         };
         writeln!(
             out,
-            "{:<20} {:<22} {:<24} {:<28} {:<36} {}",
+            "{:<20} {:<22} {:<24} {:<28} {:<8} {:<36} {}",
             s.job,
             format!("{} {}", s.schedule, s.timezone),
             s.next_at.as_deref().unwrap_or("-"),
             state,
+            if s.live_nodes.is_empty() {
+                "none".to_string()
+            } else {
+                s.live_nodes.len().to_string()
+            },
             s.last_run
                 .as_ref()
                 .map_or_else(|| "-".to_string(), |l| format!("{} {}", l.outcome, l.at)),
@@ -213,29 +320,32 @@ pub async fn status(cli: &Cli, json: bool) -> Result<Exit> {
         if let Some(note) = s.paused.as_ref().and_then(|p| p.note.as_deref()) {
             writeln!(out, "{:<20} note: {note}", "")?;
         }
+        if let Some(reason) = &s.overdue_reason {
+            writeln!(out, "{:<20} overdue: {reason}", "")?;
+        }
     }
-    Ok(Exit::Success)
+    drift_lines(&mut out, &drift)?;
+    Ok(exit)
 }
 
-/// The job named on the command line, from the config.
-fn job_of<'a>(ctx: &'a Context, name: &str) -> Result<&'a Job> {
-    let jobs = ctx
-        .config
-        .as_ref()
-        .map(|c| c.jobs.as_slice())
-        .unwrap_or_default();
-    jobs.iter().find(|j| j.name.as_str() == name).ok_or_else(|| {
-        let known: Vec<&str> = jobs.iter().map(|j| j.name.as_str()).collect();
-        Error::Usage(format!(
-            "there is no job `{name}` in {} (its jobs: {}); name a job of the config the daemons run",
-            ctx.config_path.display(),
-            if known.is_empty() {
-                "none".to_string()
-            } else {
-                known.join(", ")
-            }
-        ))
-    })
+/// The job named on the command line: from the config, or without one from
+/// the definitions the daemons published.
+async fn job_of(ctx: &Context, store: &dyn Store, name: &str) -> Result<JobView> {
+    let jobs = fleet_jobs(ctx, store).await?;
+    let known: Vec<&str> = jobs.iter().map(|j| j.name.as_str()).collect();
+    let from = match &ctx.config {
+        Some(_) => ctx.config_path.display().to_string(),
+        None => "the definitions the daemons published".to_string(),
+    };
+    let err = Error::Usage(format!(
+        "there is no job `{name}` in {from} (its jobs: {}); name a job of the config the daemons run",
+        if known.is_empty() {
+            "none".to_string()
+        } else {
+            known.join(", ")
+        }
+    ));
+    jobs.into_iter().find(|j| j.name == name).ok_or(err)
 }
 
 /// Who asked: `user@host`, for pauses and triggers.
@@ -249,8 +359,7 @@ fn requester() -> String {
 
 /// `fencecron pause`.
 pub async fn pause(cli: &Cli, args: &PauseArgs) -> Result<Exit> {
-    let ctx = Context::load(cli, true)?;
-    let job = job_of(&ctx, &args.job)?;
+    let ctx = Context::load(cli, false)?;
     if let Some(note) = &args.note {
         if note.len() > 1000 || note.chars().any(char::is_control) {
             return Err(Error::Usage(
@@ -259,6 +368,7 @@ pub async fn pause(cli: &Cli, args: &PauseArgs) -> Result<Exit> {
         }
     }
     let store = ctx.store(&OpenOptions::default()).await?;
+    let job = job_of(&ctx, store.as_ref(), &args.job).await?;
     let now = store.now().await?;
     let pause = PauseInfo {
         job: job.name.to_string(),
@@ -283,9 +393,9 @@ pub async fn pause(cli: &Cli, args: &PauseArgs) -> Result<Exit> {
 
 /// `fencecron resume`.
 pub async fn resume(cli: &Cli, name: &str) -> Result<Exit> {
-    let ctx = Context::load(cli, true)?;
-    let job = job_of(&ctx, name)?;
+    let ctx = Context::load(cli, false)?;
     let store = ctx.store(&OpenOptions::default()).await?;
+    let job = job_of(&ctx, store.as_ref(), name).await?;
     let was = store.resume(job.name.as_str()).await?;
     crate::events::job_resumed(job.name.as_str(), was);
     let mut out = Out::stdout();
@@ -299,16 +409,17 @@ pub async fn resume(cli: &Cli, name: &str) -> Result<Exit> {
 
 /// `fencecron trigger`.
 pub async fn trigger(cli: &Cli, args: &TriggerArgs) -> Result<Exit> {
-    let ctx = Context::load(cli, true)?;
-    let job = job_of(&ctx, &args.job)?;
+    let ctx = Context::load(cli, false)?;
     let store = ctx.store(&OpenOptions::default()).await?;
+    let job = job_of(&ctx, store.as_ref(), &args.job).await?;
+    let job = &job;
     // Refused at once when the job holds its lease (the daemon that takes
     // the request checks again, atomically, with its acquire).
     if let Some(l) = store
         .list()
         .await?
         .into_iter()
-        .find(|l| l.resource == job.resource.as_str() && l.held)
+        .find(|l| l.resource == job.resource && l.held)
     {
         return Err(Error::Held(format!(
             "{} is running: its lease is held by {} on {} with token {} until {}; trigger it again once it ended",
@@ -407,7 +518,7 @@ async fn await_taken(
 }
 
 /// Waits for the run under `token` to end.
-async fn await_end(store: &dyn Store, job: &Job, token: i64) -> Result<RunInfo> {
+async fn await_end(store: &dyn Store, job: &JobView, token: i64) -> Result<RunInfo> {
     loop {
         let runs = store
             .runs(&RunQuery {
@@ -455,4 +566,137 @@ fn exit_of(run: &RunInfo) -> Result<Exit> {
             run.job
         ))),
     }
+}
+
+/// One node in `fencecron nodes --json`.
+#[derive(Debug, Serialize)]
+struct NodeRow {
+    node: String,
+    hostname: String,
+    pid: i64,
+    version: String,
+    config_digest: String,
+    started_at: StoreTime,
+    last_seen: StoreTime,
+    state: String,
+    running: i64,
+    /// The jobs in config drift this live node takes part in (extra).
+    config_drift: Vec<String>,
+}
+
+/// The node rows, the store's time, and the live nodes' drift.
+async fn fleet_view(
+    store: &dyn Store,
+) -> Result<(StoreTime, Vec<NodeInfo>, BTreeMap<String, Drift>)> {
+    let nodes = store.nodes().await?;
+    let now = store.now().await?;
+    let drift = current_drift(store, &nodes, now, &mut Default::default()).await?;
+    Ok((now, nodes, drift))
+}
+
+/// `fencecron nodes`.
+pub async fn nodes(cli: &Cli, json: bool) -> Result<Exit> {
+    let ctx = Context::load(cli, false)?;
+    let store = ctx.store(&OpenOptions::default()).await?;
+    let (now, nodes, drift) = fleet_view(store.as_ref()).await?;
+    let rows: Vec<NodeRow> = nodes
+        .into_iter()
+        .map(|n| {
+            let live = n.live(now);
+            let in_drift = drift
+                .values()
+                .filter(|d| {
+                    live && (d.nodes_without.contains(&n.node)
+                        || d.nodes_with.values().any(|v| v.contains(&n.node)))
+                })
+                .map(|d| d.job.clone())
+                .collect();
+            NodeRow {
+                state: n.shown_state(now).to_string(),
+                node: n.node,
+                hostname: n.hostname,
+                pid: n.pid,
+                version: n.version,
+                config_digest: n.config_digest,
+                started_at: n.started_at,
+                last_seen: n.last_seen,
+                running: n.running,
+                config_drift: in_drift,
+            }
+        })
+        .collect();
+    if json {
+        print_json(&rows)?;
+        return Ok(Exit::Success);
+    }
+    let header = [
+        "NODE",
+        "HOSTNAME",
+        "PID",
+        "VERSION",
+        "CONFIG",
+        "STATE",
+        "RUNNING",
+        "STARTED",
+        "LAST SEEN",
+    ];
+    let cells: Vec<[String; 9]> = rows
+        .iter()
+        .map(|r| {
+            [
+                r.node.clone(),
+                r.hostname.clone(),
+                r.pid.to_string(),
+                r.version.clone(),
+                crate::fleet::short(&r.config_digest).to_string(),
+                r.state.clone(),
+                r.running.to_string(),
+                r.started_at.to_string(),
+                r.last_seen.to_string(),
+            ]
+        })
+        .collect();
+    let mut out = Out::stdout();
+    table(&mut out, &header, &cells)?;
+    drift_lines(&mut out, &drift)?;
+    Ok(Exit::Success)
+}
+
+/// A table whose columns fit their widest cell.
+fn table<const N: usize>(out: &mut Out, header: &[&str; N], rows: &[[String; N]]) -> Result<()> {
+    let mut widths = header.map(str::len);
+    for r in rows {
+        for (w, c) in widths.iter_mut().zip(r) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let mut s = String::new();
+        for (i, (c, w)) in cells.iter().zip(widths).enumerate() {
+            if i + 1 == N {
+                s.push_str(c);
+            } else {
+                s.push_str(&format!("{c:<w$}  "));
+            }
+        }
+        s
+    };
+    writeln!(out, "{}", line(header.to_vec()))?;
+    for r in rows {
+        writeln!(out, "{}", line(r.iter().map(String::as_str).collect()))?;
+    }
+    Ok(())
+}
+
+/// One line per job in config drift.
+fn drift_lines(out: &mut Out, drift: &BTreeMap<String, Drift>) -> Result<()> {
+    for d in drift.values() {
+        let without = if d.nodes_without.is_empty() {
+            String::new()
+        } else {
+            format!("; missing on {}", d.nodes_without.join(","))
+        };
+        writeln!(out, "config drift: {}: {}{without}", d.job, d.with_text())?;
+    }
+    Ok(())
 }

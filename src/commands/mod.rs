@@ -213,6 +213,7 @@ pub async fn dispatch(cli: Cli) -> Result<Exit> {
         Command::Guard(cmd) => guard::run(cmd).await,
         Command::Epoch(args) => epoch::run(&cli, args).await,
         Command::Runs(args) => fleet::runs(&cli, args).await,
+        Command::Nodes { json } => fleet::nodes(&cli, *json).await,
         Command::Status { json } => fleet::status(&cli, *json).await,
         Command::Trigger(args) => fleet::trigger(&cli, args).await,
         Command::Pause(args) => fleet::pause(&cli, args).await,

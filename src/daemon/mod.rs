@@ -30,6 +30,7 @@
 
 mod claim;
 mod fleet;
+mod heartbeat;
 mod hook;
 mod occurrence;
 mod scheduler;
@@ -41,7 +42,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sd_notify::NotifyState;
-use tokio::sync::{mpsc, OnceCell};
+use tokio::sync::{mpsc, watch, OnceCell};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -53,6 +54,8 @@ use crate::runs::{self, RunRecords};
 use crate::store::{self, OpenOptions, Store};
 use crate::supervise::Supervisor;
 
+pub use heartbeat::current_drift;
+use heartbeat::{Heartbeat, JobSet};
 use occurrence::{Capacity, Running};
 use scheduler::Scheduler;
 
@@ -193,6 +196,22 @@ async fn serve(
     let (reload_tx, reload_rx) = mpsc::channel(4);
     let running = Running::default();
     let process_tree = supervisor.process_tree();
+    // The node's row in the store: not in the tracker, since it outlives
+    // every other task (its last beat says the node stopped).
+    let stopped = CancellationToken::new();
+    let (jobs_tx, jobs_rx) = watch::channel(JobSet::of(&jobs));
+    let beats = tokio::spawn(
+        Heartbeat {
+            store: store.clone(),
+            node: node.clone(),
+            jobs: jobs_rx,
+            running: running.clone(),
+            ready: ready.clone(),
+            draining: draining.clone(),
+            stopped: stopped.clone(),
+        }
+        .run(),
+    );
     let scheduler = Scheduler::new(Shared {
         supervisor,
         running: running.clone(),
@@ -226,7 +245,12 @@ async fn serve(
 
     let (reason, drain) = loop {
         match control.recv().await {
-            Some(Control::Reload(jobs)) => reload(jobs, &reload_tx, ready.initialized()).await,
+            Some(Control::Reload(jobs)) => {
+                if let Ok(jobs) = &jobs {
+                    jobs_tx.send_replace(JobSet::of(jobs));
+                }
+                reload(jobs, &reload_tx, ready.initialized()).await
+            }
             Some(Control::Drain(reason)) => break (reason, shutdown_grace),
             Some(Control::Stop(reason)) => break (reason, Duration::ZERO),
             None => break ("control stream closed", Duration::ZERO),
@@ -247,6 +271,8 @@ async fn serve(
     shutdown.cancel();
     tracker.close();
     tracker.wait().await;
+    stopped.cancel();
+    let _ = beats.await;
     events::daemon_stopped();
 }
 

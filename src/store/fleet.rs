@@ -15,8 +15,8 @@ use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Pool,
 
 use super::sql::Affected;
 use super::{
-    trigger_state, Backend, PauseInfo, RunEnd, RunInfo, RunQuery, StoreTime, TriggerInfo, RUNNING,
-    UNKNOWN,
+    trigger_state, Backend, NodeBeat, NodeInfo, PauseInfo, PublishedJob, RunEnd, RunInfo, RunQuery,
+    StoreTime, TriggerInfo, RUNNING, UNKNOWN,
 };
 
 pub(super) const FINISH_RUN: &str = "UPDATE fencecron_runs
@@ -99,6 +99,48 @@ const PRUNE_TRIGGERS: &str = "DELETE FROM fencecron_triggers WHERE requested_at_
 
 const PRUNE_PAUSES: &str = "DELETE FROM fencecron_pauses WHERE until_ms < $1";
 
+/// A node's heartbeat ([`super::Store::beat`]): its whole row, `$2` the
+/// store's time read just before. A row only a batch claim of an older
+/// release wrote gains the rest here.
+const BEAT: &str = "INSERT INTO fencecron_nodes
+   (node, seen_ms, hostname, pid, version, config_digest, started_at_ms, state, running)
+ VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+ ON CONFLICT (node) DO UPDATE
+    SET seen_ms = excluded.seen_ms, hostname = excluded.hostname, pid = excluded.pid,
+        version = excluded.version, config_digest = excluded.config_digest,
+        started_at_ms = excluded.started_at_ms, state = excluded.state, running = excluded.running";
+
+const BEAT_MYSQL: &str = "INSERT INTO fencecron_nodes
+   (node, seen_ms, hostname, pid, version, config_digest, started_at_ms, state, running)
+ VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+ ON DUPLICATE KEY UPDATE
+    seen_ms = VALUES(seen_ms), hostname = VALUES(hostname), pid = VALUES(pid),
+    version = VALUES(version), config_digest = VALUES(config_digest),
+    started_at_ms = VALUES(started_at_ms), state = VALUES(state), running = VALUES(running)";
+
+const NODES: &str = "SELECT node, seen_ms, hostname, pid, version, config_digest, started_at_ms,
+       state, running
+  FROM fencecron_nodes ORDER BY node";
+
+const UNPUBLISH: &str = "DELETE FROM fencecron_node_jobs WHERE node = $1";
+
+const PUBLISH: &str = "INSERT INTO fencecron_node_jobs (node, job, digest, definition)
+ VALUES ($1, $2, $3, $4)";
+
+const PUBLISHED_DIGESTS: &str = "SELECT node, job, digest FROM fencecron_node_jobs
+ WHERE node = $1 ORDER BY job";
+
+const PUBLISHED_DEFINITIONS: &str = "SELECT node, job, digest, definition FROM fencecron_node_jobs
+ WHERE node = $1 ORDER BY job";
+
+const PRUNE_NODES: &str = "DELETE FROM fencecron_nodes WHERE seen_ms < $1";
+
+/// The definitions of the nodes [`PRUNE_NODES`] is about to delete. Not
+/// "of nodes without a row": a node publishes its definitions before its
+/// first beat writes its row.
+const PRUNE_NODE_JOBS: &str = "DELETE FROM fencecron_node_jobs
+ WHERE node IN (SELECT node FROM fencecron_nodes WHERE seen_ms < $1)";
+
 /// The fleet statements in one backend's placeholders.
 pub(super) struct FleetSql {
     finish_run: String,
@@ -117,6 +159,14 @@ pub(super) struct FleetSql {
     cancel_trigger: String,
     prune_triggers: String,
     prune_pauses: String,
+    beat: String,
+    nodes: String,
+    unpublish: String,
+    publish: String,
+    published_digests: String,
+    published_definitions: String,
+    prune_nodes: String,
+    prune_node_jobs: String,
 }
 
 impl FleetSql {
@@ -148,6 +198,17 @@ impl FleetSql {
             cancel_trigger: sql(CANCEL_TRIGGER),
             prune_triggers: sql(PRUNE_TRIGGERS),
             prune_pauses: sql(PRUNE_PAUSES),
+            beat: sql(match backend {
+                Backend::MySql => BEAT_MYSQL,
+                _ => BEAT,
+            }),
+            nodes: sql(NODES),
+            unpublish: sql(UNPUBLISH),
+            publish: sql(PUBLISH),
+            published_digests: sql(PUBLISHED_DIGESTS),
+            published_definitions: sql(PUBLISHED_DEFINITIONS),
+            prune_nodes: sql(PRUNE_NODES),
+            prune_node_jobs: sql(PRUNE_NODE_JOBS),
         }
     }
 }
@@ -292,6 +353,36 @@ pub(super) trait FleetDb: Database {
     ) -> Result<bool, sqlx::Error>;
 
     async fn prune_fleet(
+        pool: &Pool<Self>,
+        sql: &FleetSql,
+        before: StoreTime,
+    ) -> Result<u64, sqlx::Error>;
+
+    async fn beat(
+        pool: &Pool<Self>,
+        sql: &FleetSql,
+        beat: &NodeBeat<'_>,
+        now: StoreTime,
+    ) -> Result<(), sqlx::Error>;
+
+    async fn nodes(pool: &Pool<Self>, sql: &FleetSql) -> Result<Vec<NodeInfo>, sqlx::Error>;
+
+    /// Replaces `node`'s definitions, on the caller's transaction.
+    async fn publish(
+        conn: &mut Self::Connection,
+        sql: &FleetSql,
+        node: &str,
+        jobs: &[(String, String, String)],
+    ) -> Result<(), sqlx::Error>;
+
+    async fn published(
+        pool: &Pool<Self>,
+        sql: &FleetSql,
+        node: &str,
+        definitions: bool,
+    ) -> Result<Vec<PublishedJob>, sqlx::Error>;
+
+    async fn prune_nodes(
         pool: &Pool<Self>,
         sql: &FleetSql,
         before: StoreTime,
@@ -563,6 +654,114 @@ where
             .await?;
         Ok(t.rows_affected() + p.rows_affected())
     }
+
+    async fn beat(
+        pool: &Pool<Self>,
+        sql: &FleetSql,
+        beat: &NodeBeat<'_>,
+        now: StoreTime,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query(&sql.beat)
+            .bind(beat.node)
+            .bind(now.0)
+            .bind(beat.hostname)
+            .bind(i64::from(beat.pid))
+            .bind(beat.version)
+            .bind(beat.config_digest)
+            .bind(beat.started_at.unwrap_or(now).0)
+            .bind(beat.state)
+            .bind(i64::from(beat.running))
+            .execute(pool)
+            .await?;
+        Ok(())
+    }
+
+    async fn nodes(pool: &Pool<Self>, sql: &FleetSql) -> Result<Vec<NodeInfo>, sqlx::Error> {
+        let found = sqlx::query(&sql.nodes).fetch_all(pool).await?;
+        found
+            .iter()
+            .map(|r| {
+                Ok(NodeInfo {
+                    node: r.try_get("node")?,
+                    hostname: r.try_get("hostname")?,
+                    pid: r.try_get("pid")?,
+                    version: r.try_get("version")?,
+                    config_digest: r.try_get("config_digest")?,
+                    started_at: StoreTime(r.try_get("started_at_ms")?),
+                    last_seen: StoreTime(r.try_get("seen_ms")?),
+                    state: r.try_get("state")?,
+                    running: r.try_get("running")?,
+                })
+            })
+            .collect()
+    }
+
+    async fn publish(
+        conn: &mut Self::Connection,
+        sql: &FleetSql,
+        node: &str,
+        jobs: &[(String, String, String)],
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query(&sql.unpublish)
+            .bind(node)
+            .execute(&mut *conn)
+            .await?;
+        for (job, digest, definition) in jobs {
+            sqlx::query(&sql.publish)
+                .bind(node)
+                .bind(job.as_str())
+                .bind(digest.as_str())
+                .bind(definition.as_str())
+                .execute(&mut *conn)
+                .await?;
+        }
+        Ok(())
+    }
+
+    async fn published(
+        pool: &Pool<Self>,
+        sql: &FleetSql,
+        node: &str,
+        definitions: bool,
+    ) -> Result<Vec<PublishedJob>, sqlx::Error> {
+        let text = if definitions {
+            &sql.published_definitions
+        } else {
+            &sql.published_digests
+        };
+        let found = sqlx::query(text).bind(node).fetch_all(pool).await?;
+        found
+            .iter()
+            .map(|r| {
+                Ok(PublishedJob {
+                    node: r.try_get("node")?,
+                    job: r.try_get("job")?,
+                    digest: r.try_get("digest")?,
+                    definition: if definitions {
+                        Some(r.try_get("definition")?)
+                    } else {
+                        None
+                    },
+                })
+            })
+            .collect()
+    }
+
+    async fn prune_nodes(
+        pool: &Pool<Self>,
+        sql: &FleetSql,
+        before: StoreTime,
+    ) -> Result<u64, sqlx::Error> {
+        sqlx::query(&sql.prune_node_jobs)
+            .bind(before.0)
+            .execute(pool)
+            .await?;
+        let n = sqlx::query(&sql.prune_nodes)
+            .bind(before.0)
+            .execute(pool)
+            .await?;
+        Ok(n.rows_affected())
+    }
 }
 
 /// A trigger row.
@@ -643,6 +842,15 @@ mod tests {
             CANCEL_TRIGGER,
             PRUNE_TRIGGERS,
             PRUNE_PAUSES,
+            BEAT,
+            BEAT_MYSQL,
+            NODES,
+            UNPUBLISH,
+            PUBLISH,
+            PUBLISHED_DIGESTS,
+            PUBLISHED_DEFINITIONS,
+            PRUNE_NODES,
+            PRUNE_NODE_JOBS,
         ] {
             let mut expected = 1;
             let mut rest = sql;

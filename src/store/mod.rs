@@ -278,6 +278,38 @@ pub trait Store: Send + Sync + 'static {
     /// Deletes triggers requested before `before` and pauses that ended
     /// before it; how many rows went.
     async fn prune_fleet(&self, before: StoreTime) -> Result<u64, StoreError>;
+
+    // The fleet's nodes: `fencecron_nodes` (one row per node id, see
+    // [`NodeInfo::live`]) and `fencecron_node_jobs` (the job definitions
+    // each node published). Off the occurrence's path: a heartbeat every
+    // [`HEARTBEAT`], the rest at start, reload and on a drift.
+
+    /// Registers or refreshes this node's row, `last_seen` (and on the
+    /// first beat `started_at`) being the store's clock; answers that time.
+    async fn beat(&self, beat: &NodeBeat<'_>) -> Result<StoreTime, StoreError>;
+
+    /// Every node row, by node id.
+    async fn nodes(&self) -> Result<Vec<NodeInfo>, StoreError>;
+
+    /// Replaces the job definitions `node` published with `jobs` (name,
+    /// digest, canonical JSON), in one transaction.
+    async fn publish_jobs(
+        &self,
+        node: &str,
+        jobs: &[(String, String, String)],
+    ) -> Result<(), StoreError>;
+
+    /// The job definitions `node` published, by job; the canonical JSON
+    /// only with `definitions`.
+    async fn published_jobs(
+        &self,
+        node: &str,
+        definitions: bool,
+    ) -> Result<Vec<PublishedJob>, StoreError>;
+
+    /// Deletes the rows of nodes last seen before `before`, and their
+    /// definitions; how many nodes went.
+    async fn prune_nodes(&self, before: StoreTime) -> Result<u64, StoreError>;
 }
 
 /// How often a daemon looks for triggers: the idle cost of `fencecron

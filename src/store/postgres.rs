@@ -183,7 +183,8 @@ const ACQUIRE: &str = concat!(
 /// A batch claim ([`Store::claim`]): `$1`..`$6` the items' resources, owner
 /// ids, jobs, instants, next instants and lease lengths (parallel arrays, in
 /// this node's order), `$7` the node, `$8` the limit, `$9` whether to bound
-/// it by the node's share, `$10`/`$11` [`NODE_BEAT`]/[`NODE_LIVE`] in ms.
+/// it by the node's share, `$10`/`$11` [`NODE_BEAT`]/[`NODE_LIVE`] in ms
+/// (the live nodes are those of [`super::NodeInfo::live`]).
 ///
 /// `cand` is the single acquire's winning condition for a free lease
 /// (expired by the store's clock, instant newer than the last one taken,
@@ -218,7 +219,7 @@ const CLAIM: &str = concat!(
                      / (1 + (SELECT count(*) FROM fencecron_nodes
                               WHERE node <> $7 AND seen_ms > ",
     now_ms!(),
-    " - $11::bigint)))::bigint + 1)
+    " - $11::bigint AND state <> 'stopped')))::bigint + 1)
               ELSE $8::bigint END AS n),
      cand AS (
        SELECT l.resource, r.owner_id, r.job, r.occ, r.lease_ms

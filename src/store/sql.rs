@@ -23,7 +23,8 @@ use super::{
     StoreError, StoreTime, StoreUrl, StoredValue, Token,
 };
 use super::{
-    ClaimOutcome, ClaimRequest, OwnerId, PauseInfo, RunEnd, RunInfo, RunQuery, TriggerInfo, Unseen,
+    ClaimOutcome, ClaimRequest, NodeBeat, NodeInfo, OwnerId, PauseInfo, PublishedJob, RunEnd,
+    RunInfo, RunQuery, TriggerInfo, Unseen,
 };
 use crate::names::Name;
 
@@ -881,6 +882,52 @@ impl<D: Dialect> Store for SqlStore<D> {
 
     async fn prune_fleet(&self, before: StoreTime) -> Result<u64, StoreError> {
         self.call(async { Ok(D::DB::prune_fleet(&self.db.pool, &self.fleet, before).await?) })
+            .await
+    }
+
+    async fn beat(&self, beat: &NodeBeat<'_>) -> Result<StoreTime, StoreError> {
+        // The store's clock, read first: the fleet statements bind every
+        // time they write (one text for all backends).
+        self.call(async {
+            let now = self.dialect.now(&self.db).await?;
+            D::DB::beat(&self.db.pool, &self.fleet, beat, now).await?;
+            Ok(now)
+        })
+        .await
+    }
+
+    async fn nodes(&self) -> Result<Vec<NodeInfo>, StoreError> {
+        self.call(async { Ok(D::DB::nodes(&self.db.pool, &self.fleet).await?) })
+            .await
+    }
+
+    async fn publish_jobs(
+        &self,
+        node: &str,
+        jobs: &[(String, String, String)],
+    ) -> Result<(), StoreError> {
+        self.call(async {
+            let mut tx = self.dialect.begin(&self.db).await?;
+            D::DB::publish(&mut tx, &self.fleet, node, jobs).await?;
+            tx.commit().await?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn published_jobs(
+        &self,
+        node: &str,
+        definitions: bool,
+    ) -> Result<Vec<PublishedJob>, StoreError> {
+        self.call(async {
+            Ok(D::DB::published(&self.db.pool, &self.fleet, node, definitions).await?)
+        })
+        .await
+    }
+
+    async fn prune_nodes(&self, before: StoreTime) -> Result<u64, StoreError> {
+        self.call(async { Ok(D::DB::prune_nodes(&self.db.pool, &self.fleet, before).await?) })
             .await
     }
 }

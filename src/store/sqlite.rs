@@ -471,7 +471,8 @@ impl Dialect for Lite {
     /// within the limit goes through the single acquire's `UPDATE` (and
     /// its run row), each past it is only read. One host, one writer at a
     /// time: nothing is locked by another claimer, so nothing is skipped
-    /// for that, and there is no share (SQLite keeps no live nodes). What
+    /// for that, and there is no share (the daemons of one host share one
+    /// writer; `fencecron_nodes` is only their registry). What
     /// it saves is a transaction, and so a commit, per occurrence.
     async fn claim(&self, db: &Db<Sqlite>, req: &ClaimRequest<'_>) -> Sql<Option<ClaimOutcome>> {
         let mut tx = self.begin(db).await?;

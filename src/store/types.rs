@@ -209,8 +209,7 @@ pub struct ClaimOutcome {
     /// One per item, in the request's order.
     pub items: Vec<Claimed>,
     /// The limit the claim applied: the request's, or with `share` at most
-    /// `ceil(items / live nodes) + 1`, the live nodes being those that
-    /// claimed in the last [`NODE_LIVE`].
+    /// `ceil(items / live nodes) + 1` ([`NodeInfo::live`]).
     pub limit: usize,
 }
 
@@ -227,9 +226,97 @@ impl ClaimOutcome {
     }
 }
 
-/// A node counts as live for a claim's share while it claimed within this
-/// long; a claim refreshes its node's mark at most every [`NODE_BEAT`].
-pub const NODE_LIVE: Duration = Duration::from_secs(30);
+/// A node is live while its row in `fencecron_nodes` was refreshed within
+/// this long by the store's clock and it did not say it stopped
+/// ([`NodeInfo::live`]): three missed heartbeats ([`HEARTBEAT`]). The one
+/// definition of "live": the claim's share, `fencecron nodes`, `status` and
+/// the drift check all count the same nodes. A claim also refreshes its
+/// node's mark, at most every [`NODE_BEAT`].
+pub const NODE_LIVE: Duration = Duration::from_secs(15);
+
+/// How often a daemon refreshes its row in `fencecron_nodes`: one small
+/// upsert (and one read of the store's clock) per node every 5 s, whatever
+/// the number of jobs.
+pub const HEARTBEAT: Duration = Duration::from_secs(5);
+
+/// A node's row is deleted (with its published job definitions) once it
+/// was last seen this long ago.
+pub const NODE_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// A node's state as stored in `fencecron_nodes.state`, and as shown.
+pub mod node_state {
+    /// Scheduling.
+    pub const RUNNING: &str = "running";
+    /// Stopping: hands new instants to the others, lets its runs end.
+    pub const DRAINING: &str = "draining";
+    /// Stored by a clean exit; shown as [`GONE`].
+    pub const STOPPED: &str = "stopped";
+    /// Shown for a node that stopped or missed its heartbeats.
+    pub const GONE: &str = "gone";
+}
+
+/// What a daemon's heartbeat writes into its row of `fencecron_nodes`.
+#[derive(Debug, Clone)]
+pub struct NodeBeat<'a> {
+    pub node: &'a str,
+    pub hostname: &'a str,
+    pub pid: u32,
+    pub version: &'a str,
+    /// A digest of the whole job set ([`crate::fleet::config_digest`]).
+    pub config_digest: &'a str,
+    /// When this process registered (store time); `None` on its first
+    /// beat: the beat's own time.
+    pub started_at: Option<StoreTime>,
+    /// [`node_state::RUNNING`], [`node_state::DRAINING`] or
+    /// [`node_state::STOPPED`].
+    pub state: &'a str,
+    /// Runs it holds now.
+    pub running: u32,
+}
+
+/// A row of `fencecron_nodes`. A row written only by the batch claim of an
+/// older release has empty texts and zeros.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeInfo {
+    pub node: String,
+    pub hostname: String,
+    pub pid: i64,
+    pub version: String,
+    pub config_digest: String,
+    pub started_at: StoreTime,
+    pub last_seen: StoreTime,
+    /// As stored ([`node_state`]).
+    pub state: String,
+    pub running: i64,
+}
+
+impl NodeInfo {
+    /// Live at `now` (store time): seen within [`NODE_LIVE`] and not
+    /// stopped.
+    pub fn live(&self, now: StoreTime) -> bool {
+        self.state != node_state::STOPPED && self.last_seen.0 > now.0 - millis(NODE_LIVE)
+    }
+
+    /// The state shown: the stored one while live, else `gone`.
+    pub fn shown_state(&self, now: StoreTime) -> &str {
+        if self.live(now) {
+            &self.state
+        } else {
+            node_state::GONE
+        }
+    }
+}
+
+/// One job definition a node published (`fencecron_node_jobs`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PublishedJob {
+    pub node: String,
+    pub job: String,
+    /// [`crate::fleet::JobDef::digest`].
+    pub digest: String,
+    /// The canonical JSON of the definition; read only when asked for.
+    pub definition: Option<String>,
+}
 
 /// See [`NODE_LIVE`].
 pub const NODE_BEAT: Duration = Duration::from_secs(10);

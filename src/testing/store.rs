@@ -38,8 +38,9 @@ use crate::store::{
     LeaseRow, LossRow, NewStaleRecord, OwnerId, PauseInfo, PauseSeen, PutOutcome, PutRequest,
     ReleaseOutcome, RenewOutcome, RunEnd, RunInfo, RunQuery, RunStart, StaleKind, StaleRecord,
     StartedBy, Store, StoreError, StoreTime, StoreUrl, StoredValue, Takeover, Token, TriggerInfo,
-    Unseen, EPOCH_SHIFT, NODE_LIVE, RUNNING, UNKNOWN,
+    Unseen, EPOCH_SHIFT, RUNNING, UNKNOWN,
 };
+use crate::store::{node_state, NodeBeat, NodeInfo, PublishedJob};
 
 /// The operations faults can be aimed at.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -64,6 +65,9 @@ pub(crate) enum Op {
     FinishRun,
     /// Every other fleet operation (runs, pauses, triggers).
     Fleet,
+    /// The nodes' registry: `beat`, `nodes`, `publish_jobs`,
+    /// `published_jobs`, `prune_nodes`.
+    Nodes,
 }
 
 /// When a hung call's statement takes effect.
@@ -163,8 +167,10 @@ struct State {
     /// Pauses by job, with the instant last noted as skipped.
     pauses: BTreeMap<String, (PauseInfo, Option<i64>)>,
     triggers: Vec<TriggerInfo>,
-    /// Nodes by when they last claimed (`fencecron_nodes`).
-    nodes: BTreeMap<String, i64>,
+    /// Node rows (`fencecron_nodes`), by node id.
+    nodes: BTreeMap<String, NodeInfo>,
+    /// Published job definitions (`fencecron_node_jobs`), by node and job.
+    node_jobs: BTreeMap<(String, String), (String, String)>,
     /// The fencing proxy's highest admitted token per resource
     /// (`fencecron_proxy_fences`).
     proxy: BTreeMap<String, Token>,
@@ -221,7 +227,7 @@ impl MemoryStore {
     /// Marks `node` as having claimed now (it counts for a claim's share).
     pub(crate) fn node_seen(&self, node: &str) {
         let now = self.now_ms();
-        self.lock().nodes.insert(node.to_string(), now);
+        mark(&mut self.lock(), node, now);
     }
 
     /// Puts the store's clock `ms` milliseconds ahead of the test's clock
@@ -604,13 +610,12 @@ impl Store for MemoryStore {
             .collect();
         let (limit, share) = (req.limit, req.share);
         self.call(Op::Claim, move |s, now| {
-            let live = millis(NODE_LIVE);
             let others = s
                 .nodes
-                .iter()
-                .filter(|(n, seen)| **n != node && **seen > now - live)
+                .values()
+                .filter(|n| n.node != node && n.live(StoreTime(now)))
                 .count();
-            s.nodes.insert(node, now);
+            mark(s, &node, now);
             let limit = if share {
                 limit.min(items.len().div_ceil(others + 1) + 1)
             } else {
@@ -1177,6 +1182,107 @@ impl Store for MemoryStore {
         })
         .await
     }
+
+    async fn beat(&self, beat: &NodeBeat<'_>) -> Result<StoreTime, StoreError> {
+        let row = NodeInfo {
+            node: beat.node.to_string(),
+            hostname: beat.hostname.to_string(),
+            pid: i64::from(beat.pid),
+            version: beat.version.to_string(),
+            config_digest: beat.config_digest.to_string(),
+            started_at: beat.started_at.unwrap_or(StoreTime(0)),
+            last_seen: StoreTime(0),
+            state: beat.state.to_string(),
+            running: i64::from(beat.running),
+        };
+        let started = beat.started_at;
+        self.call(Op::Nodes, move |s, now| {
+            let now = StoreTime(now);
+            let row = NodeInfo {
+                started_at: started.unwrap_or(now),
+                last_seen: now,
+                ..row
+            };
+            s.nodes.insert(row.node.clone(), row);
+            now
+        })
+        .await
+    }
+
+    async fn nodes(&self) -> Result<Vec<NodeInfo>, StoreError> {
+        self.call(Op::Nodes, |s, _| s.nodes.values().cloned().collect())
+            .await
+    }
+
+    async fn publish_jobs(
+        &self,
+        node: &str,
+        jobs: &[(String, String, String)],
+    ) -> Result<(), StoreError> {
+        let (node, jobs) = (node.to_string(), jobs.to_vec());
+        self.call(Op::Nodes, move |s, _| {
+            s.node_jobs.retain(|(n, _), _| *n != node);
+            for (job, digest, def) in jobs {
+                s.node_jobs.insert((node.clone(), job), (digest, def));
+            }
+        })
+        .await
+    }
+
+    async fn published_jobs(
+        &self,
+        node: &str,
+        definitions: bool,
+    ) -> Result<Vec<PublishedJob>, StoreError> {
+        let node = node.to_string();
+        self.call(Op::Nodes, move |s, _| {
+            s.node_jobs
+                .iter()
+                .filter(|((n, _), _)| *n == node)
+                .map(|((n, job), (digest, def))| PublishedJob {
+                    node: n.clone(),
+                    job: job.clone(),
+                    digest: digest.clone(),
+                    definition: definitions.then(|| def.clone()),
+                })
+                .collect()
+        })
+        .await
+    }
+
+    async fn prune_nodes(&self, before: StoreTime) -> Result<u64, StoreError> {
+        self.call(Op::Nodes, move |s, _| {
+            let old: Vec<String> = s
+                .nodes
+                .values()
+                .filter(|r| r.last_seen < before)
+                .map(|r| r.node.clone())
+                .collect();
+            s.node_jobs.retain(|(node, _), _| !old.contains(node));
+            s.nodes.retain(|_, r| r.last_seen >= before);
+            old.len() as u64
+        })
+        .await
+    }
+}
+
+/// A batch claim's mark: the row's `seen_ms`, the rest as the columns'
+/// defaults when the row is new (as a claim writes it in SQL).
+fn mark(s: &mut State, node: &str, now: i64) {
+    s.nodes
+        .entry(node.to_string())
+        .or_insert_with(|| NodeInfo {
+            node: node.to_string(),
+            hostname: String::new(),
+            pid: 0,
+            version: String::new(),
+            config_digest: String::new(),
+            started_at: StoreTime(0),
+            last_seen: StoreTime(now),
+            state: node_state::RUNNING.to_string(),
+            running: 0,
+        })
+        .last_seen = StoreTime(now);
 }
 
 impl MemoryStore {

@@ -4,8 +4,8 @@
 //! and parses every example with the real command line parser.
 
 use crate::error::{
-    EXIT_CANNOT_START, EXIT_HELD, EXIT_INTERRUPTED, EXIT_MISSING, EXIT_OK, EXIT_RUNTIME,
-    EXIT_STALE, EXIT_USAGE,
+    EXIT_CANNOT_START, EXIT_HELD, EXIT_INTERRUPTED, EXIT_MISSING, EXIT_OK, EXIT_OVERDUE,
+    EXIT_RUNTIME, EXIT_STALE, EXIT_USAGE,
 };
 
 /// One row of README's commands table.
@@ -40,7 +40,7 @@ pub const EXIT_CODES: &[(u8, &str)] = &[
     (EXIT_USAGE, "usage or configuration error"),
     (
         EXIT_STALE,
-        "a stale write was rejected, or not the lease's owner",
+        "a stale write was rejected, or not the lease's owner; for status, a job is overdue",
     ),
     (
         EXIT_MISSING,
@@ -418,16 +418,43 @@ pub const COMMANDS: &[CommandDoc] = &[
         ],
     },
     CommandDoc {
-        usage: "status",
-        pages: &["status"],
+        usage: "nodes",
+        pages: &["nodes"],
         exits: &[(EXIT_OK, "shown")],
         passthrough: None,
         store: true,
         env: &[],
-        examples: &[(
-            "fencecron status",
-            "Per job: schedule, next instant, paused, running, last run, last success.",
-        )],
+        examples: &[
+            (
+                "fencecron nodes",
+                "Every daemon of the store: live, draining or gone; version, config digest, runs held.",
+            ),
+            ("fencecron nodes --json", "The same as a JSON array."),
+        ],
+    },
+    CommandDoc {
+        usage: "status",
+        pages: &["status"],
+        exits: &[
+            (EXIT_OK, "shown, and no job is overdue"),
+            (
+                EXIT_OVERDUE,
+                "a job is overdue: an instant older than 60 s has no run, or no live node has the job",
+            ),
+        ],
+        passthrough: None,
+        store: true,
+        env: &[],
+        examples: &[
+            (
+                "fencecron status",
+                "Per job: schedule, next instant, paused, running, last run, last success, live nodes, drift, overdue.",
+            ),
+            (
+                "fencecron status --store postgres://fencecron@db.internal/fencecron",
+                "The same from a host without the config, from the definitions the daemons published.",
+            ),
+        ],
     },
     CommandDoc {
         usage: "trigger",

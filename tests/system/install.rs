@@ -198,7 +198,7 @@ fn readme_install_steps_work_as_written() {
                 );
             }
         } else {
-            panic!("{TEST}: README's install line `{step}` is not one the test knows how to run; teach tests/it/install.rs");
+            panic!("{TEST}: README's install line `{step}` is not one the test knows how to run; teach tests/system/install.rs");
         }
     }
     assert!(daemon_up, "the README's install steps started no daemon");
@@ -219,7 +219,12 @@ fn readme_install_steps_work_as_written() {
 
     // Day two: as root and as the service user, no flags, no environment.
     // (`nodes` joins these when the command exists.)
-    for args in [&["check", "--connect"][..], &["status"], &["lease", "list"]] {
+    for args in [
+        &["check", "--connect"][..],
+        &["status"],
+        &["nodes"],
+        &["lease", "list"],
+    ] {
         for user in ["root", USER] {
             let out = run(as_user(user, args), None);
             assert!(

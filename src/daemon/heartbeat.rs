@@ -1,0 +1,469 @@
+//! The node's row in the store's registry (`fencecron_nodes`): registered
+//! when the store first answers, refreshed every [`HEARTBEAT`] with the
+//! store's clock, marked `draining` as soon as a stop starts and `stopped`
+//! once every run of this process ended, so `fencecron nodes` shows a node
+//! killed with -9 as `gone` after at most [`NODE_LIVE`] and one that exited
+//! cleanly at once.
+//!
+//! The job definitions are published (`fencecron_node_jobs`) when the job
+//! set changes (start, reload), not on every beat; the row carries a
+//! digest of the whole set, so each beat's drift check reads only the node
+//! rows and reads a node's per-job digests only while the live nodes' set
+//! digests differ, and only again when that node's set digest changed.
+//! A drift is logged (`config_drift`) when it appears or changes, and
+//! `config_drift_resolved` when it ends.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use super::occurrence::Running;
+use crate::events;
+use crate::fleet::{self, Drift};
+use crate::store::{
+    millis, node_state, NodeBeat, NodeInfo, PublishedJob, Store, StoreTime, HEARTBEAT,
+    NODE_RETENTION,
+};
+
+/// How long the exit waits for the beat that marks the node stopped.
+const LAST_BEAT: Duration = Duration::from_secs(2);
+
+/// How often node rows older than [`NODE_RETENTION`] are deleted.
+const PRUNE_EVERY: Duration = Duration::from_secs(3600);
+
+/// A job set as published: (name, digest, canonical JSON) by name, and the
+/// set's digest.
+#[derive(Debug, Default)]
+pub(super) struct JobSet {
+    pub jobs: Vec<(String, String, String)>,
+    pub digest: String,
+}
+
+impl JobSet {
+    pub(super) fn of(jobs: &[crate::config::Job]) -> Arc<JobSet> {
+        let jobs = fleet::published(jobs);
+        let digest = fleet::config_digest(&jobs);
+        Arc::new(JobSet { jobs, digest })
+    }
+}
+
+/// What the heartbeat needs.
+pub(super) struct Heartbeat {
+    pub store: Arc<dyn Store>,
+    pub node: String,
+    pub jobs: watch::Receiver<Arc<JobSet>>,
+    pub running: Running,
+    /// Set once migrations are applied: no beat before.
+    pub ready: Arc<tokio::sync::OnceCell<()>>,
+    /// Cancelled when a stop starts: the node says `draining`.
+    pub draining: CancellationToken,
+    /// Cancelled once every task of the daemon ended: the last beat says
+    /// `stopped`.
+    pub stopped: CancellationToken,
+}
+
+/// The beat's own state between beats.
+#[derive(Default)]
+struct Beats {
+    started_at: Option<StoreTime>,
+    /// The set digest whose definitions are in the store.
+    published: Option<String>,
+    /// Per-job digests read from other nodes, with the set digest they
+    /// belong to.
+    seen: HashMap<String, (String, Vec<PublishedJob>)>,
+    /// The drift logged last.
+    drift: DriftLog,
+    last_prune: Option<tokio::time::Instant>,
+}
+
+impl Heartbeat {
+    /// Beats until `stopped`, then marks the node stopped.
+    pub(super) async fn run(mut self) {
+        let mut b = Beats::default();
+        let mut tick = tokio::time::interval(HEARTBEAT);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut draining_seen = false;
+        loop {
+            tokio::select! {
+                _ = self.stopped.cancelled() => break,
+                _ = tick.tick() => {}
+                _ = self.draining.cancelled(), if !draining_seen => draining_seen = true,
+                changed = self.jobs.changed() => {
+                    if changed.is_err() {
+                        // The sender went with the daemon: wait for the stop.
+                        self.stopped.cancelled().await;
+                        break;
+                    }
+                }
+            }
+            // A beat waiting on a store that does not answer must not hold
+            // up the daemon's exit.
+            tokio::select! {
+                _ = self.stopped.cancelled() => break,
+                _ = self.beat(&mut b) => {}
+            }
+        }
+        if b.started_at.is_some() {
+            let set = self.jobs.borrow().clone();
+            let row = self.row(&b, &set, node_state::STOPPED);
+            match tokio::time::timeout(LAST_BEAT, self.store.beat(&row)).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => events::store_unavailable("beat", None, &e.to_string(), None),
+                // Unmarked, the node shows `gone` once NODE_LIVE passed.
+                Err(_) => events::store_unavailable("beat", None, "timed out", None),
+            }
+        }
+    }
+
+    fn row<'a>(&'a self, b: &Beats, set: &'a JobSet, state: &'a str) -> NodeBeat<'a> {
+        NodeBeat {
+            node: &self.node,
+            hostname: hostname(),
+            pid: std::process::id(),
+            version: env!("CARGO_PKG_VERSION"),
+            config_digest: &set.digest,
+            started_at: b.started_at,
+            state,
+            running: u32::try_from(self.running.len()).unwrap_or(u32::MAX),
+        }
+    }
+
+    /// Publishes the job set if it changed, beats, looks for drift and
+    /// prunes now and then. A failing store is logged and tried again at
+    /// the next beat.
+    async fn beat(&self, b: &mut Beats) {
+        if super::ensure_ready(&self.ready, self.store.as_ref())
+            .await
+            .is_err()
+        {
+            // `await_store` logs it and retries.
+            return;
+        }
+        let set = self.jobs.borrow().clone();
+        if let Err(e) = self.publish(b, &set).await {
+            events::store_unavailable("publish_jobs", None, &e.to_string(), None);
+            return;
+        }
+        let state = if self.draining.is_cancelled() {
+            node_state::DRAINING
+        } else {
+            node_state::RUNNING
+        };
+        let now = match self.store.beat(&self.row(b, &set, state)).await {
+            Ok(now) => now,
+            Err(e) => {
+                events::store_unavailable("beat", None, &e.to_string(), None);
+                return;
+            }
+        };
+        b.started_at.get_or_insert(now);
+        if let Err(e) = self.check_drift(b, now).await {
+            events::store_unavailable("nodes", None, &e.to_string(), None);
+        }
+        if b.last_prune.is_none_or(|t| t.elapsed() >= PRUNE_EVERY) {
+            b.last_prune = Some(tokio::time::Instant::now());
+            let before = StoreTime(now.0 - millis(NODE_RETENTION));
+            if let Err(e) = self.store.prune_nodes(before).await {
+                events::store_unavailable("prune_nodes", None, &e.to_string(), None);
+            }
+        }
+    }
+
+    /// Writes the definitions when the set differs from what this node
+    /// published last (at start: from what its row in the store says, so a
+    /// restart with the same config writes nothing).
+    async fn publish(&self, b: &mut Beats, set: &JobSet) -> Result<(), crate::store::StoreError> {
+        if b.published.as_deref() == Some(set.digest.as_str()) {
+            return Ok(());
+        }
+        if b.published.is_none() {
+            let stored = self.store.nodes().await?;
+            if stored
+                .iter()
+                .any(|n| n.node == self.node && n.config_digest == set.digest)
+            {
+                b.published = Some(set.digest.clone());
+                return Ok(());
+            }
+        }
+        self.store.publish_jobs(&self.node, &set.jobs).await?;
+        b.published = Some(set.digest.clone());
+        Ok(())
+    }
+
+    async fn check_drift(
+        &self,
+        b: &mut Beats,
+        now: StoreTime,
+    ) -> Result<(), crate::store::StoreError> {
+        let nodes = self.store.nodes().await?;
+        let drift = current_drift(self.store.as_ref(), &nodes, now, &mut b.seen).await?;
+        let count = drift.len();
+        let (changed, resolved) = b.drift.update(drift);
+        for d in &changed {
+            events::config_drift(d, count);
+        }
+        for job in &resolved {
+            events::config_drift_resolved(job, count);
+        }
+        Ok(())
+    }
+}
+
+/// The drift last logged, by job: a drift is logged when it appears or
+/// changes (other digests, other nodes on a side), not on every beat.
+#[derive(Debug, Default)]
+pub(super) struct DriftLog(BTreeMap<String, Drift>);
+
+impl DriftLog {
+    /// Remembers `now`; answers the drifts that are new or changed since
+    /// the last call, and the jobs whose drift ended.
+    pub(super) fn update(&mut self, now: BTreeMap<String, Drift>) -> (Vec<Drift>, Vec<String>) {
+        let changed = now
+            .iter()
+            .filter(|(job, d)| self.0.get(*job) != Some(*d))
+            .map(|(_, d)| d.clone())
+            .collect();
+        let resolved = self
+            .0
+            .keys()
+            .filter(|j| !now.contains_key(*j))
+            .cloned()
+            .collect();
+        self.0 = now;
+        (changed, resolved)
+    }
+}
+
+/// The drift among the live nodes of `nodes`, reading the per-job digests
+/// of a node only when the live nodes' set digests differ and `cache` does
+/// not hold that node's current set.
+pub async fn current_drift(
+    store: &dyn Store,
+    nodes: &[NodeInfo],
+    now: StoreTime,
+    cache: &mut HashMap<String, (String, Vec<PublishedJob>)>,
+) -> Result<BTreeMap<String, Drift>, crate::store::StoreError> {
+    let live = fleet::drift_nodes(nodes, now);
+    if !fleet::may_drift(&live) {
+        return Ok(BTreeMap::new());
+    }
+    let mut jobs = Vec::new();
+    for n in &live {
+        let fresh = cache
+            .get(&n.node)
+            .is_some_and(|(digest, _)| *digest == n.config_digest);
+        if !fresh {
+            let published = store.published_jobs(&n.node, false).await?;
+            cache.insert(n.node.clone(), (n.config_digest.clone(), published));
+        }
+        jobs.extend(cache[&n.node].1.iter().cloned());
+    }
+    cache.retain(|node, _| live.iter().any(|n| n.node == *node));
+    let names: Vec<&str> = live.iter().map(|n| n.node.as_str()).collect();
+    Ok(fleet::drift(&names, &jobs))
+}
+
+/// This host's name, once.
+fn hostname() -> &'static str {
+    static NAME: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    NAME.get_or_init(crate::commands::hostname)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::clock::Clock;
+    use crate::testing::store::MemoryStore;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    fn job(name: &str) -> crate::config::Job {
+        use crate::names::Name;
+        crate::config::Job {
+            name: Name::parse("job", name).unwrap(),
+            schedule: crate::schedule::Schedule::parse("0 * * * * *", chrono_tz::UTC).unwrap(),
+            command: vec!["true".into()],
+            resource: Name::parse("resource", name).unwrap(),
+            timeout: None,
+            env: Default::default(),
+            workdir: None,
+            timing: crate::timing::LeaseTiming::new(ms(10_000), None, None).unwrap(),
+            stale_exit_code: None,
+            starting_deadline: None,
+            retry: Default::default(),
+            catchup: Default::default(),
+            overlap: Default::default(),
+            on_failure: None,
+            place: Default::default(),
+        }
+    }
+
+    fn drift(job: &str, without: &[&str]) -> (String, Drift) {
+        (
+            job.to_string(),
+            Drift {
+                job: job.to_string(),
+                nodes_with: BTreeMap::from([("d".to_string(), vec!["a".to_string()])]),
+                nodes_without: without.iter().map(|s| s.to_string()).collect(),
+            },
+        )
+    }
+
+    async fn row(s: &MemoryStore, node: &str) -> NodeInfo {
+        let nodes = s.nodes().await.unwrap();
+        nodes.into_iter().find(|n| n.node == node).unwrap()
+    }
+
+    #[test]
+    fn a_drift_is_logged_once_per_change() {
+        let mut log = DriftLog::default();
+        let (c, r) = log.update(BTreeMap::from([drift("x", &["b"])]));
+        assert_eq!((c.len(), r.len()), (1, 0));
+        // The same drift at the next beats: nothing to log.
+        for _ in 0..3 {
+            let (c, r) = log.update(BTreeMap::from([drift("x", &["b"])]));
+            assert!(c.is_empty() && r.is_empty());
+        }
+        // Another node joins a side: logged again.
+        let (c, _) = log.update(BTreeMap::from([drift("x", &["b", "c"])]));
+        assert_eq!(c[0].nodes_without, ["b", "c"]);
+        let (c, r) = log.update(BTreeMap::new());
+        assert!(c.is_empty());
+        assert_eq!(r, ["x"]);
+    }
+
+    /// The node's row, on a paused clock: registered at once with the
+    /// store's time, refreshed every 5 s, `draining` as soon as a stop
+    /// starts, `stopped` (shown gone) at the end; its definitions published
+    /// once, and again only when the job set changes.
+    #[tokio::test(start_paused = true)]
+    async fn the_node_registers_beats_drains_and_stops_in_the_store() {
+        let clock = Clock::following_tokio(chrono::Utc::now());
+        let store = MemoryStore::new(clock);
+        store.set_offset_ms(-7_000);
+        let alpha = job("alpha");
+        let (tx, rx) = watch::channel(JobSet::of(std::slice::from_ref(&alpha)));
+        let (draining, stopped) = (CancellationToken::new(), CancellationToken::new());
+        let beats = tokio::spawn(
+            Heartbeat {
+                store: Arc::new(store.clone()),
+                node: "node-a".into(),
+                jobs: rx,
+                running: Running::default(),
+                ready: Default::default(),
+                draining: draining.clone(),
+                stopped: stopped.clone(),
+            }
+            .run(),
+        );
+        tokio::time::sleep(ms(1)).await;
+        let first = row(&store, "node-a").await;
+        let t0 = store.now().await.unwrap();
+        assert_eq!(first.state, node_state::RUNNING);
+        assert_eq!(first.pid, i64::from(std::process::id()));
+        assert_eq!(first.started_at, first.last_seen);
+        assert!(t0.0 - first.last_seen.0 <= 1, "the store's clock");
+        assert_eq!(first.config_digest, tx.borrow().digest);
+        assert_eq!(
+            store.published_jobs("node-a", false).await.unwrap().len(),
+            1
+        );
+        assert!(first.live(t0));
+
+        tokio::time::sleep(ms(5_000)).await;
+        let second = row(&store, "node-a").await;
+        assert_eq!(second.last_seen.0 - first.last_seen.0, 5_000);
+        assert_eq!(second.started_at, first.started_at);
+
+        // A reload with another job set publishes it with the beat.
+        tx.send_replace(JobSet::of(&[alpha.clone(), job("beta")]));
+        tokio::time::sleep(ms(1)).await;
+        assert_eq!(
+            store.published_jobs("node-a", false).await.unwrap().len(),
+            2
+        );
+        assert_eq!(
+            row(&store, "node-a").await.config_digest,
+            tx.borrow().digest
+        );
+
+        draining.cancel();
+        tokio::time::sleep(ms(1)).await;
+        assert_eq!(row(&store, "node-a").await.state, node_state::DRAINING);
+
+        stopped.cancel();
+        beats.await.unwrap();
+        let last = row(&store, "node-a").await;
+        assert_eq!(last.state, node_state::STOPPED);
+        let now = store.now().await.unwrap();
+        assert!(!last.live(now));
+        assert_eq!(last.shown_state(now), node_state::GONE);
+    }
+
+    /// A stop does not wait for a store that does not answer: a beat in
+    /// progress is dropped, and the last beat is given at most LAST_BEAT.
+    #[tokio::test(start_paused = true)]
+    async fn a_hanging_store_does_not_hold_up_the_exit() {
+        use crate::testing::store::{Commit, Fault, Gate, Op};
+        let store = MemoryStore::new(Clock::following_tokio(chrono::Utc::now()));
+        let (_tx, rx) = watch::channel(JobSet::of(&[job("alpha")]));
+        let stopped = CancellationToken::new();
+        let beats = tokio::spawn(
+            Heartbeat {
+                store: Arc::new(store.clone()),
+                node: "node-a".into(),
+                jobs: rx,
+                running: Running::default(),
+                ready: Default::default(),
+                draining: CancellationToken::new(),
+                stopped: stopped.clone(),
+            }
+            .run(),
+        );
+        tokio::time::sleep(ms(1)).await;
+        assert_eq!(row(&store, "node-a").await.state, node_state::RUNNING);
+        store.fault(Op::Nodes, Fault::Hang(Gate::new(), Commit::After), 10);
+        tokio::time::sleep(ms(6_000)).await;
+        let t0 = tokio::time::Instant::now();
+        stopped.cancel();
+        beats.await.unwrap();
+        assert_eq!(tokio::time::Instant::now() - t0, LAST_BEAT);
+    }
+
+    /// A node that stops beating (killed) is live for less than NODE_LIVE
+    /// after its last beat, and gone from then on.
+    #[tokio::test(start_paused = true)]
+    async fn a_node_that_stops_beating_is_gone_within_the_bound() {
+        let store = MemoryStore::new(Clock::following_tokio(chrono::Utc::now()));
+        let beat = NodeBeat {
+            node: "n",
+            hostname: "h",
+            pid: 1,
+            version: "v",
+            config_digest: "d",
+            started_at: None,
+            state: node_state::RUNNING,
+            running: 0,
+        };
+        let seen = store.beat(&beat).await.unwrap();
+        let row = store.nodes().await.unwrap().remove(0);
+        tokio::time::sleep(crate::store::NODE_LIVE - ms(1)).await;
+        assert!(row.live(store.now().await.unwrap()));
+        tokio::time::sleep(ms(1)).await;
+        let now = store.now().await.unwrap();
+        assert_eq!(now.0 - seen.0, millis(crate::store::NODE_LIVE));
+        assert_eq!(row.shown_state(now), node_state::GONE);
+        // Forgotten after the retention.
+        assert_eq!(store.prune_nodes(StoreTime(seen.0)).await.unwrap(), 0);
+        assert_eq!(store.prune_nodes(StoreTime(seen.0 + 1)).await.unwrap(), 1);
+        assert!(store.nodes().await.unwrap().is_empty());
+    }
+}
