@@ -379,18 +379,42 @@ pub enum GuardBackend {
 
 /// `fencecron runs`.
 #[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct RunsArgs {
-    /// Only this job's runs.
+    /// Only this job's runs (a job named `show` is written `-- show`).
     pub job: Option<String>,
     /// Only runs started within this long (e.g. 1h), by the store's clock.
     #[arg(long, value_name = "D")]
     pub since: Option<HumanDuration>,
+    /// Only runs that ended so.
+    #[arg(long, value_name = "OUTCOME", value_parser = ["succeeded", "failed", "timed_out", "lease_lost", "shutdown"])]
+    pub outcome: Option<String>,
+    /// Only runs of this node.
+    #[arg(long, value_name = "NODE")]
+    pub node: Option<String>,
+    #[command(subcommand)]
+    pub show: Option<RunsCommand>,
     /// At most this many runs (1..=1000).
     #[arg(long, value_name = "N", default_value_t = 20)]
     pub limit: u32,
     /// Print a JSON array.
     #[arg(long)]
     pub json: bool,
+}
+
+/// `fencecron runs show`.
+#[derive(Debug, Subcommand)]
+pub enum RunsCommand {
+    /// One run with the tail of its output, as the history kept it
+    /// (`[history] output`, 4 KiB by default).
+    Show {
+        /// The run's owner id (`runs --json` shows it; `FENCECRON_OWNER_ID`
+        /// in the job).
+        run: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// `fencecron trigger`.

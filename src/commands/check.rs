@@ -96,8 +96,20 @@ pub async fn run(cli: &Cli, connect: bool) -> Result<Exit> {
                 humantime::format_duration(jitter)
             )?;
         }
+        let tz = job.schedule.tz();
         for at in job.schedule.upcoming(now, 3) {
-            writeln!(out, "  next: {}", rfc3339(at))?;
+            // UTC first (what the logs and the store say), then, for a job
+            // in another zone, the same instant on its own wall clock.
+            if tz == chrono_tz::Tz::UTC {
+                writeln!(out, "  next: {}", rfc3339(at))?;
+            } else {
+                writeln!(
+                    out,
+                    "  next: {}  ({})",
+                    rfc3339(at),
+                    super::fleet::local_time(at, tz)
+                )?;
+            }
         }
     }
     if !connect {

@@ -10,12 +10,12 @@ use chrono::Utc;
 use serde::Serialize;
 
 use super::{hostname, print_json, Context};
-use crate::cli::{Cli, PauseArgs, RunsArgs, TriggerArgs};
+use crate::cli::{Cli, PauseArgs, RunsArgs, RunsCommand, TriggerArgs};
 use crate::config::Job;
 use crate::daemon::current_drift;
 use crate::error::{Error, Exit, Result};
 use crate::fleet::{Drift, JobDef, JobFacts};
-use crate::output::Out;
+use crate::output::{self, Align, Out, Table};
 use crate::schedule::Schedule;
 use crate::store::{
     millis, rfc3339, trigger_state, NodeInfo, OpenOptions, PauseInfo, RunInfo, RunQuery, Store,
@@ -42,6 +42,9 @@ pub async fn runs(cli: &Cli, args: &RunsArgs) -> Result<Exit> {
     }
     let ctx = Context::load(cli, false)?;
     let store = ctx.store(&OpenOptions::default()).await?;
+    if let Some(RunsCommand::Show { run, json }) = &args.show {
+        return show_run(store.as_ref(), run, *json).await;
+    }
     let since = match args.since {
         Some(d) => Some(StoreTime(store.now().await?.0 - millis(d.0))),
         None => None,
@@ -49,8 +52,10 @@ pub async fn runs(cli: &Cli, args: &RunsArgs) -> Result<Exit> {
     let runs = store
         .runs(&RunQuery {
             job: args.job.as_deref(),
-            outcome: None,
+            outcome: args.outcome.as_deref(),
             since,
+            node: args.node.as_deref(),
+            owner_id: None,
             limit: args.limit,
         })
         .await?;
@@ -58,28 +63,97 @@ pub async fn runs(cli: &Cli, args: &RunsArgs) -> Result<Exit> {
         print_json(&runs)?;
         return Ok(Exit::Success);
     }
-    let mut out = Out::stdout();
-    writeln!(
-        out,
-        "{:<24} {:<20} {:<9} {:<16} {:>10} {:<12} {:>5} {:>10}  SCHEDULED",
-        "STARTED", "JOB", "TRIGGER", "NODE", "TOKEN", "OUTCOME", "EXIT", "DURATION"
-    )?;
+    if runs.is_empty() {
+        if let Some(job) = &args.job {
+            // No history: a name no daemon and no config knows is a typo,
+            // refused as trigger and pause refuse it (exit 2).
+            job_of(&ctx, store.as_ref(), job).await?;
+        }
+    }
+    let now = store.now().await?.to_utc();
+    let mut table = Table::new(&[
+        ("STARTED", Align::Left),
+        ("", Align::Left),
+        ("JOB", Align::Left),
+        ("TRIGGER", Align::Left),
+        ("NODE", Align::Left),
+        ("TOKEN", Align::Right),
+        ("OUTCOME", Align::Left),
+        ("EXIT", Align::Right),
+        ("DURATION", Align::Right),
+        ("SCHEDULED", Align::Left),
+    ]);
     for r in &runs {
-        writeln!(
-            out,
-            "{:<24} {:<20} {:<9} {:<16} {:>10} {:<12} {:>5} {:>10}  {}",
+        table.row(vec![
             r.started_at.to_string(),
-            r.job,
-            r.trigger,
-            r.node,
-            r.token,
-            r.outcome,
+            output::relative(now, r.started_at.to_utc()),
+            r.job.clone(),
+            r.trigger.clone(),
+            r.node.clone(),
+            r.token.to_string(),
+            r.outcome.clone(),
             exit_text(r),
             r.duration_ms
                 .map_or_else(|| "-".to_string(), |d| format!("{d}ms")),
             r.scheduled_at
                 .map_or_else(|| "-".to_string(), |s| s.to_string()),
-        )?;
+        ]);
+    }
+    table.print(&mut Out::stdout())?;
+    Ok(Exit::Success)
+}
+
+/// `fencecron runs show RUN`: one run, its facts and its output's tail.
+async fn show_run(store: &dyn Store, run: &str, json: bool) -> Result<Exit> {
+    let owner = crate::store::OwnerId::from_str(run).map_err(|_| {
+        Error::Usage(format!(
+            "`{run}` is not a run's owner id (a UUID); `fencecron runs --json` lists them"
+        ))
+    })?;
+    let owner = owner.to_string();
+    let found = store
+        .runs(&RunQuery {
+            owner_id: Some(&owner),
+            limit: 1,
+            ..RunQuery::default()
+        })
+        .await?;
+    let Some(r) = found.into_iter().next() else {
+        return Err(Error::Missing(format!(
+            "no run {run} in the history (it may have been pruned, see [history]); `fencecron runs` lists the runs kept"
+        )));
+    };
+    if json {
+        print_json(&r)?;
+        return Ok(Exit::Success);
+    }
+    let mut out = Out::stdout();
+    let opt = |t: Option<StoreTime>| t.map_or_else(|| "-".to_string(), |t| t.to_string());
+    writeln!(out, "run:          {}", r.owner_id)?;
+    writeln!(out, "job:          {}", r.job)?;
+    writeln!(out, "resource:     {}", r.resource)?;
+    writeln!(out, "trigger:      {}", r.trigger)?;
+    writeln!(out, "scheduled_at: {}", opt(r.scheduled_at))?;
+    writeln!(out, "node:         {}", r.node)?;
+    writeln!(out, "token:        {}", r.token)?;
+    writeln!(out, "started_at:   {}", r.started_at)?;
+    writeln!(out, "finished_at:  {}", opt(r.finished_at))?;
+    writeln!(out, "outcome:      {}", r.outcome)?;
+    writeln!(out, "exit:         {}", exit_text(&r))?;
+    writeln!(
+        out,
+        "duration:     {}",
+        r.duration_ms
+            .map_or_else(|| "-".to_string(), |d| format!("{d}ms"))
+    )?;
+    match r.output.as_deref() {
+        Some(text) if !text.is_empty() => {
+            writeln!(out, "output (the last bytes the history keeps):")?;
+            for line in text.lines() {
+                writeln!(out, "  {line}")?;
+            }
+        }
+        _ => writeln!(out, "output:       (none kept)")?,
     }
     Ok(Exit::Success)
 }
@@ -101,6 +175,9 @@ struct JobStatus {
     schedule: String,
     timezone: String,
     next_at: Option<String>,
+    /// The same instant on the job's own wall clock (`timezone`), with its
+    /// offset: what `systemd-analyze calendar` shows beside UTC.
+    next_at_local: Option<String>,
     paused: Option<PauseInfo>,
     running: Option<Running>,
     last_run: Option<LastRun>,
@@ -221,6 +298,7 @@ pub async fn status(cli: &Cli, json: bool) -> Result<Exit> {
     let mut all = Vec::with_capacity(jobs.len());
     for job in &jobs {
         let name = job.name.as_str();
+        let next = job.schedule.next_after(Utc::now());
         // The newest runs: one in progress, if any, then the last one that
         // ended (or whose node died).
         let recent = store
@@ -257,7 +335,8 @@ pub async fn status(cli: &Cli, json: bool) -> Result<Exit> {
             resource: job.resource.clone(),
             schedule: job.schedule.expr().to_string(),
             timezone: job.schedule.tz().name().to_string(),
-            next_at: job.schedule.next_after(Utc::now()).map(rfc3339),
+            next_at: next.map(rfc3339),
+            next_at_local: next.map(|t| local_time(t, job.schedule.tz())),
             paused,
             running: running.map(|r| Running {
                 node: r.node.clone(),
@@ -283,11 +362,18 @@ pub async fn status(cli: &Cli, json: bool) -> Result<Exit> {
         return Ok(exit);
     }
     let mut out = Out::stdout();
-    writeln!(
-        out,
-        "{:<20} {:<22} {:<24} {:<28} {:<8} {:<36} LAST SUCCESS",
-        "JOB", "SCHEDULE", "NEXT", "STATE", "NODES", "LAST RUN"
-    )?;
+    let now = Utc::now();
+    let mut table = Table::new(&[
+        ("JOB", Align::Left),
+        ("SCHEDULE", Align::Left),
+        ("NEXT (UTC)", Align::Left),
+        ("NEXT (JOB'S ZONE)", Align::Left),
+        ("STATE", Align::Left),
+        ("NODES", Align::Right),
+        ("LAST RUN", Align::Left),
+        ("LAST SUCCESS", Align::Left),
+    ]);
+    let mut notes = Vec::new();
     for s in &all {
         let state = match (&s.paused, &s.running) {
             (_, Some(r)) => format!("running on {} (token {})", r.node, r.token),
@@ -298,31 +384,36 @@ pub async fn status(cli: &Cli, json: bool) -> Result<Exit> {
             (None, None) if s.overdue => "overdue".to_string(),
             (None, None) => "idle".to_string(),
         };
-        writeln!(
-            out,
-            "{:<20} {:<22} {:<24} {:<28} {:<8} {:<36} {}",
-            s.job,
+        let ago = |at: StoreTime| output::relative(now, at.to_utc());
+        table.row(vec![
+            s.job.clone(),
             format!("{} {}", s.schedule, s.timezone),
-            s.next_at.as_deref().unwrap_or("-"),
+            s.next_at.clone().unwrap_or_else(|| "-".to_string()),
+            s.next_at_local.clone().unwrap_or_else(|| "-".to_string()),
             state,
             if s.live_nodes.is_empty() {
                 "none".to_string()
             } else {
                 s.live_nodes.len().to_string()
             },
-            s.last_run
-                .as_ref()
-                .map_or_else(|| "-".to_string(), |l| format!("{} {}", l.outcome, l.at)),
+            s.last_run.as_ref().map_or_else(
+                || "-".to_string(),
+                |l| format!("{} {} ({})", l.outcome, l.at, ago(l.at)),
+            ),
             s.last_success
                 .as_ref()
-                .map_or_else(|| "-".to_string(), |l| l.at.to_string()),
-        )?;
+                .map_or_else(|| "-".to_string(), |l| format!("{} ({})", l.at, ago(l.at))),
+        ]);
         if let Some(note) = s.paused.as_ref().and_then(|p| p.note.as_deref()) {
-            writeln!(out, "{:<20} note: {note}", "")?;
+            notes.push(format!("{}: paused: {note}", s.job));
         }
         if let Some(reason) = &s.overdue_reason {
-            writeln!(out, "{:<20} overdue: {reason}", "")?;
+            notes.push(format!("{}: overdue: {reason}", s.job));
         }
+    }
+    table.print(&mut out)?;
+    for note in notes {
+        writeln!(out, "{note}")?;
     }
     drift_lines(&mut out, &drift)?;
     Ok(exit)
@@ -699,4 +790,11 @@ fn drift_lines(out: &mut Out, drift: &BTreeMap<String, Drift>) -> Result<()> {
         writeln!(out, "config drift: {}: {}{without}", d.job, d.with_text())?;
     }
     Ok(())
+}
+
+/// `t` on the wall clock of `tz`, e.g. `2026-12-07 04:00:00 CET`.
+pub(crate) fn local_time(t: chrono::DateTime<Utc>, tz: chrono_tz::Tz) -> String {
+    t.with_timezone(&tz)
+        .format("%Y-%m-%d %H:%M:%S %Z")
+        .to_string()
 }

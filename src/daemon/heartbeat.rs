@@ -21,6 +21,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::occurrence::Running;
+use crate::clock::Clock;
 use crate::events;
 use crate::fleet::{self, Drift};
 use crate::store::{
@@ -63,6 +64,26 @@ pub(super) struct Heartbeat {
     /// Cancelled once every task of the daemon ended: the last beat says
     /// `stopped`.
     pub stopped: CancellationToken,
+    /// Wall time, for the beats' phase ([`until_next_beat`]).
+    pub clock: Clock,
+}
+
+/// Where in each [`HEARTBEAT`] period of the wall clock a beat falls: 2.5 s
+/// past every multiple of 5 s, half-way between the whole seconds where
+/// instants fall and as far as can be from the 5- and 10-second marks most
+/// schedules use. A beat is one small call; at the instant itself it would
+/// take one of the node's connections (`store.max_connections`) from the
+/// claim, and on a store that hangs it would hold that connection for the
+/// call's whole time limit.
+const BEAT_PHASE_MS: i64 = 2_500;
+
+/// How long from `now` until the next beat's point of the wall clock.
+fn until_next_beat(now: chrono::DateTime<chrono::Utc>) -> std::time::Duration {
+    let period = i64::try_from(HEARTBEAT.as_millis()).unwrap_or(5_000);
+    let into = now.timestamp_millis().rem_euclid(period);
+    let wait = (BEAT_PHASE_MS - into).rem_euclid(period);
+    let wait = if wait == 0 { period } else { wait };
+    std::time::Duration::from_millis(u64::try_from(wait).unwrap_or(0))
 }
 
 /// The beat's own state between beats.
@@ -83,13 +104,13 @@ impl Heartbeat {
     /// Beats until `stopped`, then marks the node stopped.
     pub(super) async fn run(mut self) {
         let mut b = Beats::default();
-        let mut tick = tokio::time::interval(HEARTBEAT);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // The first beat at once (the node registers), then on the phase.
+        let mut next = tokio::time::Instant::now();
         let mut draining_seen = false;
         loop {
             tokio::select! {
                 _ = self.stopped.cancelled() => break,
-                _ = tick.tick() => {}
+                _ = tokio::time::sleep_until(next) => {}
                 _ = self.draining.cancelled(), if !draining_seen => draining_seen = true,
                 changed = self.jobs.changed() => {
                     if changed.is_err() {
@@ -105,6 +126,7 @@ impl Heartbeat {
                 _ = self.stopped.cancelled() => break,
                 _ = self.beat(&mut b) => {}
             }
+            next = tokio::time::Instant::now() + until_next_beat(self.clock.now());
         }
         if b.started_at.is_some() {
             let set = self.jobs.borrow().clone();
@@ -279,6 +301,23 @@ mod tests {
 
     use super::*;
     use crate::clock::Clock;
+
+    #[test]
+    fn beats_fall_half_way_between_the_five_second_marks() {
+        use chrono::TimeZone;
+        let at = |ms: i64| chrono::Utc.timestamp_millis_opt(ms).unwrap();
+        assert_eq!(until_next_beat(at(1_800_000_000_000)), ms(2_500));
+        assert_eq!(until_next_beat(at(1_800_000_002_499)), ms(1));
+        assert_eq!(until_next_beat(at(1_800_000_002_500)), ms(5_000));
+        assert_eq!(until_next_beat(at(1_800_000_004_999)), ms(2_501));
+    }
+
+    /// A wall clock on a beat's point, so beats fall every 5 s from the
+    /// start, as the assertions count them.
+    fn on_phase() -> Clock {
+        use chrono::TimeZone;
+        Clock::following_tokio(chrono::Utc.timestamp_millis_opt(1_800_000_002_500).unwrap())
+    }
     use crate::testing::store::MemoryStore;
 
     fn ms(n: u64) -> Duration {
@@ -346,7 +385,7 @@ mod tests {
     /// once, and again only when the job set changes.
     #[tokio::test(start_paused = true)]
     async fn the_node_registers_beats_drains_and_stops_in_the_store() {
-        let clock = Clock::following_tokio(chrono::Utc::now());
+        let clock = on_phase();
         let store = MemoryStore::new(clock);
         store.set_offset_ms(-7_000);
         let alpha = job("alpha");
@@ -361,6 +400,7 @@ mod tests {
                 ready: Default::default(),
                 draining: draining.clone(),
                 stopped: stopped.clone(),
+                clock: on_phase(),
             }
             .run(),
         );
@@ -413,7 +453,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_hanging_store_does_not_hold_up_the_exit() {
         use crate::testing::store::{Commit, Fault, Gate, Op};
-        let store = MemoryStore::new(Clock::following_tokio(chrono::Utc::now()));
+        let store = MemoryStore::new(on_phase());
         let (_tx, rx) = watch::channel(JobSet::of(&[job("alpha")]));
         let stopped = CancellationToken::new();
         let beats = tokio::spawn(
@@ -425,6 +465,7 @@ mod tests {
                 ready: Default::default(),
                 draining: CancellationToken::new(),
                 stopped: stopped.clone(),
+                clock: on_phase(),
             }
             .run(),
         );
@@ -442,7 +483,7 @@ mod tests {
     /// after its last beat, and gone from then on.
     #[tokio::test(start_paused = true)]
     async fn a_node_that_stops_beating_is_gone_within_the_bound() {
-        let store = MemoryStore::new(Clock::following_tokio(chrono::Utc::now()));
+        let store = MemoryStore::new(on_phase());
         let beat = NodeBeat {
             node: "n",
             hostname: "h",

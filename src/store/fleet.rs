@@ -47,8 +47,9 @@ const RUNS: &str = "SELECT r.job, {resource}, r.scheduled_at_ms, r.started_by, r
        l.expires_at_ms AS lease_expires_at_ms
   FROM fencecron_runs r LEFT JOIN fencecron_leases l ON l.resource = r.resource
  WHERE ($1 = '' OR r.job = $2) AND r.started_at_ms >= $3 AND ($4 = '' OR r.outcome = $5)
+   AND ($6 = '' OR r.node = $7) AND ($8 = '' OR r.owner_id = $9)
  ORDER BY r.started_at_ms DESC, r.id DESC
- LIMIT $6";
+ LIMIT $10";
 
 /// Every job's runs started before `$1`, and all but each job's newest
 /// `$2`, in one statement (window functions: PostgreSQL, SQLite 3.25+,
@@ -454,12 +455,18 @@ where
     ) -> Result<Vec<RunInfo>, sqlx::Error> {
         let job = q.job.unwrap_or("");
         let outcome = q.outcome.unwrap_or("");
+        let node = q.node.unwrap_or("");
+        let owner_id = q.owner_id.unwrap_or("");
         let found = sqlx::query(&sql.runs)
             .bind(job)
             .bind(job)
             .bind(q.since.map_or(i64::MIN, |s| s.0))
             .bind(outcome)
             .bind(outcome)
+            .bind(node)
+            .bind(node)
+            .bind(owner_id)
+            .bind(owner_id)
             .bind(i64::from(q.limit))
             .fetch_all(pool)
             .await?;

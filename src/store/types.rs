@@ -770,6 +770,10 @@ pub struct RunQuery<'a> {
     pub outcome: Option<&'a str>,
     /// Runs started at or after this store time.
     pub since: Option<StoreTime>,
+    /// Only runs of this node.
+    pub node: Option<&'a str>,
+    /// Only the run of this acquisition (`runs show`).
+    pub owner_id: Option<&'a str>,
     pub limit: u32,
 }
 

@@ -1029,6 +1029,8 @@ impl Store for MemoryStore {
     async fn runs(&self, q: &RunQuery<'_>) -> Result<Vec<RunInfo>, StoreError> {
         let job = q.job.map(str::to_string);
         let outcome = q.outcome.map(str::to_string);
+        let node = q.node.map(str::to_string);
+        let owner_id = q.owner_id.map(str::to_string);
         let (since, limit) = (q.since.map_or(i64::MIN, |t| t.0), q.limit as usize);
         self.call(Op::Fleet, move |s, now| {
             let mut found: Vec<RunInfo> = s
@@ -1036,6 +1038,8 @@ impl Store for MemoryStore {
                 .iter()
                 .filter(|r| job.as_ref().is_none_or(|j| &r.job == j) && r.started_at.0 >= since)
                 .filter(|r| outcome.as_ref().is_none_or(|o| &r.outcome == o))
+                .filter(|r| node.as_ref().is_none_or(|n| &r.node == n))
+                .filter(|r| owner_id.as_ref().is_none_or(|o| &r.owner_id == o))
                 .cloned()
                 .collect();
             found.reverse();

@@ -88,6 +88,33 @@ fn bad_cron_names_the_job() {
     );
 }
 
+/// A job in another time zone shows each next instant in UTC and on its
+/// own wall clock, as `systemd-analyze calendar` does.
+#[test]
+fn next_times_in_utc_and_the_jobs_zone() {
+    let text = "[[job]]\nname = \"berlin\"\nschedule = \"0 0 4 * * *\"\ntimezone = \"Europe/Berlin\"\ncommand = [\"true\"]\n";
+    let (_dir, _path, out) = check(text);
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    let nexts: Vec<&str> = stdout
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("next: "))
+        .collect();
+    assert_eq!(nexts.len(), 3, "{stdout}");
+    for n in nexts {
+        let (utc, local) = n.split_once("  ").expect("UTC, then the local time");
+        let utc = DateTime::parse_from_rfc3339(utc)
+            .unwrap()
+            .with_timezone(&Utc);
+        // 04:00 in Berlin is 03:00 UTC in winter, 02:00 in summer.
+        assert!(utc.hour() == 3 || utc.hour() == 2, "{n}");
+        assert!(
+            local.contains(" 04:00:00 CET") || local.contains(" 04:00:00 CEST"),
+            "{n}"
+        );
+    }
+}
+
 /// The macros every cron accepts (`@daily`, `@hourly`, …) stand for their
 /// patterns; `@reboot` (no instant, so no occurrence) is refused by name.
 #[test]
@@ -290,7 +317,9 @@ fn next_times(stdout: &str) -> Vec<(String, Vec<DateTime<Utc>>)> {
             let name = rest.split_whitespace().next().unwrap_or("").to_string();
             jobs.push((name, Vec::new()));
         } else if let Some(t) = line.trim().strip_prefix("next: ") {
-            let t = DateTime::parse_from_rfc3339(t.trim())
+            // The UTC instant, then the job's wall clock for other zones.
+            let t = t.split_whitespace().next().unwrap_or_default();
+            let t = DateTime::parse_from_rfc3339(t)
                 .unwrap_or_else(|e| panic!("`{t}` is not RFC 3339: {e}"))
                 .with_timezone(&Utc);
             jobs.last_mut().expect("next: before any job").1.push(t);

@@ -229,6 +229,62 @@ fn history_records_every_outcome(backend: Backend, test: &str) {
             assert_eq!(str_field(&row, "output"), Some(output), "{row}");
         }
     }
+
+    // One run with its output; the filters; what is not there.
+    let failed = row_of(&fail_end);
+    let run = str_field(&failed, "owner_id").unwrap().to_string();
+    let out = cli(dir.path(), &store.url, &config, &["runs", "show", &run]);
+    assert_eq!(code(&out), 0, "{}", describe(&out));
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        text.contains("outcome:      failed") && text.contains("  oops"),
+        "{text}"
+    );
+    let shown = json_of(&cli(
+        dir.path(),
+        &store.url,
+        &config,
+        &["runs", "show", &run, "--json"],
+    ));
+    assert_eq!(shown, failed);
+    let only_failed = json_of(&cli(
+        dir.path(),
+        &store.url,
+        &config,
+        &["runs", "--outcome", "failed", "--json", "--limit", "1000"],
+    ));
+    let only_failed = only_failed.as_array().expect("array");
+    assert!(only_failed.iter().any(|r| r == &failed), "{only_failed:?}");
+    assert!(
+        only_failed
+            .iter()
+            .all(|r| str_field(r, "outcome") == Some("failed")),
+        "{only_failed:?}"
+    );
+    let mine = json_of(&cli(
+        dir.path(),
+        &store.url,
+        &config,
+        &["runs", &ok, "--node", &d.node, "--json"],
+    ));
+    assert!(!mine.as_array().expect("array").is_empty(), "{mine}");
+    let elsewhere = json_of(&cli(
+        dir.path(),
+        &store.url,
+        &config,
+        &["runs", &ok, "--node", "no-such-node", "--json"],
+    ));
+    assert_eq!(elsewhere, serde_json::json!([]));
+    let missing = uuid::Uuid::new_v4().to_string();
+    let out = cli(dir.path(), &store.url, &config, &["runs", "show", &missing]);
+    assert_eq!(code(&out), 4, "{}", describe(&out));
+    let out = cli(
+        dir.path(),
+        &store.url,
+        &config,
+        &["runs", &unique("no-such-job")],
+    );
+    assert_eq!(code(&out), 2, "{}", describe(&out));
 }
 
 #[test]

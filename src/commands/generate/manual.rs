@@ -408,14 +408,40 @@ pub const COMMANDS: &[CommandDoc] = &[
     CommandDoc {
         usage: "runs",
         pages: &["runs"],
-        exits: &[(EXIT_OK, "listed"), (EXIT_USAGE, "--limit is not within 1..=1000")],
+        exits: &[
+            (EXIT_OK, "listed"),
+            (
+                EXIT_USAGE,
+                "--limit is not within 1..=1000, or a JOB without runs that neither the config nor a daemon knows",
+            ),
+        ],
         passthrough: None,
         store: true,
         env: &[],
         examples: &[
             ("fencecron runs", "Every host's runs, newest first."),
             ("fencecron runs nightly --since 1h --json", "The runs of nightly in the last hour, as JSON."),
+            (
+                "fencecron runs --outcome failed --since 1d --node host-a",
+                "The runs host-a ended as failed in the last day.",
+            ),
         ],
+    },
+    CommandDoc {
+        usage: "runs show",
+        pages: &["runs show"],
+        exits: &[
+            (EXIT_OK, "shown"),
+            (EXIT_MISSING, "no such run in the history (never, or pruned)"),
+            (EXIT_USAGE, "RUN is not an owner id (a UUID)"),
+        ],
+        passthrough: None,
+        store: true,
+        env: &[],
+        examples: &[(
+            "fencecron runs show 0b6f4a52-5c1e-4d55-9a63-2f0e7d1c9a10",
+            "One run, with the tail of its output the history kept.",
+        )],
     },
     CommandDoc {
         usage: "nodes",
