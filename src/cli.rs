@@ -419,6 +419,10 @@ pub struct PauseArgs {
     /// Resume by itself after this long (e.g. 2h).
     #[arg(long = "for", value_name = "D")]
     pub for_: Option<HumanDuration>,
+    /// Replace a pause in force (else a paused job's pause is refused,
+    /// exit 75).
+    #[arg(long)]
+    pub replace: bool,
 }
 
 /// `fencecron bench`.

@@ -377,7 +377,23 @@ pub async fn pause(cli: &Cli, args: &PauseArgs) -> Result<Exit> {
         until: args.for_.map(|d| StoreTime(now.0 + millis(d.0))),
         paused_by: requester(),
     };
-    store.pause(&pause).await?;
+    // Refused in the store itself, atomically: of two CLIs pausing at
+    // once, one pause is written and the other is told about it.
+    if let Some(p) = store.pause(&pause, args.replace).await? {
+        return Err(Error::Held(format!(
+            "{} is already paused by {} {} ({}); pass --replace to replace it",
+            pause.job,
+            p.paused_by,
+            match p.until {
+                Some(u) => format!("until {u}"),
+                None => "until `fencecron resume`".to_string(),
+            },
+            match &p.note {
+                Some(n) => format!("note: {n}"),
+                None => "no note".to_string(),
+            },
+        )));
+    }
     crate::events::job_paused(&pause);
     let mut out = Out::stdout();
     match pause.until {

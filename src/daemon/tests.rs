@@ -731,7 +731,7 @@ async fn a_paused_job_skips_its_instants_until_resumed_or_its_pause_ends() {
         until: None,
         paused_by: "ops@host".into(),
     };
-    rig.store.pause(&pause).await.unwrap();
+    assert_eq!(rig.store.pause(&pause, false).await.unwrap(), None);
     assert_eq!(rig.run().await, Ending::Skipped(SkipReason::Paused));
     let elsewhere = rig
         .store
@@ -774,10 +774,13 @@ async fn a_paused_job_skips_its_instants_until_resumed_or_its_pause_ends() {
     let rig = Rig::new();
     let until = StoreTime(at().0 + 3_000);
     rig.store
-        .pause(&PauseInfo {
-            until: Some(until),
-            ..pause
-        })
+        .pause(
+            &PauseInfo {
+                until: Some(until),
+                ..pause
+            },
+            false,
+        )
         .await
         .unwrap();
     assert_eq!(rig.run().await, Ending::Skipped(SkipReason::Paused));

@@ -476,7 +476,11 @@ pub const COMMANDS: &[CommandDoc] = &[
     CommandDoc {
         usage: "pause",
         pages: &["pause"],
-        exits: &[(EXIT_OK, "paused"), (EXIT_USAGE, "no such job in the config")],
+        exits: &[
+            (EXIT_OK, "paused"),
+            (EXIT_HELD, "already paused (the error names the pause in force); --replace replaces it"),
+            (EXIT_USAGE, "no such job in the config"),
+        ],
         passthrough: None,
         store: true,
         env: &[],
