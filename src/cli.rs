@@ -398,8 +398,9 @@ pub struct RunsArgs {
 pub struct TriggerArgs {
     /// The job, as named in the config.
     pub job: String,
-    /// Wait for the run to end and exit with its exit code (128 + signal
-    /// when it was killed).
+    /// Wait for the run to end (its last attempt, when the job's `retries`
+    /// run it again), print its output tail and exit with its exit code
+    /// (128 + signal when it was killed).
     #[arg(long)]
     pub wait: bool,
     /// How long to wait for a daemon to take the request before giving up

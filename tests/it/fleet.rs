@@ -545,6 +545,76 @@ fn pause_twice_is_refused_unless_replaced_mysql() {
     pause_twice_is_refused_unless_replaced(Backend::MySql, "pause_twice_mysql");
 }
 
+/// A manual run follows `retries`: a job whose first attempt fails (a
+/// file marks it) and whose retry succeeds; `trigger --wait` waits for the
+/// retry, prints its output tail and exits 0; both attempts are in the
+/// history as `manual`.
+fn trigger_wait_follows_retries(backend: Backend, test: &str) {
+    let Some(store) = TestStore::new(backend, test) else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let job = unique("flaky");
+    let marker = dir.path().join("first-attempt");
+    let script = format!(
+        "if [ -e '{m}' ]; then echo \"second attempt $FENCECRON_TOKEN\"; exit 0; fi; touch '{m}'; echo 'first attempt'; exit 4",
+        m = marker.display()
+    );
+    let config = write_config(
+        dir.path(),
+        "lease = \"5s\"",
+        &[job_toml(
+            &job,
+            "0 0 1 1 *",
+            &sh(&script),
+            "retries = 1\nretry_backoff = \"1s\"",
+        )],
+    );
+    let mut d = Daemon::spawn(DaemonOpts::new("trig-retry", &config, &store.url));
+    d.expect("daemon_started", ev("daemon_started"), secs(60));
+    let out = cli(
+        dir.path(),
+        &store.url,
+        &config,
+        &["trigger", &job, "--wait"],
+    );
+    assert_eq!(code(&out), 0, "the retry succeeded: {}", describe(&out));
+    assert!(marker.exists(), "the first attempt ran");
+    let history = runs(dir.path(), &store.url, &config);
+    let mut rows: Vec<&Value> = history
+        .iter()
+        .filter(|r| str_field(r, "job") == Some(job.as_str()))
+        .collect();
+    rows.sort_by_key(|r| token_of(r));
+    assert_eq!(rows.len(), 2, "{history:?}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains(&format!("second attempt {}\n", token_of(rows[1]))),
+        "the last attempt's output: {stdout}"
+    );
+    assert!(!stdout.contains("first attempt"), "{stdout}");
+    for (r, exit) in rows.iter().zip([4, 0]) {
+        assert_eq!(str_field(r, "trigger"), Some("manual"), "{r}");
+        assert_eq!(i64_field(r, "exit_code"), Some(exit), "{r}");
+    }
+    assert_eq!(d.events("retry_scheduled").len(), 1, "{}", d.summary());
+    assert!(
+        d.stop(secs(30)).is_some_and(|s| s.success()),
+        "{}",
+        d.summary()
+    );
+}
+
+#[test]
+fn trigger_wait_follows_retries_sqlite() {
+    trigger_wait_follows_retries(Backend::Sqlite, "trigger_retries_sqlite");
+}
+
+#[test]
+fn trigger_wait_follows_retries_postgres() {
+    trigger_wait_follows_retries(Backend::Postgres, "trigger_retries_postgres");
+}
+
 /// `retries`: a job that always fails runs three times for one instant
 /// (the run and two retries), each under a higher token, all with the same
 /// `FENCECRON_RUN_ID`, recorded as `schedule`, `retry`, `retry`; its
