@@ -150,7 +150,7 @@ async fn run_triggered(shared: Shared, job: Arc<Job>, trigger: TriggerInfo, _slo
                     None => break,
                 }
             }
-            settle(&store, &trigger, trigger_state::ENDED, Some(token), "").await;
+            settle_ended(&store, &trigger, token).await;
             if let Some(failed) = failed {
                 on_failure(&shared, &job, failed);
             }
@@ -164,6 +164,33 @@ async fn run_triggered(shared: Shared, job: Arc<Job>, trigger: TriggerInfo, _slo
             let detail = format!("the store failed to grant the lease: {e}");
             settle(&store, &trigger, trigger_state::REFUSED, None, &detail).await;
             events::trigger_refused(name, &trigger.id, &detail);
+        }
+    }
+}
+
+/// Says the trigger `ended` with the last attempt's `token`, trying again
+/// after 1, 2, 4 and 8 s while the store fails: `trigger --wait` waits for
+/// this word while the run's node is live, so a store blip must not leave
+/// it waiting. A store down for longer leaves the trigger `started` (and
+/// `store_unavailable` logged each time).
+async fn settle_ended(store: &Arc<dyn store::Store>, trigger: &TriggerInfo, token: store::Token) {
+    let mut backoff = Duration::from_secs(1);
+    for attempt in 0..5 {
+        if attempt > 0 {
+            tokio::time::sleep(backoff).await;
+            backoff *= 2;
+        }
+        match store
+            .settle_trigger(&trigger.id, trigger_state::ENDED, Some(token), None)
+            .await
+        {
+            Ok(()) => return,
+            Err(e) => events::store_unavailable(
+                "settle_trigger",
+                Some(&trigger.job),
+                &e.to_string(),
+                None,
+            ),
         }
     }
 }

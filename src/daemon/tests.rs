@@ -923,6 +923,45 @@ async fn a_failed_manual_run_is_retried_and_its_trigger_ends_with_the_last_attem
     assert_eq!(attempts, ["1 1000", "2 2000"]);
 }
 
+/// The trigger's `ended` is what `trigger --wait` waits for: a store that
+/// fails to take it is asked again.
+#[tokio::test(start_paused = true)]
+async fn a_manual_runs_end_is_settled_again_when_the_store_failed() {
+    let rig = Rig::with(
+        Script {
+            runs_for: Some(ms(2_000)),
+            ..Script::default()
+        },
+        |s| s,
+    );
+    rig.store
+        .request_trigger(&TriggerInfo {
+            id: "t1".into(),
+            job: "job".into(),
+            requested_at: at(),
+            requested_by: "ops@host".into(),
+            state: trigger_state::PENDING.into(),
+            node: None,
+            token: None,
+            detail: None,
+        })
+        .await
+        .unwrap();
+    let jobs: HashMap<String, Arc<Job>> = [("job".to_string(), rig.job.clone())].into();
+    super::fleet::poll_triggers(rig.shared.clone(), jobs).await;
+    tokio::time::sleep(ms(100)).await;
+    let t = rig.store.trigger("t1").await.unwrap().unwrap();
+    assert_eq!(t.state, trigger_state::STARTED);
+    // The next two fleet calls (the run's end is `FinishRun`): the
+    // trigger's end, twice.
+    rig.store.fault(Op::Fleet, Fault::Fail, 2);
+    rig.settle().await;
+    rig.store.heal();
+    let t = rig.store.trigger("t1").await.unwrap().unwrap();
+    assert_eq!((t.state.as_str(), t.token), (trigger_state::ENDED, Some(1)));
+    assert_eq!(rig.store.run_rows()[0].outcome, "succeeded");
+}
+
 /// `retries`: a failed run is run again after its back-off (1 s, then 2 s),
 /// each time under a fresh acquire with a higher token, recorded as
 /// `retry` for the same instant; the next retry would start after the
