@@ -422,8 +422,9 @@ pub enum RunsCommand {
 pub struct TriggerArgs {
     /// The job, as named in the config.
     pub job: String,
-    /// Wait for the run to end and exit with its exit code (128 + signal
-    /// when it was killed).
+    /// Wait for the run to end (its last attempt, when the job's `retries`
+    /// run it again), print its output tail and exit with its exit code
+    /// (128 + signal when it was killed).
     #[arg(long)]
     pub wait: bool,
     /// How long to wait for a daemon to take the request before giving up
@@ -443,6 +444,10 @@ pub struct PauseArgs {
     /// Resume by itself after this long (e.g. 2h).
     #[arg(long = "for", value_name = "D")]
     pub for_: Option<HumanDuration>,
+    /// Replace a pause in force (else a paused job's pause is refused,
+    /// exit 75).
+    #[arg(long)]
+    pub replace: bool,
 }
 
 /// `fencecron bench`.

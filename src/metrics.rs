@@ -575,8 +575,12 @@ impl Store for Observed {
         observe("prune_runs", self.inner.prune_runs(keep, before)).await
     }
 
-    async fn pause(&self, pause: &PauseInfo) -> Result<(), StoreError> {
-        observe("pause", self.inner.pause(pause)).await
+    async fn pause(
+        &self,
+        pause: &PauseInfo,
+        replace: bool,
+    ) -> Result<Option<PauseInfo>, StoreError> {
+        observe("pause", self.inner.pause(pause, replace)).await
     }
 
     async fn resume(&self, job: &str) -> Result<bool, StoreError> {

@@ -468,7 +468,23 @@ pub async fn pause(cli: &Cli, args: &PauseArgs) -> Result<Exit> {
         until: args.for_.map(|d| StoreTime(now.0 + millis(d.0))),
         paused_by: requester(),
     };
-    store.pause(&pause).await?;
+    // Refused in the store itself, atomically: of two CLIs pausing at
+    // once, one pause is written and the other is told about it.
+    if let Some(p) = store.pause(&pause, args.replace).await? {
+        return Err(Error::Held(format!(
+            "{} is already paused by {} {} ({}); pass --replace to replace it",
+            pause.job,
+            p.paused_by,
+            match p.until {
+                Some(u) => format!("until {u}"),
+                None => "until `fencecron resume`".to_string(),
+            },
+            match &p.note {
+                Some(n) => format!("note: {n}"),
+                None => "no note".to_string(),
+            },
+        )));
+    }
     crate::events::job_paused(&pause);
     let mut out = Out::stdout();
     match pause.until {
@@ -542,11 +558,24 @@ pub async fn trigger(cli: &Cli, args: &TriggerArgs) -> Result<Exit> {
     if !args.wait {
         return Ok(Exit::Success);
     }
-    let run = await_end(store.as_ref(), job, token).await?;
+    let run = await_end(store.as_ref(), job, &taken).await?;
+    // The last attempt's output tail, as the run history kept it.
+    if let Some(output) = run.output.as_deref().filter(|o| !o.is_empty()) {
+        write!(out, "{output}")?;
+        if !output.ends_with('\n') {
+            writeln!(out)?;
+        }
+    }
+    let attempts = if run.token == token {
+        String::new()
+    } else {
+        format!(" (its last attempt, token {})", run.token)
+    };
     writeln!(
         out,
-        "{} ended on {node}: {} (exit {})",
+        "{} ended on {}{attempts}: {} (exit {})",
         job.name,
+        run.node,
         run.outcome,
         exit_text(&run)
     )?;
@@ -571,7 +600,8 @@ async fn await_taken(
             )));
         };
         match t.state.as_str() {
-            trigger_state::STARTED => return Ok(t),
+            // Ended: started, and its run (and retries) already over.
+            trigger_state::STARTED | trigger_state::ENDED => return Ok(t),
             trigger_state::REFUSED => {
                 return Err(Error::Held(format!(
                     "{} was not started by {}: {}",
@@ -608,9 +638,26 @@ async fn await_taken(
     }
 }
 
-/// Waits for the run under `token` to end.
-async fn await_end(store: &dyn Store, job: &JobView, token: i64) -> Result<RunInfo> {
+/// Waits for the triggered run's last attempt to end. A daemon retries a
+/// failed manual run as the job's `retries` say, each attempt moving the
+/// trigger's token to it, and says `ended` with the last attempt's token
+/// only after that attempt's end is in the run history: so an ended run
+/// under a trigger that still says `started` is not the last word (a retry
+/// may be waiting out its back-off), and `ended` is, without a race. A
+/// trigger that will never say `ended` is not waited on: the run's node died
+/// (the run is `unknown`, or it ended and the node is no longer live), or a
+/// daemon of an earlier release took it (no `attempt N of M` detail: it
+/// never retries a manual run).
+async fn await_end(store: &dyn Store, job: &JobView, taken: &TriggerInfo) -> Result<RunInfo> {
+    let legacy = taken.detail.is_none();
     loop {
+        let Some(t) = store.trigger(&taken.id).await? else {
+            return Err(Error::Runtime(format!(
+                "the trigger {} vanished from the store before its run ended; see `fencecron runs {}`",
+                taken.id, job.name
+            )));
+        };
+        let token = t.token.or(taken.token).unwrap_or_default();
         let runs = store
             .runs(&RunQuery {
                 job: Some(job.name.as_str()),
@@ -618,14 +665,27 @@ async fn await_end(store: &dyn Store, job: &JobView, token: i64) -> Result<RunIn
                 ..RunQuery::default()
             })
             .await?;
-        match runs.into_iter().find(|r| r.token == token) {
-            Some(r) if r.outcome != RUNNING => return Ok(r),
-            Some(_) => {}
-            None => {
-                return Err(Error::Runtime(format!(
-                    "the run of {} with token {token} is not in the run history",
-                    job.name
-                )))
+        let Some(r) = runs.into_iter().find(|r| r.token == token) else {
+            return Err(Error::Runtime(format!(
+                "the run of {} with token {token} is not in the run history",
+                job.name
+            )));
+        };
+        if r.outcome == UNKNOWN {
+            return Ok(r);
+        }
+        if r.outcome != RUNNING {
+            if t.state == trigger_state::ENDED || legacy {
+                return Ok(r);
+            }
+            let now = store.now().await?;
+            let live = store
+                .nodes()
+                .await?
+                .iter()
+                .any(|n| n.node == r.node && n.live(now));
+            if !live {
+                return Ok(r);
             }
         }
         tokio::time::sleep(POLL * 2).await;

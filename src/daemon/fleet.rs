@@ -10,7 +10,12 @@
 //! job's lease is acquired like `exec` acquires one (no occurrence: a new
 //! token) with the run recorded as `manual`; the trigger then says
 //! `started` with that token, or `refused` with the holder when the job is
-//! running somewhere.
+//! running somewhere. A manual run follows the job's `retries` like a
+//! scheduled one (the same back-off and `retry_scheduled`/`retry_abandoned`,
+//! each attempt a fresh acquire recorded as `manual`); each attempt's start
+//! moves the trigger's token to it (detail `attempt N of M`), and once the
+//! last attempt's end is recorded the trigger says `ended` with its token:
+//! what `trigger --wait` waits for.
 //!
 //! Retention runs every [`PRUNE_EVERY`] (first a minute after start): in
 //! one statement, every job's runs beyond its newest `history.keep` or
@@ -26,7 +31,7 @@ use tokio::time::Instant;
 use super::occurrence::{on_failure, run_under_lease, Slot};
 use super::{ensure_ready, Shared};
 use crate::config::Job;
-use crate::events;
+use crate::events::{self, AbandonReason};
 use crate::store::{
     self, millis, trigger_state, AcquireOutcome, AcquireRequest, RunStart, StartedBy, StoreTime,
     TriggerInfo,
@@ -122,16 +127,31 @@ async fn run_triggered(shared: Shared, job: Arc<Job>, trigger: TriggerInfo, _slo
         .await;
     match acquired {
         Ok(AcquireOutcome::Acquired(lease)) => {
+            let retries = job.retry.retries;
+            let mut token = lease.token;
             settle(
                 &store,
                 &trigger,
                 trigger_state::STARTED,
-                Some(lease.token),
-                "",
+                Some(token),
+                &attempt_of(0, retries),
             )
             .await;
-            events::trigger_started(name, &trigger.id, &trigger.requested_by, lease.token);
-            if let Some(failed) = run_under_lease(&shared, &job, lease, sent, None).await {
+            events::trigger_started(name, &trigger.id, &trigger.requested_by, token);
+            let mut failed = run_under_lease(&shared, &job, lease, sent, None).await;
+            let mut attempt = 0;
+            while let Some(f) = &failed {
+                if attempt >= retries || !f.retryable() {
+                    break;
+                }
+                attempt += 1;
+                match retry_manual(&shared, &job, &trigger, attempt).await {
+                    Some((t, result)) => (token, failed) = (t, result),
+                    None => break,
+                }
+            }
+            settle_ended(&store, &trigger, token).await;
+            if let Some(failed) = failed {
                 on_failure(&shared, &job, failed);
             }
         }
@@ -146,6 +166,97 @@ async fn run_triggered(shared: Shared, job: Arc<Job>, trigger: TriggerInfo, _slo
             events::trigger_refused(name, &trigger.id, &detail);
         }
     }
+}
+
+/// Says the trigger `ended` with the last attempt's `token`, trying again
+/// after 1, 2, 4 and 8 s while the store fails: `trigger --wait` waits for
+/// this word while the run's node is live, so a store blip must not leave
+/// it waiting. A store down for longer leaves the trigger `started` (and
+/// `store_unavailable` logged each time).
+async fn settle_ended(store: &Arc<dyn store::Store>, trigger: &TriggerInfo, token: store::Token) {
+    let mut backoff = Duration::from_secs(1);
+    for attempt in 0..5 {
+        if attempt > 0 {
+            tokio::time::sleep(backoff).await;
+            backoff *= 2;
+        }
+        match store
+            .settle_trigger(&trigger.id, trigger_state::ENDED, Some(token), None)
+            .await
+        {
+            Ok(()) => return,
+            Err(e) => events::store_unavailable(
+                "settle_trigger",
+                Some(&trigger.job),
+                &e.to_string(),
+                None,
+            ),
+        }
+    }
+}
+
+/// The trigger's detail while attempt `attempt` (0: the first run) runs.
+fn attempt_of(attempt: u32, retries: u32) -> String {
+    format!("attempt {} of {}", attempt + 1, retries + 1)
+}
+
+/// Retry number `attempt` of a failed manual run, as a scheduled run's
+/// retry: after the job's back-off (`retry_scheduled`), a fresh acquire
+/// recorded as `manual` like the run it retries (so, like it, not held back
+/// by a pause; there is no next instant to yield to), the trigger's token
+/// moved to it before it runs. `None` when it did not run
+/// (`retry_abandoned` says why: the lease is held, the store failed; a
+/// stopping node starts no new run). Else its token and how it failed.
+async fn retry_manual(
+    shared: &Shared,
+    job: &Arc<Job>,
+    trigger: &TriggerInfo,
+    attempt: u32,
+) -> Option<(store::Token, Option<super::occurrence::Failed>)> {
+    let name = job.name.as_str();
+    let store = shared.supervisor.store().clone();
+    let delay = job.retry.delay(attempt);
+    events::retry_scheduled(name, "", attempt, delay);
+    tokio::select! {
+        _ = tokio::time::sleep(delay) => {}
+        _ = shared.draining.cancelled() => return None,
+    }
+    let sent = Instant::now();
+    let acquired = store
+        .acquire(&AcquireRequest {
+            resource: &job.resource,
+            lease: job.timing.lease,
+            node: shared.supervisor.node(),
+            owner_id: store::OwnerId::fresh(),
+            occurrence: None,
+            next_occurrence: None,
+            run: Some(RunStart {
+                job: name,
+                started_by: StartedBy::Manual,
+                scheduled_at: None,
+            }),
+        })
+        .await;
+    let (reason, detail) = match acquired {
+        Ok(AcquireOutcome::Acquired(lease)) => {
+            let token = lease.token;
+            let detail = attempt_of(attempt, job.retry.retries);
+            settle(
+                &store,
+                trigger,
+                trigger_state::STARTED,
+                Some(token),
+                &detail,
+            )
+            .await;
+            let failed = run_under_lease(shared, job, lease, sent, None).await;
+            return Some((token, failed));
+        }
+        Ok(other) => (AbandonReason::Held, refusal(&other)),
+        Err(e) => (AbandonReason::StoreUnavailable, e.to_string()),
+    };
+    events::retry_abandoned(name, "", attempt, reason, &detail);
+    None
 }
 
 /// Why a manual run's acquire lost, for the trigger and its requester.

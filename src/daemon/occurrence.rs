@@ -759,6 +759,13 @@ pub(super) struct Failed {
     hook: hook::Failure,
 }
 
+impl Failed {
+    /// Whether `retries` may run the job again after this failure.
+    pub(super) fn retryable(&self) -> bool {
+        self.hook.outcome_retryable()
+    }
+}
+
 /// Runs `job` under `lease` (won by a call sent at `sent`) for the
 /// scheduled instant `at` (`None`: a manual run); how it failed, if it did.
 /// Shared by scheduled, retried and triggered runs.

@@ -731,7 +731,7 @@ async fn a_paused_job_skips_its_instants_until_resumed_or_its_pause_ends() {
         until: None,
         paused_by: "ops@host".into(),
     };
-    rig.store.pause(&pause).await.unwrap();
+    assert_eq!(rig.store.pause(&pause, false).await.unwrap(), None);
     assert_eq!(rig.run().await, Ending::Skipped(SkipReason::Paused));
     let elsewhere = rig
         .store
@@ -774,10 +774,13 @@ async fn a_paused_job_skips_its_instants_until_resumed_or_its_pause_ends() {
     let rig = Rig::new();
     let until = StoreTime(at().0 + 3_000);
     rig.store
-        .pause(&PauseInfo {
-            until: Some(until),
-            ..pause
-        })
+        .pause(
+            &PauseInfo {
+                until: Some(until),
+                ..pause
+            },
+            false,
+        )
         .await
         .unwrap();
     assert_eq!(rig.run().await, Ending::Skipped(SkipReason::Paused));
@@ -812,7 +815,7 @@ async fn a_trigger_is_claimed_once_and_runs_the_job_as_manual() {
     let t = rig.store.trigger("t1").await.unwrap().unwrap();
     assert_eq!(
         (t.state.as_str(), t.node.as_deref(), t.token),
-        (trigger_state::STARTED, Some("node-a"), Some(1))
+        (trigger_state::ENDED, Some("node-a"), Some(1))
     );
     assert_eq!(rig.runs(), [(ms(0), 1)]);
     let rows = rig.store.run_rows();
@@ -841,6 +844,122 @@ async fn a_trigger_is_claimed_once_and_runs_the_job_as_manual() {
         "{t:?}"
     );
     assert!(rig.runs().is_empty() && rig.store.run_rows().is_empty());
+}
+
+/// A manual run follows the job's `retries` like a scheduled one: after
+/// the same back-off, fresh acquires with higher tokens, each recorded as
+/// `manual`. The trigger follows each attempt's token and says `ended`
+/// only once the last attempt's end is recorded: during a back-off it still
+/// says `started` under the failed attempt (what `trigger --wait` relies on
+/// to wait for the retry).
+#[tokio::test(start_paused = true)]
+async fn a_failed_manual_run_is_retried_and_its_trigger_ends_with_the_last_attempt() {
+    let (events, _guard) = crate::testing::events::Captured::start();
+    let mut rig = Rig::with(
+        Script {
+            runs_for: Some(ms(2_000)),
+            exit_code: 3,
+            ..Script::default()
+        },
+        |s| s,
+    );
+    Arc::make_mut(&mut rig.job).retry = crate::config::Retry {
+        retries: 2,
+        backoff: ms(1_000),
+        backoff_max: ms(60_000),
+    };
+    rig.store
+        .request_trigger(&TriggerInfo {
+            id: "t1".into(),
+            job: "job".into(),
+            requested_at: at(),
+            requested_by: "ops@host".into(),
+            state: trigger_state::PENDING.into(),
+            node: None,
+            token: None,
+            detail: None,
+        })
+        .await
+        .unwrap();
+    let jobs: HashMap<String, Arc<Job>> = [("job".to_string(), rig.job.clone())].into();
+    super::fleet::poll_triggers(rig.shared.clone(), jobs).await;
+    let trigger = || async { rig.store.trigger("t1").await.unwrap().unwrap() };
+    tokio::time::sleep(ms(100)).await;
+    let t = trigger().await;
+    assert_eq!(
+        (t.state.as_str(), t.token, t.detail.as_deref()),
+        (trigger_state::STARTED, Some(1), Some("attempt 1 of 3"))
+    );
+    // The first attempt failed at 2 s; its retry starts at 3 s.
+    tokio::time::sleep(ms(2_400)).await;
+    let t = trigger().await;
+    assert_eq!(
+        (t.state.as_str(), t.token),
+        (trigger_state::STARTED, Some(1))
+    );
+    assert_eq!(rig.store.run_rows()[0].outcome, "failed");
+    tokio::time::sleep(ms(1_000)).await;
+    let t = trigger().await;
+    assert_eq!(
+        (t.state.as_str(), t.token, t.detail.as_deref()),
+        (trigger_state::STARTED, Some(2), Some("attempt 2 of 3"))
+    );
+    rig.settle().await;
+    // Ends at 2 s, 5 s (3 + 2), 9 s (7 + 2).
+    assert_eq!(rig.runs(), [(ms(0), 1), (ms(3_000), 2), (ms(7_000), 3)]);
+    let rows = rig.store.run_rows();
+    let by: Vec<(&str, Option<StoreTime>, &str)> = rows
+        .iter()
+        .map(|r| (r.trigger.as_str(), r.scheduled_at, r.outcome.as_str()))
+        .collect();
+    assert_eq!(by, [("manual", None, "failed"); 3]);
+    let t = trigger().await;
+    assert_eq!((t.state.as_str(), t.token), (trigger_state::ENDED, Some(3)));
+    let attempts: Vec<String> = events
+        .named("retry_scheduled")
+        .iter()
+        .map(|e| format!("{} {}", e.get("attempt"), e.get("delay_ms")))
+        .collect();
+    assert_eq!(attempts, ["1 1000", "2 2000"]);
+}
+
+/// The trigger's `ended` is what `trigger --wait` waits for: a store that
+/// fails to take it is asked again.
+#[tokio::test(start_paused = true)]
+async fn a_manual_runs_end_is_settled_again_when_the_store_failed() {
+    let rig = Rig::with(
+        Script {
+            runs_for: Some(ms(2_000)),
+            ..Script::default()
+        },
+        |s| s,
+    );
+    rig.store
+        .request_trigger(&TriggerInfo {
+            id: "t1".into(),
+            job: "job".into(),
+            requested_at: at(),
+            requested_by: "ops@host".into(),
+            state: trigger_state::PENDING.into(),
+            node: None,
+            token: None,
+            detail: None,
+        })
+        .await
+        .unwrap();
+    let jobs: HashMap<String, Arc<Job>> = [("job".to_string(), rig.job.clone())].into();
+    super::fleet::poll_triggers(rig.shared.clone(), jobs).await;
+    tokio::time::sleep(ms(100)).await;
+    let t = rig.store.trigger("t1").await.unwrap().unwrap();
+    assert_eq!(t.state, trigger_state::STARTED);
+    // The next two fleet calls (the run's end is `FinishRun`): the
+    // trigger's end, twice.
+    rig.store.fault(Op::Fleet, Fault::Fail, 2);
+    rig.settle().await;
+    rig.store.heal();
+    let t = rig.store.trigger("t1").await.unwrap().unwrap();
+    assert_eq!((t.state.as_str(), t.token), (trigger_state::ENDED, Some(1)));
+    assert_eq!(rig.store.run_rows()[0].outcome, "succeeded");
 }
 
 /// `retries`: a failed run is run again after its back-off (1 s, then 2 s),

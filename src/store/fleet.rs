@@ -61,17 +61,36 @@ const PRUNE_RUNS: &str = "DELETE FROM fencecron_runs
                                   FROM fencecron_runs) k
                WHERE k.n > $2)";
 
+/// A pause ([`super::Store::pause`]), written only where no pause is in
+/// force: the job has no row, `$6` is 1 (`--replace`) or the row's timed
+/// pause ended by `$7` (the store's time; an ended pause is no pause). One
+/// statement, so two CLIs pausing at once cannot both win.
 const PAUSE: &str = "INSERT INTO fencecron_pauses (job, note, since_ms, until_ms, paused_by)
  VALUES ($1, $2, $3, $4, $5)
  ON CONFLICT (job) DO UPDATE
     SET note = excluded.note, since_ms = excluded.since_ms, until_ms = excluded.until_ms,
-        paused_by = excluded.paused_by";
+        paused_by = excluded.paused_by
+  WHERE $6 = 1 OR fencecron_pauses.until_ms <= $7";
 
+/// [`PAUSE`] for MySQL, which has no `WHERE` on an upsert: each column keeps
+/// its value unless the same condition holds, `until_ms` last, as MySQL
+/// assigns left to right and the conditions must read the old `until_ms`.
+/// The condition's two parameters are bound once per column
+/// ([`PAUSE_CONDITIONS_MYSQL`]).
 const PAUSE_MYSQL: &str = "INSERT INTO fencecron_pauses (job, note, since_ms, until_ms, paused_by)
  VALUES ($1, $2, $3, $4, $5)
  ON DUPLICATE KEY UPDATE
-    note = VALUES(note), since_ms = VALUES(since_ms), until_ms = VALUES(until_ms),
-    paused_by = VALUES(paused_by)";
+    note = IF($6 = 1 OR until_ms <= $7, VALUES(note), note),
+    since_ms = IF($8 = 1 OR until_ms <= $9, VALUES(since_ms), since_ms),
+    paused_by = IF($10 = 1 OR until_ms <= $11, VALUES(paused_by), paused_by),
+    until_ms = IF($12 = 1 OR until_ms <= $13, VALUES(until_ms), until_ms)";
+
+/// How many times [`PAUSE_MYSQL`] binds the condition's parameters.
+const PAUSE_CONDITIONS_MYSQL: usize = 4;
+
+/// One job's pause row, in force or not: what refused a [`PAUSE`].
+const PAUSE_OF: &str = "SELECT job, note, since_ms, until_ms, paused_by FROM fencecron_pauses
+ WHERE job = $1";
 
 const RESUME: &str = "DELETE FROM fencecron_pauses WHERE job = $1";
 
@@ -150,6 +169,11 @@ pub(super) struct FleetSql {
     runs: String,
     prune_runs: String,
     pause: String,
+    /// How many times the pause binds its condition; MySQL's also counts
+    /// a matched row left unchanged as affected (sqlx asks for found rows),
+    /// so only there is one affected row ambiguous.
+    pause_conditions: usize,
+    pause_of: String,
     resume: String,
     pauses: String,
     request_trigger: String,
@@ -189,6 +213,11 @@ impl FleetSql {
                 Backend::MySql => PAUSE_MYSQL,
                 _ => PAUSE,
             }),
+            pause_conditions: match backend {
+                Backend::MySql => PAUSE_CONDITIONS_MYSQL,
+                _ => 1,
+            },
+            pause_of: sql(PAUSE_OF),
             resume: sql(RESUME),
             pauses: sql(PAUSES),
             request_trigger: sql(REQUEST_TRIGGER),
@@ -304,7 +333,12 @@ pub(super) trait FleetDb: Database {
         before: StoreTime,
     ) -> Result<u64, sqlx::Error>;
 
-    async fn pause(pool: &Pool<Self>, sql: &FleetSql, p: &PauseInfo) -> Result<(), sqlx::Error>;
+    async fn pause(
+        pool: &Pool<Self>,
+        sql: &FleetSql,
+        p: &PauseInfo,
+        replace: bool,
+    ) -> Result<Option<PauseInfo>, sqlx::Error>;
 
     async fn resume(pool: &Pool<Self>, sql: &FleetSql, job: &str) -> Result<bool, sqlx::Error>;
 
@@ -523,16 +557,50 @@ where
         Ok(done.rows_affected())
     }
 
-    async fn pause(pool: &Pool<Self>, sql: &FleetSql, p: &PauseInfo) -> Result<(), sqlx::Error> {
-        sqlx::query(&sql.pause)
-            .bind(p.job.as_str())
-            .bind(p.note.as_deref())
-            .bind(p.since.0)
-            .bind(p.until.map(|u| u.0))
-            .bind(p.paused_by.as_str())
-            .execute(pool)
-            .await?;
-        Ok(())
+    async fn pause(
+        pool: &Pool<Self>,
+        sql: &FleetSql,
+        p: &PauseInfo,
+        replace: bool,
+    ) -> Result<Option<PauseInfo>, sqlx::Error> {
+        // A pause resumed between the refusal and the read leaves no row to
+        // report: try again (a bounded number of times; a pause re-made as
+        // often is reported as it stands then).
+        for _ in 0..3 {
+            let mut q = sqlx::query(&sql.pause)
+                .bind(p.job.as_str())
+                .bind(p.note.as_deref())
+                .bind(p.since.0)
+                .bind(p.until.map(|u| u.0))
+                .bind(p.paused_by.as_str());
+            for _ in 0..sql.pause_conditions {
+                q = q.bind(i64::from(replace)).bind(p.since.0);
+            }
+            let affected = q.execute(pool).await?.rows_affected();
+            // Inserted or updated (MySQL counts an update twice).
+            let ambiguous = sql.pause_conditions > 1 && affected == 1;
+            if affected == 2 || (affected == 1 && !ambiguous) {
+                return Ok(None);
+            }
+            let row = sqlx::query(&sql.pause_of)
+                .bind(p.job.as_str())
+                .fetch_optional(pool)
+                .await?;
+            let Some(r) = row else { continue };
+            let found = PauseInfo {
+                job: r.try_get("job")?,
+                note: r.try_get("note")?,
+                since: StoreTime(r.try_get("since_ms")?),
+                until: r.try_get::<Option<i64>, _>("until_ms")?.map(StoreTime),
+                paused_by: r.try_get("paused_by")?,
+            };
+            // MySQL's one row is this very pause when it inserted it.
+            return Ok((found != *p).then_some(found));
+        }
+        Err(sqlx::Error::Protocol(format!(
+            "the pause of {} was refused three times by a pause that then vanished",
+            p.job
+        )))
     }
 
     async fn resume(pool: &Pool<Self>, sql: &FleetSql, job: &str) -> Result<bool, sqlx::Error> {
@@ -839,6 +907,7 @@ mod tests {
             PRUNE_RUNS,
             PAUSE,
             PAUSE_MYSQL,
+            PAUSE_OF,
             RESUME,
             PAUSES,
             REQUEST_TRIGGER,

@@ -242,8 +242,15 @@ pub trait Store: Send + Sync + 'static {
     /// path (the daemon's hourly housekeeping).
     async fn prune_runs(&self, keep: u32, before: StoreTime) -> Result<u64, StoreError>;
 
-    /// Pauses a job fleet-wide (replacing an earlier pause of it).
-    async fn pause(&self, pause: &PauseInfo) -> Result<(), StoreError>;
+    /// Pauses a job fleet-wide, atomically: written where the job has no
+    /// pause in force (none, or a timed one that ended by `pause.since`,
+    /// the store's time), or over one when `replace`. `None` once written;
+    /// else the pause in force that refused it, left as it was.
+    async fn pause(
+        &self,
+        pause: &PauseInfo,
+        replace: bool,
+    ) -> Result<Option<PauseInfo>, StoreError>;
 
     /// Ends a job's pause; false if it had none.
     async fn resume(&self, job: &str) -> Result<bool, StoreError>;

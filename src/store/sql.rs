@@ -827,8 +827,12 @@ impl<D: Dialect> Store for SqlStore<D> {
             .await
     }
 
-    async fn pause(&self, pause: &PauseInfo) -> Result<(), StoreError> {
-        self.call(async { Ok(D::DB::pause(&self.db.pool, &self.fleet, pause).await?) })
+    async fn pause(
+        &self,
+        pause: &PauseInfo,
+        replace: bool,
+    ) -> Result<Option<PauseInfo>, StoreError> {
+        self.call(async { Ok(D::DB::pause(&self.db.pool, &self.fleet, pause, replace).await?) })
             .await
     }
 

@@ -842,6 +842,9 @@ pub mod trigger_state {
     pub const CLAIMED: &str = "claimed";
     pub const STARTED: &str = "started";
     pub const REFUSED: &str = "refused";
+    /// The manual run and its retries are over; `token` names the last
+    /// attempt. Written after that attempt's end is in the run history.
+    pub const ENDED: &str = "ended";
 }
 
 /// The id of one ownership: who a token was issued to. Every owner id the

@@ -1076,11 +1076,23 @@ impl Store for MemoryStore {
         .await
     }
 
-    async fn pause(&self, pause: &PauseInfo) -> Result<(), StoreError> {
+    async fn pause(
+        &self,
+        pause: &PauseInfo,
+        replace: bool,
+    ) -> Result<Option<PauseInfo>, StoreError> {
         let pause = pause.clone();
         self.call(Op::Fleet, move |s, _| {
-            let last = s.pauses.get(&pause.job).and_then(|p| p.1);
+            let old = s.pauses.get(&pause.job);
+            if let Some((p, _)) = old {
+                let ended = p.until.is_some_and(|u| u <= pause.since);
+                if !replace && !ended {
+                    return Some(p.clone());
+                }
+            }
+            let last = old.and_then(|p| p.1);
             s.pauses.insert(pause.job.clone(), (pause, last));
+            None
         })
         .await
     }

@@ -528,6 +528,149 @@ fn pause_stops_every_daemon_postgres() {
     pause_stops_every_daemon(Backend::Postgres, "pause_postgres");
 }
 
+/// A second `pause` of a paused job is refused (exit 75) naming the pause
+/// in force, which stays; `--replace` replaces it, note and until; a pause
+/// that ran out is no pause.
+fn pause_twice_is_refused_unless_replaced(backend: Backend, test: &str) {
+    let Some(store) = TestStore::new(backend, test) else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let job = unique("twice");
+    let config = write_config(
+        dir.path(),
+        "lease = \"5s\"",
+        &[job_toml(&job, "0 0 1 1 *", &sh("true"), "")],
+    );
+    let pause = |args: &[&str]| {
+        let mut all = vec!["pause", job.as_str()];
+        all.extend_from_slice(args);
+        cli(dir.path(), &store.url, &config, &all)
+    };
+    // `status` exits 3 here (no live node has the job); its JSON is whole.
+    let paused = || {
+        let out = cli(dir.path(), &store.url, &config, &["status", "--json"]);
+        let status: Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{e}: {}", describe(&out)));
+        status[0]["paused"].clone()
+    };
+    let out = pause(&["--note", "disk swap", "--for", "2h"]);
+    assert_eq!(code(&out), 0, "{}", describe(&out));
+    let first = paused();
+    assert_eq!(str_field(&first, "note"), Some("disk swap"), "{first}");
+    let out = pause(&["--note", "other"]);
+    assert_eq!(code(&out), 75, "{}", describe(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    for part in [
+        format!("{job} is already paused by"),
+        "until 20".to_string(),
+        "(note: disk swap)".to_string(),
+        "pass --replace".to_string(),
+    ] {
+        assert!(err.contains(&part), "{part}: {err}");
+    }
+    assert_eq!(paused(), first, "the pause in force is unchanged");
+    let out = pause(&["--replace", "--note", "other"]);
+    assert_eq!(code(&out), 0, "{}", describe(&out));
+    let second = paused();
+    assert_eq!(str_field(&second, "note"), Some("other"), "{second}");
+    assert!(second["until"].is_null(), "indefinite now: {second}");
+    let out = pause(&["--for", "1s"]);
+    assert_eq!(code(&out), 75, "an indefinite pause: {}", describe(&out));
+
+    // A timed pause that ran out is replaced without --replace.
+    let out = pause(&["--replace", "--for", "1s"]);
+    assert_eq!(code(&out), 0, "{}", describe(&out));
+    wait_until(
+        secs(30),
+        || paused().is_null(),
+        || "the 1s pause to end".to_string(),
+    );
+    let out = pause(&["--note", "after"]);
+    assert_eq!(code(&out), 0, "{}", describe(&out));
+    assert_eq!(str_field(&paused(), "note"), Some("after"));
+}
+
+#[test]
+fn pause_twice_is_refused_unless_replaced_sqlite() {
+    pause_twice_is_refused_unless_replaced(Backend::Sqlite, "pause_twice_sqlite");
+}
+
+#[test]
+fn pause_twice_is_refused_unless_replaced_mysql() {
+    pause_twice_is_refused_unless_replaced(Backend::MySql, "pause_twice_mysql");
+}
+
+/// A manual run follows `retries`: a job whose first attempt fails (a
+/// file marks it) and whose retry succeeds; `trigger --wait` waits for the
+/// retry, prints its output tail and exits 0; both attempts are in the
+/// history as `manual`.
+fn trigger_wait_follows_retries(backend: Backend, test: &str) {
+    let Some(store) = TestStore::new(backend, test) else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let job = unique("flaky");
+    let marker = dir.path().join("first-attempt");
+    let script = format!(
+        "if [ -e '{m}' ]; then echo \"second attempt $FENCECRON_TOKEN\"; exit 0; fi; touch '{m}'; echo 'first attempt'; exit 4",
+        m = marker.display()
+    );
+    let config = write_config(
+        dir.path(),
+        "lease = \"5s\"",
+        &[job_toml(
+            &job,
+            "0 0 1 1 *",
+            &sh(&script),
+            "retries = 1\nretry_backoff = \"1s\"",
+        )],
+    );
+    let mut d = Daemon::spawn(DaemonOpts::new("trig-retry", &config, &store.url));
+    d.expect("daemon_started", ev("daemon_started"), secs(60));
+    let out = cli(
+        dir.path(),
+        &store.url,
+        &config,
+        &["trigger", &job, "--wait"],
+    );
+    assert_eq!(code(&out), 0, "the retry succeeded: {}", describe(&out));
+    assert!(marker.exists(), "the first attempt ran");
+    let history = runs(dir.path(), &store.url, &config);
+    let mut rows: Vec<&Value> = history
+        .iter()
+        .filter(|r| str_field(r, "job") == Some(job.as_str()))
+        .collect();
+    rows.sort_by_key(|r| token_of(r));
+    assert_eq!(rows.len(), 2, "{history:?}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains(&format!("second attempt {}\n", token_of(rows[1]))),
+        "the last attempt's output: {stdout}"
+    );
+    assert!(!stdout.contains("first attempt"), "{stdout}");
+    for (r, exit) in rows.iter().zip([4, 0]) {
+        assert_eq!(str_field(r, "trigger"), Some("manual"), "{r}");
+        assert_eq!(i64_field(r, "exit_code"), Some(exit), "{r}");
+    }
+    assert_eq!(d.events("retry_scheduled").len(), 1, "{}", d.summary());
+    assert!(
+        d.stop(secs(30)).is_some_and(|s| s.success()),
+        "{}",
+        d.summary()
+    );
+}
+
+#[test]
+fn trigger_wait_follows_retries_sqlite() {
+    trigger_wait_follows_retries(Backend::Sqlite, "trigger_retries_sqlite");
+}
+
+#[test]
+fn trigger_wait_follows_retries_postgres() {
+    trigger_wait_follows_retries(Backend::Postgres, "trigger_retries_postgres");
+}
+
 /// `retries`: a job that always fails runs three times for one instant
 /// (the run and two retries), each under a higher token, all with the same
 /// `FENCECRON_RUN_ID`, recorded as `schedule`, `retry`, `retry`; its

@@ -2037,13 +2037,16 @@ async fn case_claim_wins_like_the_acquire(store: Arc<dyn Store>) {
         resource("claim-absent"),
         released_rows(s, "claim-paused", 1).await,
     );
-    s.pause(&PauseInfo {
-        job: paused[0].to_string(),
-        note: None,
-        since: now,
-        until: None,
-        paused_by: "ops@host".into(),
-    })
+    s.pause(
+        &PauseInfo {
+            job: paused[0].to_string(),
+            note: None,
+            since: now,
+            until: None,
+            paused_by: "ops@host".into(),
+        },
+        false,
+    )
     .await
     .unwrap();
     let (early, late) = (
@@ -2934,7 +2937,7 @@ async fn case_pause_is_honoured_by_the_acquire(store: Arc<dyn Store>) {
         until: None,
         paused_by: "ops@host".into(),
     };
-    s.pause(&pause).await.unwrap();
+    assert_eq!(s.pause(&pause, false).await.unwrap(), None);
     assert!(s.pauses(now).await.unwrap().contains(&pause));
     let first = acquire_run(s, &r, &job, OwnerId::fresh(), Some(t), StartedBy::Schedule).await;
     assert_eq!(
@@ -2990,7 +2993,7 @@ async fn case_pause_is_honoured_by_the_acquire(store: Arc<dyn Store>) {
         until: Some(StoreTime(now.0 - 1)),
         ..pause
     };
-    s.pause(&ended).await.unwrap();
+    assert_eq!(s.pause(&ended, false).await.unwrap(), None);
     assert!(!s.pauses(now).await.unwrap().iter().any(|p| p.job == job3));
     acquired(
         acquire_run(
@@ -3004,6 +3007,85 @@ async fn case_pause_is_honoured_by_the_acquire(store: Arc<dyn Store>) {
         .await,
         "pause over",
     );
+}
+
+/// A second pause is refused while the first is in force, atomically in
+/// the store, and answers the pause in force unchanged; `replace` writes
+/// over it; a timed pause that ended is no pause and is written over; two
+/// pauses at once: exactly one is written.
+async fn case_pause_twice_is_refused_unless_replaced(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let job = unique("job");
+    let now = s.now().await.unwrap();
+    let first = PauseInfo {
+        job: job.clone(),
+        note: Some("disk swap".into()),
+        since: now,
+        until: Some(StoreTime(now.0 + 3_600_000)),
+        paused_by: "alice@host".into(),
+    };
+    assert_eq!(s.pause(&first, false).await.unwrap(), None, "first");
+    let second = PauseInfo {
+        note: None,
+        since: StoreTime(now.0 + 1),
+        until: None,
+        paused_by: "bob@host".into(),
+        ..first.clone()
+    };
+    assert_eq!(
+        s.pause(&second, false).await.unwrap(),
+        Some(first.clone()),
+        "refused, naming the pause in force"
+    );
+    assert!(s.pauses(now).await.unwrap().contains(&first), "unchanged");
+    assert_eq!(s.pause(&second, true).await.unwrap(), None, "replaced");
+    let listed = s.pauses(StoreTime(now.0 + 1)).await.unwrap();
+    assert!(listed.contains(&second), "{listed:?}");
+    assert!(!listed.contains(&first));
+    // Refused by an indefinite pause as well, repeatedly.
+    let third = PauseInfo {
+        paused_by: "carol@host".into(),
+        since: StoreTime(now.0 + 2),
+        ..second.clone()
+    };
+    assert_eq!(s.pause(&third, false).await.unwrap(), Some(second.clone()));
+
+    // A timed pause that ended (at or before the new pause's time) is
+    // replaced without `replace`.
+    let job2 = unique("job");
+    let ended = PauseInfo {
+        job: job2.clone(),
+        until: Some(now),
+        ..first.clone()
+    };
+    assert_eq!(s.pause(&ended, false).await.unwrap(), None);
+    let after = PauseInfo {
+        job: job2.clone(),
+        note: Some("again".into()),
+        since: now,
+        until: None,
+        paused_by: "bob@host".into(),
+    };
+    assert_eq!(s.pause(&after, false).await.unwrap(), None, "ended");
+    assert!(s.pauses(now).await.unwrap().contains(&after));
+
+    // Two at once: exactly one wins, the other names the winner.
+    let job3 = unique("job");
+    let racer = |by: &str| PauseInfo {
+        job: job3.clone(),
+        note: Some(by.to_string()),
+        since: now,
+        until: None,
+        paused_by: by.to_string(),
+    };
+    let (a, b) = (racer("a@host"), racer("b@host"));
+    let (ra, rb) = tokio::join!(s.pause(&a, false), s.pause(&b, false));
+    let (ra, rb) = (ra.unwrap(), rb.unwrap());
+    match (&ra, &rb) {
+        (None, Some(w)) => assert_eq!(*w, a),
+        (Some(w), None) => assert_eq!(*w, b),
+        other => panic!("exactly one pause is written: {other:?}"),
+    }
 }
 
 /// Triggers: exactly one claim succeeds; a claimed trigger cannot be
@@ -3341,6 +3423,7 @@ conformance!(
     case_run_history_records_winners_only,
     case_finish_and_release_ends_the_run_and_frees_the_lease,
     case_pause_is_honoured_by_the_acquire,
+    case_pause_twice_is_refused_unless_replaced,
     case_triggers_are_claimed_once,
     case_claim_wins_like_the_acquire,
     case_claim_once_under_concurrency_and_skips_locked_rows,

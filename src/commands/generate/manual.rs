@@ -491,18 +491,27 @@ pub const COMMANDS: &[CommandDoc] = &[
             (EXIT_HELD, "the job is running, or the request was refused"),
             (EXIT_RUNTIME, "no daemon took the request within --timeout (15s)"),
         ],
-        passthrough: Some("with --wait: the job's exit code, or 128 + the signal that ended it"),
+        passthrough: Some(
+            "with --wait: the exit code of the run's last attempt (after the job's retries), or 128 + the signal that ended it",
+        ),
         store: true,
         env: &[],
         examples: &[
             ("fencecron trigger nightly", "Run nightly once, now, on one live daemon."),
-            ("fencecron trigger nightly --wait", "Run it and exit with its code."),
+            (
+                "fencecron trigger nightly --wait",
+                "Run it (retried as its retries say), print the last attempt's output and exit with its code.",
+            ),
         ],
     },
     CommandDoc {
         usage: "pause",
         pages: &["pause"],
-        exits: &[(EXIT_OK, "paused"), (EXIT_USAGE, "no such job in the config")],
+        exits: &[
+            (EXIT_OK, "paused"),
+            (EXIT_HELD, "already paused (the error names the pause in force); --replace replaces it"),
+            (EXIT_USAGE, "no such job in the config"),
+        ],
         passthrough: None,
         store: true,
         env: &[],
