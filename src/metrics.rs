@@ -452,6 +452,10 @@ impl Store for Observed {
         self.inner.url()
     }
 
+    fn outages(&self) -> &crate::events::Outages {
+        self.inner.outages()
+    }
+
     async fn migrate(&self) -> Result<(), StoreError> {
         observe("migrate", self.inner.migrate()).await
     }

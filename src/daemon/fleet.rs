@@ -49,9 +49,18 @@ pub(super) async fn poll_triggers(shared: Shared, jobs: HashMap<String, Arc<Job>
         return;
     }
     let pending = match store.pending_triggers().await {
-        Ok(p) => p,
+        Ok(p) => {
+            store.outages().answered_all();
+            p
+        }
         Err(e) => {
-            events::store_unavailable("pending_triggers", None, &e.to_string(), None);
+            events::store_unavailable(
+                store.outages(),
+                "pending_triggers",
+                None,
+                &e.to_string(),
+                None,
+            );
             return;
         }
     };
@@ -81,9 +90,13 @@ pub(super) async fn poll_triggers(shared: Shared, jobs: HashMap<String, Arc<Job>
                     .spawn(async move { run_triggered(shared, job, trigger, slot).await });
             }
             Ok(false) => {}
-            Err(e) => {
-                events::store_unavailable("claim_trigger", Some(&trigger.job), &e.to_string(), None)
-            }
+            Err(e) => events::store_unavailable(
+                store.outages(),
+                "claim_trigger",
+                Some(&trigger.job),
+                &e.to_string(),
+                None,
+            ),
         }
     }
 }
@@ -182,7 +195,13 @@ async fn settle(
         .settle_trigger(&trigger.id, state, token, detail)
         .await
     {
-        events::store_unavailable("settle_trigger", Some(&trigger.job), &e.to_string(), None);
+        events::store_unavailable(
+            store.outages(),
+            "settle_trigger",
+            Some(&trigger.job),
+            &e.to_string(),
+            None,
+        );
     }
 }
 
@@ -198,7 +217,7 @@ pub(super) async fn prune(shared: Shared) {
     let now = match store.now().await {
         Ok(now) => now,
         Err(e) => {
-            events::store_unavailable("prune", None, &e.to_string(), None);
+            events::store_unavailable(store.outages(), "prune", None, &e.to_string(), None);
             return;
         }
     };
@@ -207,13 +226,13 @@ pub(super) async fn prune(shared: Shared) {
     let removed = match store.prune_runs(history.keep, before).await {
         Ok(n) => n,
         Err(e) => {
-            events::store_unavailable("prune", None, &e.to_string(), None);
+            events::store_unavailable(store.outages(), "prune", None, &e.to_string(), None);
             return;
         }
     };
     let old = StoreTime(now.0 - millis(TRIGGER_RETENTION));
     match store.prune_fleet(old).await {
         Ok(n) => events::history_pruned(removed, n),
-        Err(e) => events::store_unavailable("prune", None, &e.to_string(), None),
+        Err(e) => events::store_unavailable(store.outages(), "prune", None, &e.to_string(), None),
     }
 }

@@ -111,9 +111,17 @@ impl Heartbeat {
             let row = self.row(&b, &set, node_state::STOPPED);
             match tokio::time::timeout(LAST_BEAT, self.store.beat(&row)).await {
                 Ok(Ok(_)) => {}
-                Ok(Err(e)) => events::store_unavailable("beat", None, &e.to_string(), None),
+                Ok(Err(e)) => events::store_unavailable(
+                    self.store.outages(),
+                    "beat",
+                    None,
+                    &e.to_string(),
+                    None,
+                ),
                 // Unmarked, the node shows `gone` once NODE_LIVE passed.
-                Err(_) => events::store_unavailable("beat", None, "timed out", None),
+                Err(_) => {
+                    events::store_unavailable(self.store.outages(), "beat", None, "timed out", None)
+                }
             }
         }
     }
@@ -144,7 +152,13 @@ impl Heartbeat {
         }
         let set = self.jobs.borrow().clone();
         if let Err(e) = self.publish(b, &set).await {
-            events::store_unavailable("publish_jobs", None, &e.to_string(), None);
+            events::store_unavailable(
+                self.store.outages(),
+                "publish_jobs",
+                None,
+                &e.to_string(),
+                None,
+            );
             return;
         }
         let state = if self.draining.is_cancelled() {
@@ -153,21 +167,31 @@ impl Heartbeat {
             node_state::RUNNING
         };
         let now = match self.store.beat(&self.row(b, &set, state)).await {
-            Ok(now) => now,
+            Ok(now) => {
+                // The store answers: every outage this daemon is in ends.
+                self.store.outages().answered_all();
+                now
+            }
             Err(e) => {
-                events::store_unavailable("beat", None, &e.to_string(), None);
+                events::store_unavailable(self.store.outages(), "beat", None, &e.to_string(), None);
                 return;
             }
         };
         b.started_at.get_or_insert(now);
         if let Err(e) = self.check_drift(b, now).await {
-            events::store_unavailable("nodes", None, &e.to_string(), None);
+            events::store_unavailable(self.store.outages(), "nodes", None, &e.to_string(), None);
         }
         if b.last_prune.is_none_or(|t| t.elapsed() >= PRUNE_EVERY) {
             b.last_prune = Some(tokio::time::Instant::now());
             let before = StoreTime(now.0 - millis(NODE_RETENTION));
             if let Err(e) = self.store.prune_nodes(before).await {
-                events::store_unavailable("prune_nodes", None, &e.to_string(), None);
+                events::store_unavailable(
+                    self.store.outages(),
+                    "prune_nodes",
+                    None,
+                    &e.to_string(),
+                    None,
+                );
             }
         }
     }

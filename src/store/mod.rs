@@ -74,6 +74,10 @@ pub trait Store: Send + Sync + 'static {
     /// The (redacted) URL, for messages.
     fn url(&self) -> &StoreUrl;
 
+    /// The outages this handle's users are in: what decides whether a
+    /// failure is logged at WARN (the first of an outage) or DEBUG.
+    fn outages(&self) -> &crate::events::Outages;
+
     /// Applies pending migrations. Safe when many processes start at once.
     async fn migrate(&self) -> Result<(), StoreError>;
 

@@ -552,6 +552,8 @@ pub(super) struct SqlStore<D: Dialect> {
     /// The run history, pause and trigger statements in this backend's
     /// placeholders.
     fleet: FleetSql,
+    /// The outages of this handle's users (`store_unavailable`).
+    outages: crate::events::Outages,
 }
 
 impl<D: Dialect> SqlStore<D> {
@@ -560,6 +562,7 @@ impl<D: Dialect> SqlStore<D> {
             db,
             dialect,
             fleet: FleetSql::new(D::BACKEND),
+            outages: Default::default(),
         }
     }
 
@@ -597,6 +600,10 @@ impl<D: Dialect> Store for SqlStore<D> {
 
     fn url(&self) -> &StoreUrl {
         &self.db.url
+    }
+
+    fn outages(&self) -> &crate::events::Outages {
+        &self.outages
     }
 
     async fn migrate(&self) -> Result<(), StoreError> {

@@ -195,6 +195,7 @@ pub(crate) struct MemoryStore {
     /// Answers `claim` (as the SQL backends do) instead of `None`.
     claims: bool,
     state: Arc<Mutex<State>>,
+    outages: Arc<crate::events::Outages>,
 }
 
 impl MemoryStore {
@@ -207,6 +208,7 @@ impl MemoryStore {
             call_timeout: Some(Duration::from_secs(5)),
             claims: false,
             state: Arc::default(),
+            outages: Arc::default(),
         }
     }
 
@@ -575,6 +577,10 @@ impl Store for MemoryStore {
 
     fn url(&self) -> &StoreUrl {
         &self.url
+    }
+
+    fn outages(&self) -> &crate::events::Outages {
+        &self.outages
     }
 
     async fn migrate(&self) -> Result<(), StoreError> {
