@@ -300,6 +300,9 @@ pub struct StaleArgs {
     /// Only records newer than this (e.g. 1h).
     #[arg(long, value_name = "D")]
     pub since: Option<HumanDuration>,
+    /// Only the newest N records (still listed oldest first); 0 lists all.
+    #[arg(long, value_name = "N", default_value_t = 100)]
+    pub limit: usize,
     /// Also list the rejections the SQL guard keeps in this database (a
     /// job's own; repeat for several).
     #[arg(long, value_name = "URL")]

@@ -566,10 +566,15 @@ pub fn trigger_refused(job: &str, trigger_id: &str, detail: &str) {
     );
 }
 
-/// The daemon's housekeeping pruned the run history (`runs` rows) and old
-/// triggers and ended pauses (`other` rows). DEBUG: routine.
-pub fn history_pruned(runs: u64, other: u64) {
-    debug!(event = "history_pruned", runs, other, "run history pruned");
+/// The daemon's housekeeping pruned the run history (`runs` rows), old
+/// triggers and ended pauses (`other` rows), stale-owner records (`stale`)
+/// and stored values of resources no longer used (`values`). DEBUG:
+/// routine.
+pub fn history_pruned(runs: u64, other: u64, stale: u64, values: u64) {
+    debug!(
+        event = "history_pruned",
+        runs, other, stale, values, "run history pruned"
+    );
 }
 
 /// A paused job's instant (`fencecron pause`): skipped with reason

@@ -657,6 +657,14 @@ impl Store for Observed {
         .await
     }
 
+    async fn prune_stale(&self, before: StoreTime) -> Result<u64, StoreError> {
+        observe("prune_stale", self.inner.prune_stale(before)).await
+    }
+
+    async fn prune_values(&self, before: StoreTime) -> Result<u64, StoreError> {
+        observe("prune_values", self.inner.prune_values(before)).await
+    }
+
     async fn prune_nodes(&self, before: StoreTime) -> Result<u64, StoreError> {
         observe("prune_nodes", self.inner.prune_nodes(before)).await
     }

@@ -15,7 +15,9 @@
 //! Retention runs every [`PRUNE_EVERY`] (first a minute after start): in
 //! one statement, every job's runs beyond its newest `history.keep` or
 //! older than `history.max_age` go; then triggers and ended pauses older
-//! than a day.
+//! than a day, stale-owner records older than `history.stale` and values
+//! of resources unused for `history.values`. Lease rows and the proxy's
+//! fences are never pruned (a fence must keep growing).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -231,8 +233,30 @@ pub(super) async fn prune(shared: Shared) {
         }
     };
     let old = StoreTime(now.0 - millis(TRIGGER_RETENTION));
-    match store.prune_fleet(old).await {
-        Ok(n) => events::history_pruned(removed, n),
+    let other = match store.prune_fleet(old).await {
+        Ok(n) => n,
+        Err(e) => {
+            events::store_unavailable(store.outages(), "prune", None, &e.to_string(), None);
+            return;
+        }
+    };
+    // Stale records and values only: a lease row (and its fence) is never
+    // deleted, and neither are the proxy's fences (see `Store::admit`).
+    let stale = match store
+        .prune_stale(StoreTime(now.0 - millis(history.stale)))
+        .await
+    {
+        Ok(n) => n,
+        Err(e) => {
+            events::store_unavailable(store.outages(), "prune", None, &e.to_string(), None);
+            return;
+        }
+    };
+    match store
+        .prune_values(StoreTime(now.0 - millis(history.values)))
+        .await
+    {
+        Ok(values) => events::history_pruned(removed, other, stale, values),
         Err(e) => events::store_unavailable(store.outages(), "prune", None, &e.to_string(), None),
     }
 }

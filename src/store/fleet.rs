@@ -135,6 +135,15 @@ const PUBLISHED_DEFINITIONS: &str = "SELECT node, job, digest, definition FROM f
 
 const PRUNE_NODES: &str = "DELETE FROM fencecron_nodes WHERE seen_ms < $1";
 
+const PRUNE_STALE: &str = "DELETE FROM fencecron_stale WHERE at_ms < $1";
+
+/// Values written before `$1` of resources whose lease has not been held
+/// since `$2` (a lease row's expiry is its last use: acquire and renew
+/// move it forward, release sets it to the release's time).
+const PRUNE_VALUES: &str = "DELETE FROM fencecron_values
+ WHERE written_at_ms < $1
+   AND resource NOT IN (SELECT resource FROM fencecron_leases WHERE expires_at_ms >= $2)";
+
 /// The definitions of the nodes [`PRUNE_NODES`] is about to delete. Not
 /// "of nodes without a row": a node publishes its definitions before its
 /// first beat writes its row.
@@ -167,6 +176,8 @@ pub(super) struct FleetSql {
     published_definitions: String,
     prune_nodes: String,
     prune_node_jobs: String,
+    prune_stale: String,
+    prune_values: String,
 }
 
 impl FleetSql {
@@ -209,6 +220,8 @@ impl FleetSql {
             published_definitions: sql(PUBLISHED_DEFINITIONS),
             prune_nodes: sql(PRUNE_NODES),
             prune_node_jobs: sql(PRUNE_NODE_JOBS),
+            prune_stale: sql(PRUNE_STALE),
+            prune_values: sql(PRUNE_VALUES),
         }
     }
 }
@@ -355,6 +368,14 @@ pub(super) trait FleetDb: Database {
     async fn prune_fleet(
         pool: &Pool<Self>,
         sql: &FleetSql,
+        before: StoreTime,
+    ) -> Result<u64, sqlx::Error>;
+
+    /// `prune_stale` (`values: false`) or `prune_values` (`true`).
+    async fn prune_kept(
+        pool: &Pool<Self>,
+        sql: &FleetSql,
+        values: bool,
         before: StoreTime,
     ) -> Result<u64, sqlx::Error>;
 
@@ -655,6 +676,27 @@ where
         Ok(t.rows_affected() + p.rows_affected())
     }
 
+    async fn prune_kept(
+        pool: &Pool<Self>,
+        sql: &FleetSql,
+        values: bool,
+        before: StoreTime,
+    ) -> Result<u64, sqlx::Error> {
+        let done = if values {
+            sqlx::query(&sql.prune_values)
+                .bind(before.0)
+                .bind(before.0)
+                .execute(pool)
+                .await?
+        } else {
+            sqlx::query(&sql.prune_stale)
+                .bind(before.0)
+                .execute(pool)
+                .await?
+        };
+        Ok(done.rows_affected())
+    }
+
     async fn beat(
         pool: &Pool<Self>,
         sql: &FleetSql,
@@ -851,6 +893,8 @@ mod tests {
             PUBLISHED_DEFINITIONS,
             PRUNE_NODES,
             PRUNE_NODE_JOBS,
+            PRUNE_STALE,
+            PRUNE_VALUES,
         ] {
             let mut expected = 1;
             let mut rest = sql;

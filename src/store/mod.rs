@@ -283,6 +283,16 @@ pub trait Store: Send + Sync + 'static {
     /// before it; how many rows went.
     async fn prune_fleet(&self, before: StoreTime) -> Result<u64, StoreError>;
 
+    /// Deletes the stale-owner records made before `before`; how many
+    /// went.
+    async fn prune_stale(&self, before: StoreTime) -> Result<u64, StoreError>;
+
+    /// Deletes the stored values written before `before` whose resource's
+    /// lease is neither held nor was held (renewed, released) since then:
+    /// a value of a resource still in use always stays. The lease row and
+    /// its fence are never touched (tokens keep growing). How many went.
+    async fn prune_values(&self, before: StoreTime) -> Result<u64, StoreError>;
+
     // The fleet's nodes: `fencecron_nodes` (one row per node id, see
     // [`NodeInfo::live`]) and `fencecron_node_jobs` (the job definitions
     // each node published). Off the occurrence's path: a heartbeat every

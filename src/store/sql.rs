@@ -933,6 +933,16 @@ impl<D: Dialect> Store for SqlStore<D> {
         .await
     }
 
+    async fn prune_stale(&self, before: StoreTime) -> Result<u64, StoreError> {
+        self.call(async { Ok(D::DB::prune_kept(&self.db.pool, &self.fleet, false, before).await?) })
+            .await
+    }
+
+    async fn prune_values(&self, before: StoreTime) -> Result<u64, StoreError> {
+        self.call(async { Ok(D::DB::prune_kept(&self.db.pool, &self.fleet, true, before).await?) })
+            .await
+    }
+
     async fn prune_nodes(&self, before: StoreTime) -> Result<u64, StoreError> {
         self.call(async { Ok(D::DB::prune_nodes(&self.db.pool, &self.fleet, before).await?) })
             .await

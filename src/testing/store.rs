@@ -1256,6 +1256,30 @@ impl Store for MemoryStore {
         .await
     }
 
+    async fn prune_stale(&self, before: StoreTime) -> Result<u64, StoreError> {
+        self.call(Op::RecordStale, move |s, _| {
+            let n = s.stale.len();
+            s.stale.retain(|r| r.at >= before);
+            (n - s.stale.len()) as u64
+        })
+        .await
+    }
+
+    async fn prune_values(&self, before: StoreTime) -> Result<u64, StoreError> {
+        self.call(Op::Put, move |s, _| {
+            let n = s.values.len();
+            let leases = &s.leases;
+            s.values.retain(|(resource, _), v| {
+                v.written_at >= before
+                    || leases
+                        .get(resource)
+                        .is_some_and(|row| row.expires_at >= before.0)
+            });
+            (n - s.values.len()) as u64
+        })
+        .await
+    }
+
     async fn prune_nodes(&self, before: StoreTime) -> Result<u64, StoreError> {
         self.call(Op::Nodes, move |s, _| {
             let old: Vec<String> = s

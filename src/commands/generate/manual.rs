@@ -324,6 +324,7 @@ pub const COMMANDS: &[CommandDoc] = &[
         env: &[],
         examples: &[
             ("fencecron stale --since 1h", "Rejected writes and lost leases of the last hour, from every host."),
+            ("fencecron stale --limit 10", "The ten newest records (100 unless told; 0 lists all)."),
             (
                 "fencecron stale --json --guard postgres://app@db.internal/app",
                 "Also the SQL guard's rejections kept in the job's own database.",
