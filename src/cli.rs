@@ -239,7 +239,13 @@ pub enum LeaseCommand {
         #[arg(long, value_name = "T")]
         token: i64,
     },
-    /// All leases, held or not.
+    /// Hide a lease that is not held from `lease list` and `status` (a
+    /// removed job's) until its resource is acquired again; its fence stays.
+    Forget {
+        /// The leased resource.
+        resource: String,
+    },
+    /// All leases, held or not (but forgotten ones).
     List {
         /// Print JSON.
         #[arg(long)]

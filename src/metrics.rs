@@ -657,6 +657,10 @@ impl Store for Observed {
         .await
     }
 
+    async fn forget(&self, resource: &Name, now: StoreTime) -> Result<Option<bool>, StoreError> {
+        observe("forget", self.inner.forget(resource, now)).await
+    }
+
     async fn prune_stale(&self, before: StoreTime) -> Result<u64, StoreError> {
         observe("prune_stale", self.inner.prune_stale(before)).await
     }

@@ -135,6 +135,12 @@ const PUBLISHED_DEFINITIONS: &str = "SELECT node, job, digest, definition FROM f
 
 const PRUNE_NODES: &str = "DELETE FROM fencecron_nodes WHERE seen_ms < $1";
 
+/// `lease forget`: only a lease not held at `$2`.
+const FORGET: &str = "UPDATE fencecron_leases SET forgotten_at_ms = $1
+ WHERE resource = $2 AND expires_at_ms <= $3";
+
+const LEASE_EXISTS: &str = "SELECT fence FROM fencecron_leases WHERE resource = $1";
+
 const PRUNE_STALE: &str = "DELETE FROM fencecron_stale WHERE at_ms < $1";
 
 /// Values written before `$1` of resources whose lease has not been held
@@ -178,6 +184,8 @@ pub(super) struct FleetSql {
     prune_node_jobs: String,
     prune_stale: String,
     prune_values: String,
+    forget: String,
+    lease_exists: String,
 }
 
 impl FleetSql {
@@ -222,6 +230,8 @@ impl FleetSql {
             prune_node_jobs: sql(PRUNE_NODE_JOBS),
             prune_stale: sql(PRUNE_STALE),
             prune_values: sql(PRUNE_VALUES),
+            forget: sql(FORGET),
+            lease_exists: sql(LEASE_EXISTS),
         }
     }
 }
@@ -370,6 +380,13 @@ pub(super) trait FleetDb: Database {
         sql: &FleetSql,
         before: StoreTime,
     ) -> Result<u64, sqlx::Error>;
+
+    async fn forget(
+        pool: &Pool<Self>,
+        sql: &FleetSql,
+        resource: &str,
+        now: StoreTime,
+    ) -> Result<Option<bool>, sqlx::Error>;
 
     /// `prune_stale` (`values: false`) or `prune_values` (`true`).
     async fn prune_kept(
@@ -676,6 +693,28 @@ where
         Ok(t.rows_affected() + p.rows_affected())
     }
 
+    async fn forget(
+        pool: &Pool<Self>,
+        sql: &FleetSql,
+        resource: &str,
+        now: StoreTime,
+    ) -> Result<Option<bool>, sqlx::Error> {
+        let done = sqlx::query(&sql.forget)
+            .bind(now.0)
+            .bind(resource)
+            .bind(now.0)
+            .execute(pool)
+            .await?;
+        if done.rows_affected() > 0 {
+            return Ok(Some(true));
+        }
+        let found = sqlx::query(&sql.lease_exists)
+            .bind(resource)
+            .fetch_optional(pool)
+            .await?;
+        Ok(found.map(|_| false))
+    }
+
     async fn prune_kept(
         pool: &Pool<Self>,
         sql: &FleetSql,
@@ -895,6 +934,8 @@ mod tests {
             PRUNE_NODE_JOBS,
             PRUNE_STALE,
             PRUNE_VALUES,
+            FORGET,
+            LEASE_EXISTS,
         ] {
             let mut expected = 1;
             let mut rest = sql;

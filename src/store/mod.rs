@@ -287,6 +287,13 @@ pub trait Store: Send + Sync + 'static {
     /// went.
     async fn prune_stale(&self, before: StoreTime) -> Result<u64, StoreError>;
 
+    /// `lease forget`: hides the lease row of `resource` from [`Store::list`]
+    /// until it is acquired again, if it is not held at `now` (the store's
+    /// clock, read just before). The row and its fence stay, so the next
+    /// token is still greater than every earlier one. `None`: no such row;
+    /// `Some(false)`: held, nothing changed.
+    async fn forget(&self, resource: &Name, now: StoreTime) -> Result<Option<bool>, StoreError>;
+
     /// Deletes the stored values written before `before` whose resource's
     /// lease is neither held nor was held (renewed, released) since then:
     /// a value of a resource still in use always stays. The lease row and

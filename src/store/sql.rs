@@ -933,6 +933,13 @@ impl<D: Dialect> Store for SqlStore<D> {
         .await
     }
 
+    async fn forget(&self, resource: &Name, now: StoreTime) -> Result<Option<bool>, StoreError> {
+        self.call(async {
+            Ok(D::DB::forget(&self.db.pool, &self.fleet, resource.as_str(), now).await?)
+        })
+        .await
+    }
+
     async fn prune_stale(&self, before: StoreTime) -> Result<u64, StoreError> {
         self.call(async { Ok(D::DB::prune_kept(&self.db.pool, &self.fleet, false, before).await?) })
             .await

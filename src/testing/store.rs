@@ -158,6 +158,9 @@ struct State {
     epoch: i64,
     leases: BTreeMap<String, Row>,
     values: BTreeMap<(String, String), StoredValue>,
+    /// `lease forget`: when each forgotten row was forgotten
+    /// (`forgotten_at_ms`).
+    forgotten: BTreeMap<String, i64>,
     stale: Vec<StaleRecord>,
     faults: HashMap<Op, VecDeque<Fault>>,
     history: Vec<Entry>,
@@ -846,6 +849,11 @@ impl Store for MemoryStore {
         Ok(self.apply(|s, now| {
             s.leases
                 .iter()
+                .filter(|(resource, r)| {
+                    s.forgotten
+                        .get(*resource)
+                        .is_none_or(|f| r.acquired_at >= *f)
+                })
                 .map(|(resource, r)| LeaseInfo {
                     resource: resource.clone(),
                     owner_id: r.owner_id.clone(),
@@ -1252,6 +1260,18 @@ impl Store for MemoryStore {
                     definition: definitions.then(|| def.clone()),
                 })
                 .collect()
+        })
+        .await
+    }
+
+    async fn forget(&self, resource: &Name, now: StoreTime) -> Result<Option<bool>, StoreError> {
+        let resource = resource.to_string();
+        self.call(Op::Release, move |s, _| {
+            let held = s.leases.get(&resource).map(|r| r.expires_at > now.0)?;
+            if !held {
+                s.forgotten.insert(resource.clone(), now.0);
+            }
+            Some(!held)
         })
         .await
     }

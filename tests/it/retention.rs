@@ -199,3 +199,51 @@ fn retention_prunes_old_stale_records_and_unused_values_sqlite() {
     .expect("acquire --json");
     assert_eq!(v["token"].as_i64(), Some(unused_token + 1), "{v}");
 }
+
+/// `lease forget`: refused while held (75) and for an unknown resource
+/// (4); a released lease disappears from `lease list` until its resource is
+/// acquired again, with a token greater than every earlier one.
+#[test]
+fn lease_forget_hides_a_removed_jobs_lease_and_tokens_keep_growing_sqlite() {
+    let store = TestStore::new(Backend::Sqlite, "forget").expect("sqlite");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (url, d) = (&store.url, dir.path());
+    let r = unique("forget");
+    let code = |args: &[&str]| {
+        run(fencecron(d).args(["--store", url]).args(args), None)
+            .status
+            .code()
+    };
+    let listed = || {
+        let all: Vec<Value> =
+            serde_json::from_str(&cli(d, url, &["lease", "list", "--json"])).expect("json");
+        all.iter().any(|l| l["resource"] == r.as_str())
+    };
+    let (token, owner) = acquire_and_put(d, url, &r, "300s");
+    assert_eq!(code(&["lease", "forget", &r]), Some(75), "held");
+    assert!(listed());
+    cli(
+        d,
+        url,
+        &[
+            "lease",
+            "release",
+            &r,
+            "--token",
+            &token.to_string(),
+            "--owner-id",
+            &owner,
+        ],
+    );
+    assert_eq!(code(&["lease", "forget", &unique("never")]), Some(4));
+    cli(d, url, &["lease", "forget", &r]);
+    assert!(!listed(), "forgotten");
+    let v: Value = serde_json::from_str(&cli(
+        d,
+        url,
+        &["lease", "acquire", &r, "--lease", "5s", "--json"],
+    ))
+    .expect("acquire --json");
+    assert!(v["token"].as_i64().expect("token") > token, "{v}");
+    assert!(listed(), "acquired again: listed");
+}

@@ -1311,6 +1311,37 @@ async fn case_retention_prunes_stale_records_and_unused_values(store: Arc<dyn St
     assert!(next.token > ls[0].token, "{next:?} after {:?}", ls[0]);
 }
 
+/// `forget` hides a lease row that is not held from `list` until the next
+/// acquire, refuses a held one, and keeps the fence: the token issued after
+/// it is greater than every token before it.
+async fn case_forget_hides_a_free_lease_and_keeps_its_fence(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let listed = |r: &Name| {
+        let r = r.to_string();
+        async move { s.list().await.unwrap().iter().any(|l| l.resource == r) }
+    };
+    let (r, ls) = generations(s, "forget", 2).await;
+    let held = must_acquire(s, &resource("forget-held")).await;
+    let held_r = name("resource", &held.resource);
+    let now = s.now().await.unwrap();
+    assert_eq!(s.forget(&held_r, now).await.unwrap(), Some(false), "held");
+    assert!(listed(&held_r).await, "a held lease stays listed");
+    assert_eq!(
+        s.forget(&resource("forget-none"), now).await.unwrap(),
+        None,
+        "no row"
+    );
+    assert!(listed(&r).await);
+    assert_eq!(s.forget(&r, now).await.unwrap(), Some(true));
+    assert!(!listed(&r).await, "forgotten");
+    let next = must_acquire(s, &r).await;
+    assert!(
+        ls.iter().all(|l| next.token > l.token),
+        "{next:?} after {ls:?}"
+    );
+    assert!(listed(&r).await, "listed again once acquired");
+}
+
 /// `purge_prefix` deletes the leases, values and stale records of matching
 /// resources only: `%`, `_` and `\` in the prefix are literal, and case
 /// matters.
@@ -3408,6 +3439,7 @@ conformance!(
     case_claim_once_under_concurrency_and_skips_locked_rows,
     case_proxy_admits_issued_tokens_never_older_ones,
     case_proxy_concurrent_admissions,
+    case_forget_hides_a_free_lease_and_keeps_its_fence,
 );
 
 isolated_conformance!(

@@ -264,6 +264,22 @@ pub const COMMANDS: &[CommandDoc] = &[
         )],
     },
     CommandDoc {
+        usage: "lease forget",
+        pages: &["lease forget"],
+        exits: &[
+            (EXIT_OK, "forgotten"),
+            (EXIT_HELD, "the lease is held"),
+            (EXIT_MISSING, "no lease of that resource"),
+        ],
+        passthrough: None,
+        store: true,
+        env: &[],
+        examples: &[(
+            "fencecron lease forget old-report",
+            "Hide a removed job's lease from lease list; its next token still grows.",
+        )],
+    },
+    CommandDoc {
         usage: "lease list",
         pages: &["lease list"],
         exits: &[(EXIT_OK, "listed")],
