@@ -96,6 +96,9 @@ pub struct History {
     /// `values`: stored values older than this go, unless their resource's
     /// lease was held within it (default 90 days).
     pub values: Duration,
+    /// `nodes`: node rows (`fencecron nodes`) not seen for this long go
+    /// (default 7 days).
+    pub nodes: Duration,
 }
 
 impl Default for History {
@@ -106,6 +109,7 @@ impl Default for History {
             output: 4096,
             stale: Duration::from_secs(30 * 24 * 3600),
             values: Duration::from_secs(90 * 24 * 3600),
+            nodes: crate::store::NODE_RETENTION,
         }
     }
 }
@@ -306,6 +310,7 @@ struct RawHistory {
     output: Option<Spanned<i64>>,
     stale: Option<Spanned<String>>,
     values: Option<Spanned<String>>,
+    nodes: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -673,6 +678,7 @@ impl Parser<'_> {
                 &mut h.values,
                 "stored values",
             ),
+            (&raw.nodes, "history.nodes", &mut h.nodes, "node rows"),
         ] {
             if let Some(age) = raw {
                 *kept = self.duration(age, key)?;
@@ -1285,7 +1291,7 @@ mod tests {
     fn history_and_retries_parse_and_bad_values_name_their_key() {
         let c = parse(
             Path::new("jobs.toml"),
-            &format!("[history]\nkeep = 5\nmax_age = \"2h\"\noutput = 0\nstale = \"2d\"\nvalues = \"3d\"\n[defaults]\nretries = 2\n{JOB}retry_backoff = \"3s\"\n"),
+            &format!("[history]\nkeep = 5\nmax_age = \"2h\"\noutput = 0\nstale = \"2d\"\nvalues = \"3d\"\nnodes = \"1d\"\n[defaults]\nretries = 2\n{JOB}retry_backoff = \"3s\"\n"),
         )
         .unwrap();
         assert_eq!(
@@ -1296,6 +1302,7 @@ mod tests {
                 output: 0,
                 stale: Duration::from_secs(2 * 86_400),
                 values: Duration::from_secs(3 * 86_400),
+                nodes: Duration::from_secs(86_400),
             }
         );
         let r = c.jobs[0].retry;
@@ -1318,6 +1325,7 @@ mod tests {
             ("[history]\noutput = 70000\n".to_string(), "history.output"),
             ("[history]\nstale = \"1m\"\n".to_string(), "history.stale"),
             ("[history]\nvalues = \"1s\"\n".to_string(), "history.values"),
+            ("[history]\nnodes = \"1m\"\n".to_string(), "history.nodes"),
             (
                 "[history]\nmax_age = \"1s\"\n".to_string(),
                 "history.max_age",

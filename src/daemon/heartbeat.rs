@@ -25,13 +25,12 @@ use crate::events;
 use crate::fleet::{self, Drift};
 use crate::store::{
     millis, node_state, NodeBeat, NodeInfo, PublishedJob, Store, StoreTime, HEARTBEAT,
-    NODE_RETENTION,
 };
 
 /// How long the exit waits for the beat that marks the node stopped.
 const LAST_BEAT: Duration = Duration::from_secs(2);
 
-/// How often node rows older than [`NODE_RETENTION`] are deleted.
+/// How often node rows older than `history.nodes` are deleted.
 const PRUNE_EVERY: Duration = Duration::from_secs(3600);
 
 /// A job set as published: (name, digest, canonical JSON) by name, and the
@@ -63,6 +62,8 @@ pub(super) struct Heartbeat {
     /// Cancelled once every task of the daemon ended: the last beat says
     /// `stopped`.
     pub stopped: CancellationToken,
+    /// `history.nodes`: node rows not seen for this long are deleted.
+    pub retention: Duration,
 }
 
 /// The beat's own state between beats.
@@ -183,7 +184,7 @@ impl Heartbeat {
         }
         if b.last_prune.is_none_or(|t| t.elapsed() >= PRUNE_EVERY) {
             b.last_prune = Some(tokio::time::Instant::now());
-            let before = StoreTime(now.0 - millis(NODE_RETENTION));
+            let before = StoreTime(now.0 - millis(self.retention));
             if let Err(e) = self.store.prune_nodes(before).await {
                 events::store_unavailable(
                     self.store.outages(),
@@ -385,6 +386,7 @@ mod tests {
                 ready: Default::default(),
                 draining: draining.clone(),
                 stopped: stopped.clone(),
+                retention: crate::store::NODE_RETENTION,
             }
             .run(),
         );
@@ -449,6 +451,7 @@ mod tests {
                 ready: Default::default(),
                 draining: CancellationToken::new(),
                 stopped: stopped.clone(),
+                retention: crate::store::NODE_RETENTION,
             }
             .run(),
         );
@@ -489,5 +492,59 @@ mod tests {
         assert_eq!(store.prune_nodes(StoreTime(seen.0)).await.unwrap(), 0);
         assert_eq!(store.prune_nodes(StoreTime(seen.0 + 1)).await.unwrap(), 1);
         assert!(store.nodes().await.unwrap().is_empty());
+    }
+
+    /// `history.nodes`: the heartbeat's hourly prune deletes the rows of
+    /// nodes not seen for that long, and keeps the others.
+    #[tokio::test(start_paused = true)]
+    async fn node_rows_go_after_history_nodes() {
+        let store = MemoryStore::new(Clock::following_tokio(chrono::Utc::now()));
+        store
+            .beat(&NodeBeat {
+                node: "old",
+                hostname: "h",
+                pid: 1,
+                version: "v",
+                config_digest: "d",
+                started_at: None,
+                state: node_state::RUNNING,
+                running: 0,
+            })
+            .await
+            .unwrap();
+        let (_tx, rx) = watch::channel(JobSet::of(&[job("alpha")]));
+        let stopped = CancellationToken::new();
+        let beats = tokio::spawn(
+            Heartbeat {
+                store: Arc::new(store.clone()),
+                node: "node-a".into(),
+                jobs: rx,
+                running: Running::default(),
+                ready: Default::default(),
+                draining: CancellationToken::new(),
+                stopped: stopped.clone(),
+                retention: Duration::from_secs(3_600),
+            }
+            .run(),
+        );
+        let nodes = || async {
+            let mut n: Vec<_> = store
+                .nodes()
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|r| r.node)
+                .collect();
+            n.sort();
+            n
+        };
+        tokio::time::sleep(ms(1_000)).await;
+        assert_eq!(nodes().await, ["node-a", "old"], "kept within the hour");
+        // The prune an hour after the first deletes what was last seen
+        // before the hour before it.
+        tokio::time::sleep(PRUNE_EVERY * 2).await;
+        assert_eq!(nodes().await, ["node-a"], "not seen for an hour: gone");
+        stopped.cancel();
+        beats.await.unwrap();
     }
 }

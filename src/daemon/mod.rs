@@ -209,6 +209,7 @@ async fn serve(
             ready: ready.clone(),
             draining: draining.clone(),
             stopped: stopped.clone(),
+            retention: history.nodes,
         }
         .run(),
     );
