@@ -247,3 +247,44 @@ fn lease_forget_hides_a_removed_jobs_lease_and_tokens_keep_growing_sqlite() {
     assert!(v["token"].as_i64().expect("token") > token, "{v}");
     assert!(listed(), "acquired again: listed");
 }
+
+/// `stale --limit N`: the newest N records, still oldest first; 100 by
+/// default, 0 for all.
+#[test]
+fn stale_limit_lists_the_newest_records_sqlite() {
+    let store = TestStore::new(Backend::Sqlite, "stale-limit").expect("sqlite");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (url, d) = (&store.url, dir.path());
+    cli(d, url, &["lease", "list"]);
+    let insert = |resource: &str, ms: i64| {
+        (
+            "INSERT INTO fencecron_stale (at_ms, kind, reason, resource, key, owner_id, token,
+               accepted_token, node, job, stage, operation_id)
+             VALUES (CAST(?1 AS INTEGER), 'write_rejected', 'stale', ?2, 'k', NULL, 1, 2, 'n',
+               NULL, 'test', 'op')",
+            vec![ms.to_string(), resource.to_string()],
+        )
+    };
+    let mut statements: Vec<_> = (0..102)
+        .map(|i| insert(&format!("r{i:03}"), 1_700_000_000_000 + i))
+        .collect();
+    statements.reverse();
+    sql(url, &statements);
+    let listed = |args: &[&str]| -> Vec<String> {
+        let mut all = vec!["stale", "--json"];
+        all.extend_from_slice(args);
+        let records: Vec<Value> = serde_json::from_str(&cli(d, url, &all)).expect("json");
+        records
+            .iter()
+            .map(|r| r["resource"].as_str().expect("resource").to_string())
+            .collect()
+    };
+    assert_eq!(listed(&["--limit", "2"]), ["r100", "r101"]);
+    let default = listed(&[]);
+    assert_eq!(default.len(), 100);
+    assert_eq!(
+        (default[0].as_str(), default[99].as_str()),
+        ("r002", "r101")
+    );
+    assert_eq!(listed(&["--limit", "0"]).len(), 102);
+}
