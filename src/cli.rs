@@ -239,7 +239,13 @@ pub enum LeaseCommand {
         #[arg(long, value_name = "T")]
         token: i64,
     },
-    /// All leases, held or not.
+    /// Hide a lease that is not held from `lease list` and `status` (a
+    /// removed job's) until its resource is acquired again; its fence stays.
+    Forget {
+        /// The leased resource.
+        resource: String,
+    },
+    /// All leases, held or not (but forgotten ones).
     List {
         /// Print JSON.
         #[arg(long)]
@@ -300,6 +306,9 @@ pub struct StaleArgs {
     /// Only records newer than this (e.g. 1h).
     #[arg(long, value_name = "D")]
     pub since: Option<HumanDuration>,
+    /// Only the newest N records (still listed oldest first); 0 lists all.
+    #[arg(long, value_name = "N", default_value_t = 100)]
+    pub limit: usize,
     /// Also list the rejections the SQL guard keeps in this database (a
     /// job's own; repeat for several).
     #[arg(long, value_name = "URL")]

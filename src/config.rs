@@ -91,6 +91,14 @@ pub struct History {
     /// `output`: bytes of each run's last output kept (default 4096; 0
     /// keeps none).
     pub output: usize,
+    /// `stale`: stale-owner records older than this go (default 30 days).
+    pub stale: Duration,
+    /// `values`: stored values older than this go, unless their resource's
+    /// lease was held within it (default 90 days).
+    pub values: Duration,
+    /// `nodes`: node rows (`fencecron nodes`) not seen for this long go
+    /// (default 7 days).
+    pub nodes: Duration,
 }
 
 impl Default for History {
@@ -99,6 +107,9 @@ impl Default for History {
             keep: 100,
             max_age: Duration::from_secs(30 * 24 * 3600),
             output: 4096,
+            stale: Duration::from_secs(30 * 24 * 3600),
+            values: Duration::from_secs(90 * 24 * 3600),
+            nodes: crate::store::NODE_RETENTION,
         }
     }
 }
@@ -297,6 +308,9 @@ struct RawHistory {
     keep: Option<Spanned<i64>>,
     max_age: Option<Spanned<String>>,
     output: Option<Spanned<i64>>,
+    stale: Option<Spanned<String>>,
+    values: Option<Spanned<String>>,
+    nodes: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -649,6 +663,32 @@ impl Parser<'_> {
                     "history.max_age",
                     "keep runs for at least 1m (for example \"30d\")",
                 ));
+            }
+        }
+        for (raw, key, kept, what) in [
+            (
+                &raw.stale,
+                "history.stale",
+                &mut h.stale,
+                "stale-owner records",
+            ),
+            (
+                &raw.values,
+                "history.values",
+                &mut h.values,
+                "stored values",
+            ),
+            (&raw.nodes, "history.nodes", &mut h.nodes, "node rows"),
+        ] {
+            if let Some(age) = raw {
+                *kept = self.duration(age, key)?;
+                if *kept < Duration::from_secs(3600) {
+                    return Err(self.at(
+                        age.span(),
+                        key,
+                        format!("keep {what} for at least 1h (for example \"30d\")"),
+                    ));
+                }
             }
         }
         if let Some(out) = &raw.output {
@@ -1251,7 +1291,7 @@ mod tests {
     fn history_and_retries_parse_and_bad_values_name_their_key() {
         let c = parse(
             Path::new("jobs.toml"),
-            &format!("[history]\nkeep = 5\nmax_age = \"2h\"\noutput = 0\n[defaults]\nretries = 2\n{JOB}retry_backoff = \"3s\"\n"),
+            &format!("[history]\nkeep = 5\nmax_age = \"2h\"\noutput = 0\nstale = \"2d\"\nvalues = \"3d\"\nnodes = \"1d\"\n[defaults]\nretries = 2\n{JOB}retry_backoff = \"3s\"\n"),
         )
         .unwrap();
         assert_eq!(
@@ -1259,7 +1299,10 @@ mod tests {
             History {
                 keep: 5,
                 max_age: Duration::from_secs(7_200),
-                output: 0
+                output: 0,
+                stale: Duration::from_secs(2 * 86_400),
+                values: Duration::from_secs(3 * 86_400),
+                nodes: Duration::from_secs(86_400),
             }
         );
         let r = c.jobs[0].retry;
@@ -1280,6 +1323,9 @@ mod tests {
         for (text, key) in [
             ("[history]\nkeep = 0\n".to_string(), "history.keep"),
             ("[history]\noutput = 70000\n".to_string(), "history.output"),
+            ("[history]\nstale = \"1m\"\n".to_string(), "history.stale"),
+            ("[history]\nvalues = \"1s\"\n".to_string(), "history.values"),
+            ("[history]\nnodes = \"1m\"\n".to_string(), "history.nodes"),
             (
                 "[history]\nmax_age = \"1s\"\n".to_string(),
                 "history.max_age",

@@ -566,10 +566,15 @@ pub fn trigger_refused(job: &str, trigger_id: &str, detail: &str) {
     );
 }
 
-/// The daemon's housekeeping pruned the run history (`runs` rows) and old
-/// triggers and ended pauses (`other` rows). DEBUG: routine.
-pub fn history_pruned(runs: u64, other: u64) {
-    debug!(event = "history_pruned", runs, other, "run history pruned");
+/// The daemon's housekeeping pruned the run history (`runs` rows), old
+/// triggers and ended pauses (`other` rows), stale-owner records (`stale`)
+/// and stored values of resources no longer used (`values`). DEBUG:
+/// routine.
+pub fn history_pruned(runs: u64, other: u64, stale: u64, values: u64) {
+    debug!(
+        event = "history_pruned",
+        runs, other, stale, values, "run history pruned"
+    );
 }
 
 /// A paused job's instant (`fencecron pause`): skipped with reason
@@ -711,21 +716,112 @@ pub fn migration_guard_failed(guard: &str, error: &str) {
     );
 }
 
-/// A store call failed; the caller will retry.
+/// A store call failed; the caller will retry. WARN for the first failure
+/// of an outage (per job, or per operation without a job), DEBUG for the
+/// rest ([`Outages`]).
 pub fn store_unavailable(
+    outages: &Outages,
     operation: &str,
     job: Option<&str>,
     error: &str,
     retry_in: Option<Duration>,
 ) {
-    warn!(
-        event = "store_unavailable",
-        operation,
+    let retry_in_ms = retry_in.map(ms);
+    if outages.failed(operation, job) {
+        warn!(
+            event = "store_unavailable",
+            operation, job, error, retry_in_ms, "store unavailable"
+        );
+    } else {
+        debug!(
+            event = "store_unavailable",
+            operation, job, error, retry_in_ms, "store still unavailable"
+        );
+    }
+}
+
+/// The store answered again for `job` (or for the `operation` of a call
+/// without a job) after `failures` failed calls over `took`: the outage
+/// [`store_unavailable`] began is over.
+fn store_available(job: Option<&str>, operation: Option<&str>, failures: u64, took: Duration) {
+    info!(
+        event = "store_available",
         job,
-        error,
-        retry_in_ms = retry_in.map(ms),
-        "store unavailable"
+        operation,
+        failures,
+        duration_ms = ms(took),
+        "store available again"
     );
+}
+
+/// The store outages in progress, as one store handle's users see them
+/// (each daemon, `exec` and the proxy open their own): one per job, and
+/// one per operation for calls made for no job. The first failure of an
+/// outage is logged at WARN, the rest at DEBUG and counted; the outage
+/// ends, with one `store_available`, when the store answers a call for
+/// that job ([`Outages::answered`]: an acquire, claim, renewal, finish or
+/// release) or any call that proves it reachable for all
+/// ([`Outages::answered_all`]: the node heartbeat, every 5 s, the trigger
+/// poll and the proxy's `admit`). Metrics are not affected: the store's
+/// failure counters count every call.
+#[derive(Debug, Default)]
+pub struct Outages(std::sync::Mutex<std::collections::HashMap<OutageKey, Outage>>);
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum OutageKey {
+    Job(String),
+    Operation(String),
+}
+
+#[derive(Debug)]
+struct Outage {
+    failures: u64,
+    since: tokio::time::Instant,
+}
+
+impl Outages {
+    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<OutageKey, Outage>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Counts a failure; true if it begins an outage.
+    fn failed(&self, operation: &str, job: Option<&str>) -> bool {
+        let key = match job {
+            Some(job) => OutageKey::Job(job.to_string()),
+            None => OutageKey::Operation(operation.to_string()),
+        };
+        let mut open = self.lock();
+        let outage = open.entry(key).or_insert(Outage {
+            failures: 0,
+            since: tokio::time::Instant::now(),
+        });
+        outage.failures += 1;
+        outage.failures == 1
+    }
+
+    /// The store answered a call for `job`: its outage, if any, is over.
+    pub fn answered(&self, job: &str) {
+        let ended = self.lock().remove(&OutageKey::Job(job.to_string()));
+        if let Some(o) = ended {
+            store_available(Some(job), None, o.failures, o.since.elapsed());
+        }
+    }
+
+    /// The store answered a call that shows it reachable: every outage is
+    /// over.
+    pub fn answered_all(&self) {
+        let ended: Vec<_> = self.lock().drain().collect();
+        for (key, o) in ended {
+            match key {
+                OutageKey::Job(job) => {
+                    store_available(Some(&job), None, o.failures, o.since.elapsed())
+                }
+                OutageKey::Operation(op) => {
+                    store_available(None, Some(&op), o.failures, o.since.elapsed())
+                }
+            }
+        }
+    }
 }
 
 /// A SQLite connection came back to the pool still inside a transaction

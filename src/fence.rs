@@ -142,11 +142,23 @@ pub fn record_in_background(store: Arc<dyn Store>, rec: PendingRecord) -> JoinHa
         loop {
             attempts += 1;
             let e = match store.record_stale(&new).await {
-                Ok(_) => return,
+                Ok(_) => {
+                    match rec.job.as_deref() {
+                        Some(job) => store.outages().answered(job),
+                        None => store.outages().answered_all(),
+                    }
+                    return;
+                }
                 Err(e) => e,
             };
             let retry = (tokio::time::Instant::now() + delay <= give_up_at).then_some(delay);
-            events::store_unavailable("record_stale", rec.job.as_deref(), &e.to_string(), retry);
+            events::store_unavailable(
+                store.outages(),
+                "record_stale",
+                rec.job.as_deref(),
+                &e.to_string(),
+                retry,
+            );
             if retry.is_none() {
                 break;
             }

@@ -452,6 +452,10 @@ impl Store for Observed {
         self.inner.url()
     }
 
+    fn outages(&self) -> &crate::events::Outages {
+        self.inner.outages()
+    }
+
     async fn migrate(&self) -> Result<(), StoreError> {
         observe("migrate", self.inner.migrate()).await
     }
@@ -655,6 +659,18 @@ impl Store for Observed {
             self.inner.published_jobs(node, definitions),
         )
         .await
+    }
+
+    async fn forget(&self, resource: &Name, now: StoreTime) -> Result<Option<bool>, StoreError> {
+        observe("forget", self.inner.forget(resource, now)).await
+    }
+
+    async fn prune_stale(&self, before: StoreTime) -> Result<u64, StoreError> {
+        observe("prune_stale", self.inner.prune_stale(before)).await
+    }
+
+    async fn prune_values(&self, before: StoreTime) -> Result<u64, StoreError> {
+        observe("prune_values", self.inner.prune_values(before)).await
     }
 
     async fn prune_nodes(&self, before: StoreTime) -> Result<u64, StoreError> {

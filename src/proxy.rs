@@ -377,14 +377,25 @@ impl Proxy {
             node: &self.settings.node,
             operation_id: uuid::Uuid::new_v4(),
         };
-        match self.store.admit(&req).await {
+        let admitted = self.store.admit(&req).await;
+        if admitted.is_ok() {
+            // The proxy's only calls: an answer ends its outage.
+            self.store.outages().answered_all();
+        }
+        match admitted {
             Ok(AdmitOutcome::Admitted) => Ok(()),
             Ok(AdmitOutcome::Refused(rec)) => {
                 events::stale_write_rejected(&rec);
                 Err(refused(&rec))
             }
             Err(e) => {
-                events::store_unavailable("admit", None, &e.to_string(), None);
+                events::store_unavailable(
+                    self.store.outages(),
+                    "admit",
+                    None,
+                    &e.to_string(),
+                    None,
+                );
                 Err(answer(
                     StatusCode::SERVICE_UNAVAILABLE,
                     json!({

@@ -202,7 +202,11 @@ async fn recover_one(
     // The lease cannot outlive its own length: retrying longer is pointless.
     let mut delay = Duration::from_millis(200);
     loop {
-        match store.release(&resource, rec.owner_id, rec.token).await {
+        let released = store.release(&resource, rec.owner_id, rec.token).await;
+        if released.is_ok() {
+            store.outages().answered(&rec.job);
+        }
+        match released {
             Ok(ReleaseOutcome::Released) => {
                 events::run_recovered(
                     &rec,
@@ -218,10 +222,22 @@ async fn recover_one(
             }
             Err(e) => {
                 if tokio::time::Instant::now() + delay >= give_up {
-                    events::store_unavailable("release", Some(&rec.job), &e.to_string(), None);
+                    events::store_unavailable(
+                        store.outages(),
+                        "release",
+                        Some(rec.job.as_str()),
+                        &e.to_string(),
+                        None,
+                    );
                     break;
                 }
-                events::store_unavailable("release", Some(&rec.job), &e.to_string(), Some(delay));
+                events::store_unavailable(
+                    store.outages(),
+                    "release",
+                    Some(rec.job.as_str()),
+                    &e.to_string(),
+                    Some(delay),
+                );
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(Duration::from_secs(5));
             }

@@ -196,6 +196,9 @@ pub async fn stale(cli: &Cli, args: &StaleArgs) -> Result<Exit> {
         // Stable: each source's own order stays for equal times.
         records.sort_by_key(|r| r.at.0);
     }
+    if args.limit > 0 && records.len() > args.limit {
+        records.drain(..records.len() - args.limit);
+    }
     if args.json {
         print_json(&records)?;
     } else {

@@ -103,6 +103,20 @@ pub async fn run(cli: &Cli, cmd: &LeaseCommand) -> Result<Exit> {
                 ))),
             }
         }
+        LeaseCommand::Forget { resource } => {
+            let resource = Name::parse("resource", resource).map_err(Error::Usage)?;
+            let store = ctx.store(&OpenOptions::default()).await?;
+            let now = store.now().await?;
+            match store.forget(&resource, now).await? {
+                Some(true) => Ok(Exit::Success),
+                Some(false) => Err(Error::Held(format!(
+                    "the lease of {resource} is held; forget it once it is released or expired"
+                ))),
+                None => Err(Error::Missing(format!(
+                    "no lease of {resource} in the store; check the resource name with `fencecron lease list`"
+                ))),
+            }
+        }
         LeaseCommand::List { json } => {
             let store = ctx.store(&OpenOptions::default()).await?;
             let leases = store.list().await?;

@@ -206,7 +206,12 @@ async fn round(
         }
     };
     let outcome = match answer {
-        Ok(Some(outcome)) => outcome,
+        Ok(Some(outcome)) => {
+            for (job, _, _) in &items {
+                store.outages().answered(job.name.as_str());
+            }
+            outcome
+        }
         Ok(None) => {
             alone(shared, waiting.into_iter().flatten().collect(), None);
             return Vec::new();

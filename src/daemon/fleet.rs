@@ -20,7 +20,9 @@
 //! Retention runs every [`PRUNE_EVERY`] (first a minute after start): in
 //! one statement, every job's runs beyond its newest `history.keep` or
 //! older than `history.max_age` go; then triggers and ended pauses older
-//! than a day.
+//! than a day, stale-owner records older than `history.stale` and values
+//! of resources unused for `history.values`. Lease rows and the proxy's
+//! fences are never pruned (a fence must keep growing).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -54,9 +56,18 @@ pub(super) async fn poll_triggers(shared: Shared, jobs: HashMap<String, Arc<Job>
         return;
     }
     let pending = match store.pending_triggers().await {
-        Ok(p) => p,
+        Ok(p) => {
+            store.outages().answered_all();
+            p
+        }
         Err(e) => {
-            events::store_unavailable("pending_triggers", None, &e.to_string(), None);
+            events::store_unavailable(
+                store.outages(),
+                "pending_triggers",
+                None,
+                &e.to_string(),
+                None,
+            );
             return;
         }
     };
@@ -86,9 +97,13 @@ pub(super) async fn poll_triggers(shared: Shared, jobs: HashMap<String, Arc<Job>
                     .spawn(async move { run_triggered(shared, job, trigger, slot).await });
             }
             Ok(false) => {}
-            Err(e) => {
-                events::store_unavailable("claim_trigger", Some(&trigger.job), &e.to_string(), None)
-            }
+            Err(e) => events::store_unavailable(
+                store.outages(),
+                "claim_trigger",
+                Some(&trigger.job),
+                &e.to_string(),
+                None,
+            ),
         }
     }
 }
@@ -186,6 +201,7 @@ async fn settle_ended(store: &Arc<dyn store::Store>, trigger: &TriggerInfo, toke
         {
             Ok(()) => return,
             Err(e) => events::store_unavailable(
+                store.outages(),
                 "settle_trigger",
                 Some(&trigger.job),
                 &e.to_string(),
@@ -293,7 +309,13 @@ async fn settle(
         .settle_trigger(&trigger.id, state, token, detail)
         .await
     {
-        events::store_unavailable("settle_trigger", Some(&trigger.job), &e.to_string(), None);
+        events::store_unavailable(
+            store.outages(),
+            "settle_trigger",
+            Some(&trigger.job),
+            &e.to_string(),
+            None,
+        );
     }
 }
 
@@ -309,7 +331,7 @@ pub(super) async fn prune(shared: Shared) {
     let now = match store.now().await {
         Ok(now) => now,
         Err(e) => {
-            events::store_unavailable("prune", None, &e.to_string(), None);
+            events::store_unavailable(store.outages(), "prune", None, &e.to_string(), None);
             return;
         }
     };
@@ -318,13 +340,35 @@ pub(super) async fn prune(shared: Shared) {
     let removed = match store.prune_runs(history.keep, before).await {
         Ok(n) => n,
         Err(e) => {
-            events::store_unavailable("prune", None, &e.to_string(), None);
+            events::store_unavailable(store.outages(), "prune", None, &e.to_string(), None);
             return;
         }
     };
     let old = StoreTime(now.0 - millis(TRIGGER_RETENTION));
-    match store.prune_fleet(old).await {
-        Ok(n) => events::history_pruned(removed, n),
-        Err(e) => events::store_unavailable("prune", None, &e.to_string(), None),
+    let other = match store.prune_fleet(old).await {
+        Ok(n) => n,
+        Err(e) => {
+            events::store_unavailable(store.outages(), "prune", None, &e.to_string(), None);
+            return;
+        }
+    };
+    // Stale records and values only: a lease row (and its fence) is never
+    // deleted, and neither are the proxy's fences (see `Store::admit`).
+    let stale = match store
+        .prune_stale(StoreTime(now.0 - millis(history.stale)))
+        .await
+    {
+        Ok(n) => n,
+        Err(e) => {
+            events::store_unavailable(store.outages(), "prune", None, &e.to_string(), None);
+            return;
+        }
+    };
+    match store
+        .prune_values(StoreTime(now.0 - millis(history.values)))
+        .await
+    {
+        Ok(values) => events::history_pruned(removed, other, stale, values),
+        Err(e) => events::store_unavailable(store.outages(), "prune", None, &e.to_string(), None),
     }
 }

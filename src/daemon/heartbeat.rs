@@ -26,13 +26,12 @@ use crate::events;
 use crate::fleet::{self, Drift};
 use crate::store::{
     millis, node_state, NodeBeat, NodeInfo, PublishedJob, Store, StoreTime, HEARTBEAT,
-    NODE_RETENTION,
 };
 
 /// How long the exit waits for the beat that marks the node stopped.
 const LAST_BEAT: Duration = Duration::from_secs(2);
 
-/// How often node rows older than [`NODE_RETENTION`] are deleted.
+/// How often node rows older than `history.nodes` are deleted.
 const PRUNE_EVERY: Duration = Duration::from_secs(3600);
 
 /// A job set as published: (name, digest, canonical JSON) by name, and the
@@ -64,6 +63,8 @@ pub(super) struct Heartbeat {
     /// Cancelled once every task of the daemon ended: the last beat says
     /// `stopped`.
     pub stopped: CancellationToken,
+    /// `history.nodes`: node rows not seen for this long are deleted.
+    pub retention: Duration,
     /// Wall time, for the beats' phase ([`until_next_beat`]).
     pub clock: Clock,
 }
@@ -133,9 +134,17 @@ impl Heartbeat {
             let row = self.row(&b, &set, node_state::STOPPED);
             match tokio::time::timeout(LAST_BEAT, self.store.beat(&row)).await {
                 Ok(Ok(_)) => {}
-                Ok(Err(e)) => events::store_unavailable("beat", None, &e.to_string(), None),
+                Ok(Err(e)) => events::store_unavailable(
+                    self.store.outages(),
+                    "beat",
+                    None,
+                    &e.to_string(),
+                    None,
+                ),
                 // Unmarked, the node shows `gone` once NODE_LIVE passed.
-                Err(_) => events::store_unavailable("beat", None, "timed out", None),
+                Err(_) => {
+                    events::store_unavailable(self.store.outages(), "beat", None, "timed out", None)
+                }
             }
         }
     }
@@ -166,7 +175,13 @@ impl Heartbeat {
         }
         let set = self.jobs.borrow().clone();
         if let Err(e) = self.publish(b, &set).await {
-            events::store_unavailable("publish_jobs", None, &e.to_string(), None);
+            events::store_unavailable(
+                self.store.outages(),
+                "publish_jobs",
+                None,
+                &e.to_string(),
+                None,
+            );
             return;
         }
         let state = if self.draining.is_cancelled() {
@@ -175,21 +190,31 @@ impl Heartbeat {
             node_state::RUNNING
         };
         let now = match self.store.beat(&self.row(b, &set, state)).await {
-            Ok(now) => now,
+            Ok(now) => {
+                // The store answers: every outage this daemon is in ends.
+                self.store.outages().answered_all();
+                now
+            }
             Err(e) => {
-                events::store_unavailable("beat", None, &e.to_string(), None);
+                events::store_unavailable(self.store.outages(), "beat", None, &e.to_string(), None);
                 return;
             }
         };
         b.started_at.get_or_insert(now);
         if let Err(e) = self.check_drift(b, now).await {
-            events::store_unavailable("nodes", None, &e.to_string(), None);
+            events::store_unavailable(self.store.outages(), "nodes", None, &e.to_string(), None);
         }
         if b.last_prune.is_none_or(|t| t.elapsed() >= PRUNE_EVERY) {
             b.last_prune = Some(tokio::time::Instant::now());
-            let before = StoreTime(now.0 - millis(NODE_RETENTION));
+            let before = StoreTime(now.0 - millis(self.retention));
             if let Err(e) = self.store.prune_nodes(before).await {
-                events::store_unavailable("prune_nodes", None, &e.to_string(), None);
+                events::store_unavailable(
+                    self.store.outages(),
+                    "prune_nodes",
+                    None,
+                    &e.to_string(),
+                    None,
+                );
             }
         }
     }
@@ -401,6 +426,7 @@ mod tests {
                 draining: draining.clone(),
                 stopped: stopped.clone(),
                 clock: on_phase(),
+                retention: crate::store::NODE_RETENTION,
             }
             .run(),
         );
@@ -466,6 +492,7 @@ mod tests {
                 draining: CancellationToken::new(),
                 stopped: stopped.clone(),
                 clock: on_phase(),
+                retention: crate::store::NODE_RETENTION,
             }
             .run(),
         );
@@ -506,5 +533,60 @@ mod tests {
         assert_eq!(store.prune_nodes(StoreTime(seen.0)).await.unwrap(), 0);
         assert_eq!(store.prune_nodes(StoreTime(seen.0 + 1)).await.unwrap(), 1);
         assert!(store.nodes().await.unwrap().is_empty());
+    }
+
+    /// `history.nodes`: the heartbeat's hourly prune deletes the rows of
+    /// nodes not seen for that long, and keeps the others.
+    #[tokio::test(start_paused = true)]
+    async fn node_rows_go_after_history_nodes() {
+        let store = MemoryStore::new(Clock::following_tokio(chrono::Utc::now()));
+        store
+            .beat(&NodeBeat {
+                node: "old",
+                hostname: "h",
+                pid: 1,
+                version: "v",
+                config_digest: "d",
+                started_at: None,
+                state: node_state::RUNNING,
+                running: 0,
+            })
+            .await
+            .unwrap();
+        let (_tx, rx) = watch::channel(JobSet::of(&[job("alpha")]));
+        let stopped = CancellationToken::new();
+        let beats = tokio::spawn(
+            Heartbeat {
+                store: Arc::new(store.clone()),
+                node: "node-a".into(),
+                jobs: rx,
+                running: Running::default(),
+                ready: Default::default(),
+                draining: CancellationToken::new(),
+                stopped: stopped.clone(),
+                retention: Duration::from_secs(3_600),
+                clock: on_phase(),
+            }
+            .run(),
+        );
+        let nodes = || async {
+            let mut n: Vec<_> = store
+                .nodes()
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|r| r.node)
+                .collect();
+            n.sort();
+            n
+        };
+        tokio::time::sleep(ms(1_000)).await;
+        assert_eq!(nodes().await, ["node-a", "old"], "kept within the hour");
+        // The prune an hour after the first deletes what was last seen
+        // before the hour before it.
+        tokio::time::sleep(PRUNE_EVERY * 2).await;
+        assert_eq!(nodes().await, ["node-a"], "not seen for an hour: gone");
+        stopped.cancel();
+        beats.await.unwrap();
     }
 }

@@ -210,6 +210,7 @@ async fn serve(
             draining: draining.clone(),
             stopped: stopped.clone(),
             clock,
+            retention: history.nodes,
         }
         .run(),
     );
@@ -353,7 +354,7 @@ async fn await_store(ready: &OnceCell<()>, store: &dyn Store, shutdown: &Cancell
             Ok(()) => return,
             Err(e) => e.to_string(),
         };
-        events::store_unavailable("migrate", None, &error, Some(wait));
+        events::store_unavailable(store.outages(), "migrate", None, &error, Some(wait));
         notify(&[NotifyState::Status(&format!(
             "waiting for the store: {error}; retrying in {}s",
             wait.as_secs()

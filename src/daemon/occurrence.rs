@@ -312,6 +312,10 @@ impl Occurrence {
                 };
                 (outcome.map_err(|e| e.to_string()), sent)
             };
+            if outcome.is_ok() {
+                // The store answered for this job: its outage, if any, ends.
+                self.store().outages().answered(name);
+            }
             let wait = match outcome {
                 Ok(AcquireOutcome::Acquired(lease)) => return self.run_won(lease, sent).await,
                 Ok(AcquireOutcome::NotYetDue { store_now }) => {
@@ -335,7 +339,13 @@ impl Occurrence {
                     *unanswered = true;
                     let now = self.shared.clock.now();
                     if now + chrono::Duration::from_std(delay).unwrap_or_default() >= give_up {
-                        events::store_unavailable("acquire", Some(name), &e.to_string(), None);
+                        events::store_unavailable(
+                            self.store().outages(),
+                            "acquire",
+                            Some(name),
+                            &e.to_string(),
+                            None,
+                        );
                         if deadline == Some(give_up) {
                             return self.past_deadline(give_up);
                         }
@@ -347,7 +357,13 @@ impl Occurrence {
                         );
                         return Ending::Skipped(SkipReason::StoreUnavailable);
                     }
-                    events::store_unavailable("acquire", Some(name), &e.to_string(), Some(delay));
+                    events::store_unavailable(
+                        self.store().outages(),
+                        "acquire",
+                        Some(name),
+                        &e.to_string(),
+                        Some(delay),
+                    );
                     let wait = delay;
                     delay = (delay * 2).min(Duration::from_secs(5));
                     wait
@@ -376,7 +392,7 @@ impl Occurrence {
             "the store did not answer before {}, when the occurrence was no longer worth starting",
             rfc3339(give_up)
         );
-        events::store_unavailable("acquire", Some(name), &detail, None);
+        events::store_unavailable(self.store().outages(), "acquire", Some(name), &detail, None);
         events::occurrence_skipped(name, &at, SkipReason::StoreUnavailable, &detail);
         Ending::Skipped(SkipReason::StoreUnavailable)
     }
@@ -745,12 +761,19 @@ pub(super) async fn give_back_unused(
         )
         .await
     {
-        Ok(ReleaseOutcome::Released) => events::lease_released(Some(job.name.as_str()), lease),
-        // Not ours any more (expired meanwhile): nothing to give back.
-        Ok(ReleaseOutcome::Refused(_)) => {}
-        Err(e) => {
-            events::store_unavailable("release", Some(job.name.as_str()), &e.to_string(), None)
+        Ok(ReleaseOutcome::Released) => {
+            store.outages().answered(job.name.as_str());
+            events::lease_released(Some(job.name.as_str()), lease)
         }
+        // Not ours any more (expired meanwhile): nothing to give back.
+        Ok(ReleaseOutcome::Refused(_)) => store.outages().answered(job.name.as_str()),
+        Err(e) => events::store_unavailable(
+            store.outages(),
+            "release",
+            Some(job.name.as_str()),
+            &e.to_string(),
+            None,
+        ),
     }
 }
 

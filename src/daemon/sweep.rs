@@ -137,7 +137,13 @@ impl Sweeper {
             let given = match store.give_back_unseen(&items).await {
                 Ok(given) => given,
                 Err(e) => {
-                    events::store_unavailable("give_back", None, &e.to_string(), None);
+                    events::store_unavailable(
+                        store.outages(),
+                        "give_back",
+                        None,
+                        &e.to_string(),
+                        None,
+                    );
                     vec![false; due.len()]
                 }
             };

@@ -1831,3 +1831,73 @@ async fn a_draining_node_claims_no_trigger_and_runs_no_retry() {
     assert_eq!(events.named("retry_scheduled").len(), 1);
     assert_eq!(events.named("on_failure_failed").len(), 1);
 }
+
+/// A 10 s outage while two jobs have an instant every second: each job
+/// logs one WARN `store_unavailable` (its first failure), every later
+/// failure at DEBUG, and once the store answers again one
+/// `store_available` whose count is all of them.
+#[tokio::test(start_paused = true)]
+async fn an_outage_warns_once_per_job_and_logs_when_it_ends() {
+    let (events, _guard) = crate::testing::events::Captured::start();
+    let rig = Rig::new();
+    for op in [
+        Op::Acquire,
+        Op::Release,
+        Op::GiveBack,
+        Op::Sweep,
+        Op::FinishRun,
+        Op::RecordStale,
+        Op::Fleet,
+        Op::Nodes,
+    ] {
+        rig.store.fault(op, Fault::Fail, 100_000);
+    }
+    let jobs = vec![
+        job_on(&rig, "a", "* * * * * *"),
+        job_on(&rig, "b", "* * * * * *"),
+    ];
+    let (tx, daemon) = start_daemon(&rig, jobs, ms(1_000));
+    tokio::time::sleep(ms(10_000)).await;
+    rig.store.heal();
+    let ended = |job: &str| {
+        events
+            .named("store_available")
+            .iter()
+            .any(|e| e.get("job") == job)
+    };
+    let limit = Instant::now() + LIMIT;
+    while !(ended("a") && ended("b")) {
+        assert!(Instant::now() < limit, "the outages end");
+        tokio::time::sleep(ms(100)).await;
+    }
+    tx.send(super::Control::Stop("test")).await.unwrap();
+    stopped(&rig, daemon).await;
+    for job in ["a", "b"] {
+        let failed: Vec<_> = events
+            .named("store_unavailable")
+            .into_iter()
+            .filter(|e| e.get("job") == job)
+            .collect();
+        let warned = failed
+            .iter()
+            .filter(|e| e.level == tracing::Level::WARN)
+            .count();
+        assert_eq!(warned, 1, "{job}: one WARN per outage: {failed:?}");
+        assert_eq!(failed[0].level, tracing::Level::WARN, "{job}: the first");
+        assert!(failed.len() >= 5, "{job}: a failure a second at least");
+        let available: Vec<_> = events
+            .named("store_available")
+            .into_iter()
+            .filter(|e| e.get("job") == job)
+            .collect();
+        assert_eq!(available.len(), 1, "{job}: {available:?}");
+        assert_eq!(available[0].level, tracing::Level::INFO);
+        assert_eq!(
+            available[0].get("failures"),
+            failed.len().to_string(),
+            "{job}: the count of the outage's failures"
+        );
+        let took: u64 = available[0].get("duration_ms").parse().unwrap();
+        assert!(took >= 9_000, "{job}: the outage lasted {took} ms");
+    }
+}

@@ -155,6 +155,21 @@ const PUBLISHED_DEFINITIONS: &str = "SELECT node, job, digest, definition FROM f
 
 const PRUNE_NODES: &str = "DELETE FROM fencecron_nodes WHERE seen_ms < $1";
 
+/// `lease forget`: only a lease not held at `$2`.
+const FORGET: &str = "UPDATE fencecron_leases SET forgotten_at_ms = $1
+ WHERE resource = $2 AND expires_at_ms <= $3";
+
+const LEASE_EXISTS: &str = "SELECT fence FROM fencecron_leases WHERE resource = $1";
+
+const PRUNE_STALE: &str = "DELETE FROM fencecron_stale WHERE at_ms < $1";
+
+/// Values written before `$1` of resources whose lease has not been held
+/// since `$2` (a lease row's expiry is its last use: acquire and renew
+/// move it forward, release sets it to the release's time).
+const PRUNE_VALUES: &str = "DELETE FROM fencecron_values
+ WHERE written_at_ms < $1
+   AND resource NOT IN (SELECT resource FROM fencecron_leases WHERE expires_at_ms >= $2)";
+
 /// The definitions of the nodes [`PRUNE_NODES`] is about to delete. Not
 /// "of nodes without a row": a node publishes its definitions before its
 /// first beat writes its row.
@@ -192,6 +207,10 @@ pub(super) struct FleetSql {
     published_definitions: String,
     prune_nodes: String,
     prune_node_jobs: String,
+    prune_stale: String,
+    prune_values: String,
+    forget: String,
+    lease_exists: String,
 }
 
 impl FleetSql {
@@ -239,6 +258,10 @@ impl FleetSql {
             published_definitions: sql(PUBLISHED_DEFINITIONS),
             prune_nodes: sql(PRUNE_NODES),
             prune_node_jobs: sql(PRUNE_NODE_JOBS),
+            prune_stale: sql(PRUNE_STALE),
+            prune_values: sql(PRUNE_VALUES),
+            forget: sql(FORGET),
+            lease_exists: sql(LEASE_EXISTS),
         }
     }
 }
@@ -390,6 +413,21 @@ pub(super) trait FleetDb: Database {
     async fn prune_fleet(
         pool: &Pool<Self>,
         sql: &FleetSql,
+        before: StoreTime,
+    ) -> Result<u64, sqlx::Error>;
+
+    async fn forget(
+        pool: &Pool<Self>,
+        sql: &FleetSql,
+        resource: &str,
+        now: StoreTime,
+    ) -> Result<Option<bool>, sqlx::Error>;
+
+    /// `prune_stale` (`values: false`) or `prune_values` (`true`).
+    async fn prune_kept(
+        pool: &Pool<Self>,
+        sql: &FleetSql,
+        values: bool,
         before: StoreTime,
     ) -> Result<u64, sqlx::Error>;
 
@@ -730,6 +768,49 @@ where
         Ok(t.rows_affected() + p.rows_affected())
     }
 
+    async fn forget(
+        pool: &Pool<Self>,
+        sql: &FleetSql,
+        resource: &str,
+        now: StoreTime,
+    ) -> Result<Option<bool>, sqlx::Error> {
+        let done = sqlx::query(&sql.forget)
+            .bind(now.0)
+            .bind(resource)
+            .bind(now.0)
+            .execute(pool)
+            .await?;
+        if done.rows_affected() > 0 {
+            return Ok(Some(true));
+        }
+        let found = sqlx::query(&sql.lease_exists)
+            .bind(resource)
+            .fetch_optional(pool)
+            .await?;
+        Ok(found.map(|_| false))
+    }
+
+    async fn prune_kept(
+        pool: &Pool<Self>,
+        sql: &FleetSql,
+        values: bool,
+        before: StoreTime,
+    ) -> Result<u64, sqlx::Error> {
+        let done = if values {
+            sqlx::query(&sql.prune_values)
+                .bind(before.0)
+                .bind(before.0)
+                .execute(pool)
+                .await?
+        } else {
+            sqlx::query(&sql.prune_stale)
+                .bind(before.0)
+                .execute(pool)
+                .await?
+        };
+        Ok(done.rows_affected())
+    }
+
     async fn beat(
         pool: &Pool<Self>,
         sql: &FleetSql,
@@ -927,6 +1008,10 @@ mod tests {
             PUBLISHED_DEFINITIONS,
             PRUNE_NODES,
             PRUNE_NODE_JOBS,
+            PRUNE_STALE,
+            PRUNE_VALUES,
+            FORGET,
+            LEASE_EXISTS,
         ] {
             let mut expected = 1;
             let mut rest = sql;

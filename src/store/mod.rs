@@ -74,6 +74,10 @@ pub trait Store: Send + Sync + 'static {
     /// The (redacted) URL, for messages.
     fn url(&self) -> &StoreUrl;
 
+    /// The outages this handle's users are in: what decides whether a
+    /// failure is logged at WARN (the first of an outage) or DEBUG.
+    fn outages(&self) -> &crate::events::Outages;
+
     /// Applies pending migrations. Safe when many processes start at once.
     async fn migrate(&self) -> Result<(), StoreError>;
 
@@ -285,6 +289,23 @@ pub trait Store: Send + Sync + 'static {
     /// Deletes triggers requested before `before` and pauses that ended
     /// before it; how many rows went.
     async fn prune_fleet(&self, before: StoreTime) -> Result<u64, StoreError>;
+
+    /// Deletes the stale-owner records made before `before`; how many
+    /// went.
+    async fn prune_stale(&self, before: StoreTime) -> Result<u64, StoreError>;
+
+    /// `lease forget`: hides the lease row of `resource` from [`Store::list`]
+    /// until it is acquired again, if it is not held at `now` (the store's
+    /// clock, read just before). The row and its fence stay, so the next
+    /// token is still greater than every earlier one. `None`: no such row;
+    /// `Some(false)`: held, nothing changed.
+    async fn forget(&self, resource: &Name, now: StoreTime) -> Result<Option<bool>, StoreError>;
+
+    /// Deletes the stored values written before `before` whose resource's
+    /// lease is neither held nor was held (renewed, released) since then:
+    /// a value of a resource still in use always stays. The lease row and
+    /// its fence are never touched (tokens keep growing). How many went.
+    async fn prune_values(&self, before: StoreTime) -> Result<u64, StoreError>;
 
     // The fleet's nodes: `fencecron_nodes` (one row per node id, see
     // [`NodeInfo::live`]) and `fencecron_node_jobs` (the job definitions

@@ -90,7 +90,8 @@ const LIST: &str = concat!(
     "SELECT CAST(resource AS CHAR CHARACTER SET utf8mb4) AS resource, owner_id, node, fence,
             expires_at_ms, last_occurrence_ms, ",
     now_ms!(),
-    " AS now_ms FROM fencecron_leases ORDER BY resource"
+    " AS now_ms FROM fencecron_leases
+     WHERE forgotten_at_ms IS NULL OR acquired_at_ms >= forgotten_at_ms ORDER BY resource"
 );
 
 /// The conditional write. Writes only when the token is the resource's

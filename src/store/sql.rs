@@ -552,6 +552,8 @@ pub(super) struct SqlStore<D: Dialect> {
     /// The run history, pause and trigger statements in this backend's
     /// placeholders.
     fleet: FleetSql,
+    /// The outages of this handle's users (`store_unavailable`).
+    outages: crate::events::Outages,
 }
 
 impl<D: Dialect> SqlStore<D> {
@@ -560,6 +562,7 @@ impl<D: Dialect> SqlStore<D> {
             db,
             dialect,
             fleet: FleetSql::new(D::BACKEND),
+            outages: Default::default(),
         }
     }
 
@@ -597,6 +600,10 @@ impl<D: Dialect> Store for SqlStore<D> {
 
     fn url(&self) -> &StoreUrl {
         &self.db.url
+    }
+
+    fn outages(&self) -> &crate::events::Outages {
+        &self.outages
     }
 
     async fn migrate(&self) -> Result<(), StoreError> {
@@ -928,6 +935,23 @@ impl<D: Dialect> Store for SqlStore<D> {
             Ok(D::DB::published(&self.db.pool, &self.fleet, node, definitions).await?)
         })
         .await
+    }
+
+    async fn forget(&self, resource: &Name, now: StoreTime) -> Result<Option<bool>, StoreError> {
+        self.call(async {
+            Ok(D::DB::forget(&self.db.pool, &self.fleet, resource.as_str(), now).await?)
+        })
+        .await
+    }
+
+    async fn prune_stale(&self, before: StoreTime) -> Result<u64, StoreError> {
+        self.call(async { Ok(D::DB::prune_kept(&self.db.pool, &self.fleet, false, before).await?) })
+            .await
+    }
+
+    async fn prune_values(&self, before: StoreTime) -> Result<u64, StoreError> {
+        self.call(async { Ok(D::DB::prune_kept(&self.db.pool, &self.fleet, true, before).await?) })
+            .await
     }
 
     async fn prune_nodes(&self, before: StoreTime) -> Result<u64, StoreError> {

@@ -211,7 +211,9 @@ const LEASE_ROW: &str =
     "SELECT owner_id, fence, expires_at_ms FROM fencecron_leases WHERE resource = ?1";
 
 const LIST: &str = "SELECT resource, owner_id, node, fence, expires_at_ms, last_occurrence_ms
-                      FROM fencecron_leases ORDER BY resource";
+                      FROM fencecron_leases
+                     WHERE forgotten_at_ms IS NULL OR acquired_at_ms >= forgotten_at_ms
+                     ORDER BY resource";
 
 /// After a refused write, within the same transaction: what beat it.
 const PUT_STATE: &str =

@@ -253,6 +253,9 @@ impl<'a> Watch<'a> {
                 }
                 (sent, result) = async { renewal.as_mut().expect("guarded").await }, if renewal.is_some() => {
                     renewal = None;
+                    if result.is_ok() {
+                        self.sup.store.outages().answered(&self.spec.job);
+                    }
                     match result {
                         Ok(RenewOutcome::Renewed { expires_at }) => {
                             if !self.lost {
@@ -271,7 +274,7 @@ impl<'a> Watch<'a> {
                         }
                         Err(e) => {
                             let retry = (self.spec.timing.renew_every / 4).max(Duration::from_millis(250));
-                            events::store_unavailable("renew", Some(&self.spec.job), &e.to_string(), Some(retry));
+                            events::store_unavailable(self.sup.store.outages(), "renew", Some(&self.spec.job), &e.to_string(), Some(retry));
                             self.next_renew = Instant::now() + retry;
                         }
                     }

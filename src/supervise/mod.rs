@@ -394,10 +394,16 @@ impl Supervisor {
         }
         for attempt in 0..2 {
             match self.store.finish_run(end).await {
-                Ok(_) => return,
+                Ok(_) => return self.store.outages().answered(&spec.job),
                 Err(e) => {
                     let retry = (attempt == 0).then_some(Duration::from_millis(200));
-                    events::store_unavailable("finish_run", Some(&spec.job), &e.to_string(), retry);
+                    events::store_unavailable(
+                        self.store.outages(),
+                        "finish_run",
+                        Some(&spec.job),
+                        &e.to_string(),
+                        retry,
+                    );
                     if let Some(d) = retry {
                         tokio::time::sleep(d).await;
                     }
@@ -420,13 +426,16 @@ impl Supervisor {
             .await
         {
             Ok((_, crate::store::ReleaseOutcome::Released)) => {
+                self.store.outages().answered(&spec.job);
                 events::lease_released(Some(&spec.job), lease)
             }
             Ok((_, crate::store::ReleaseOutcome::Refused(r))) => {
+                self.store.outages().answered(&spec.job);
                 self.release_refused(spec, lease, &r)
             }
             Err(e) => {
                 events::store_unavailable(
+                    self.store.outages(),
                     "release",
                     Some(&spec.job),
                     &e.to_string(),
@@ -489,6 +498,9 @@ impl Supervisor {
                         .await
                 }
             };
+            if released.is_ok() {
+                self.store.outages().answered(&spec.job);
+            }
             match released {
                 Ok(crate::store::ReleaseOutcome::Released) => {
                     events::lease_released(Some(&spec.job), lease);
@@ -499,7 +511,13 @@ impl Supervisor {
                 }
                 Err(e) => {
                     let retry = (attempt < 2).then_some(delay);
-                    events::store_unavailable("release", Some(&spec.job), &e.to_string(), retry);
+                    events::store_unavailable(
+                        self.store.outages(),
+                        "release",
+                        Some(&spec.job),
+                        &e.to_string(),
+                        retry,
+                    );
                     tokio::time::sleep(delay).await;
                     delay *= 2;
                 }

@@ -158,6 +158,9 @@ struct State {
     epoch: i64,
     leases: BTreeMap<String, Row>,
     values: BTreeMap<(String, String), StoredValue>,
+    /// `lease forget`: when each forgotten row was forgotten
+    /// (`forgotten_at_ms`).
+    forgotten: BTreeMap<String, i64>,
     stale: Vec<StaleRecord>,
     faults: HashMap<Op, VecDeque<Fault>>,
     history: Vec<Entry>,
@@ -195,6 +198,7 @@ pub(crate) struct MemoryStore {
     /// Answers `claim` (as the SQL backends do) instead of `None`.
     claims: bool,
     state: Arc<Mutex<State>>,
+    outages: Arc<crate::events::Outages>,
 }
 
 impl MemoryStore {
@@ -207,6 +211,7 @@ impl MemoryStore {
             call_timeout: Some(Duration::from_secs(5)),
             claims: false,
             state: Arc::default(),
+            outages: Arc::default(),
         }
     }
 
@@ -577,6 +582,10 @@ impl Store for MemoryStore {
         &self.url
     }
 
+    fn outages(&self) -> &crate::events::Outages {
+        &self.outages
+    }
+
     async fn migrate(&self) -> Result<(), StoreError> {
         self.call(Op::Migrate, |_, _| ()).await
     }
@@ -840,6 +849,11 @@ impl Store for MemoryStore {
         Ok(self.apply(|s, now| {
             s.leases
                 .iter()
+                .filter(|(resource, r)| {
+                    s.forgotten
+                        .get(*resource)
+                        .is_none_or(|f| r.acquired_at >= *f)
+                })
                 .map(|(resource, r)| LeaseInfo {
                     resource: resource.clone(),
                     owner_id: r.owner_id.clone(),
@@ -1262,6 +1276,42 @@ impl Store for MemoryStore {
                     definition: definitions.then(|| def.clone()),
                 })
                 .collect()
+        })
+        .await
+    }
+
+    async fn forget(&self, resource: &Name, now: StoreTime) -> Result<Option<bool>, StoreError> {
+        let resource = resource.to_string();
+        self.call(Op::Release, move |s, _| {
+            let held = s.leases.get(&resource).map(|r| r.expires_at > now.0)?;
+            if !held {
+                s.forgotten.insert(resource.clone(), now.0);
+            }
+            Some(!held)
+        })
+        .await
+    }
+
+    async fn prune_stale(&self, before: StoreTime) -> Result<u64, StoreError> {
+        self.call(Op::RecordStale, move |s, _| {
+            let n = s.stale.len();
+            s.stale.retain(|r| r.at >= before);
+            (n - s.stale.len()) as u64
+        })
+        .await
+    }
+
+    async fn prune_values(&self, before: StoreTime) -> Result<u64, StoreError> {
+        self.call(Op::Put, move |s, _| {
+            let n = s.values.len();
+            let leases = &s.leases;
+            s.values.retain(|(resource, _), v| {
+                v.written_at >= before
+                    || leases
+                        .get(resource)
+                        .is_some_and(|row| row.expires_at >= before.0)
+            });
+            (n - s.values.len()) as u64
         })
         .await
     }

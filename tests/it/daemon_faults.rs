@@ -1277,3 +1277,97 @@ fn shutdown_releases_an_acquire_in_flight_postgres() {
     assert_eq!(i64_field(&lease, "token"), Some(late_token), "{lease}");
     assert_eq!(lease["held"], false, "left held after shutdown: {lease}");
 }
+
+// ---------------------------------------------------------------------------
+// 8. One WARN per job per outage
+
+/// The store is black-holed for a few seconds while two jobs run every
+/// second: each job logs one WARN `store_unavailable` (the first failure
+/// of the outage), the later ones at DEBUG, and when the store answers
+/// again one `store_available` that counts them.
+#[test]
+fn an_outage_warns_once_per_job_postgres() {
+    let Some(store) = TestStore::new(Backend::Postgres, "an_outage_warns_once_per_job_postgres")
+    else {
+        return;
+    };
+    let (proxy, proxied) = Proxy::for_url(&store.url, 5432);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let jobs = [unique("outage-a"), unique("outage-b")];
+    let config = write_config(
+        dir.path(),
+        "",
+        &jobs
+            .iter()
+            .map(|job| {
+                job_toml(
+                    job,
+                    "* * * * * *",
+                    &record_cmd(&dir.path().join(job.as_str())),
+                    "lease = \"5s\"",
+                )
+            })
+            .collect::<Vec<_>>(),
+    );
+    let mut d = Daemon::spawn(DaemonOpts::new("outage", &config, &proxied).debug());
+    for job in &jobs {
+        d.expect(
+            "a first run of each job",
+            |e| is(e, "job_finished") && str_field(e, "job") == Some(job.as_str()),
+            secs(40),
+        );
+    }
+    let cut = d.len();
+    proxy.blackhole();
+    let failed_after = |d: &Daemon, job: &str, from: usize| -> Vec<(usize, Value)> {
+        d.all()
+            .into_iter()
+            .enumerate()
+            .skip(from)
+            .filter(|(_, e)| is(e, "store_unavailable") && str_field(e, "job") == Some(job))
+            .collect()
+    };
+    // A few seconds of failures for both jobs (each instant's acquire gives
+    // up at the next instant).
+    common::daemon::wait_until(
+        secs(60),
+        || jobs.iter().all(|job| failed_after(&d, job, cut).len() >= 4),
+        || format!("four failures per job while black-holed: {}", d.summary()),
+    );
+    proxy.restore();
+    let mut ended = Vec::new();
+    for job in &jobs {
+        let (i, available) = d.expect_from(
+            cut,
+            "store_available once the store answers",
+            |e| is(e, "store_available") && str_field(e, "job") == Some(job.as_str()),
+            secs(60),
+        );
+        ended.push((job.clone(), i, available));
+    }
+    assert!(d.is_running(), "{}", d.summary());
+    d.stop(secs(30));
+    for (job, i, available) in ended {
+        let before: Vec<_> = failed_after(&d, &job, cut)
+            .into_iter()
+            .filter(|(j, _)| *j < i)
+            .map(|(_, e)| e)
+            .collect();
+        let levels: Vec<_> = before.iter().map(|e| str_field(e, "level")).collect();
+        assert_eq!(levels[0], Some("WARN"), "{job}: the first failure warns");
+        assert!(
+            levels[1..].iter().all(|l| *l == Some("DEBUG")),
+            "{job}: the later failures of the outage are DEBUG: {levels:?}"
+        );
+        assert_eq!(str_field(&available, "level"), Some("INFO"), "{available}");
+        let failures = i64_field(&available, "failures").expect("failures");
+        let after_cut = i64::try_from(failed_after(&d, &job, cut).len()).unwrap();
+        assert!(
+            failures >= 4
+                && failures >= i64::try_from(before.len()).unwrap()
+                && failures <= after_cut,
+            "{job}: {failures} failures counted, {} logged before {available}",
+            before.len()
+        );
+    }
+}

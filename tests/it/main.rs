@@ -36,6 +36,7 @@ mod policies;
 mod process_tree;
 mod proxy;
 mod recipes;
+mod retention;
 mod store_conformance;
 mod store_errors;
 mod takeover;

@@ -1249,6 +1249,99 @@ async fn case_values_round_trip(store: Arc<dyn Store>) {
     }
 }
 
+/// Retention (`[history] stale`, `values`): `prune_stale` deletes the
+/// records made before the cut-off; `prune_values` deletes the values
+/// written before it only of resources whose lease was not held since,
+/// so a held lease's values stay. Neither touches a lease row: the next
+/// token is still greater than every earlier one.
+async fn case_retention_prunes_stale_records_and_unused_values(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let k = name("key", "result");
+    let start = s.now().await.unwrap();
+    // In use: held (a lease far longer than the test).
+    let held = resource("kept-held");
+    let AcquireOutcome::Acquired(h) = acquire_at(s, &held, Duration::from_secs(600), None).await
+    else {
+        panic!("acquire {held}");
+    };
+    let h_owner = h.owner_id.to_string();
+    assert_accepted(
+        &Put::new(&held, &k, b"held", h.token, &h_owner)
+            .send(s)
+            .await,
+        "held",
+    );
+    // No longer in use: released after its write.
+    let (gone, ls) = generations(s, "pruned-released", 1).await;
+    let g_owner = ls[0].owner_id.to_string();
+    assert_accepted(
+        &Put::new(&gone, &k, b"gone", ls[0].token, &g_owner)
+            .send(s)
+            .await,
+        "released",
+    );
+    let rec = rejection(
+        Put::new(&held, &k, b"forged", h.token + 1, &h_owner)
+            .send(s)
+            .await,
+        "forged",
+    );
+    let now = s.now().await.unwrap();
+    assert_eq!(s.prune_stale(start).await.unwrap(), 0, "none older");
+    assert_eq!(s.prune_values(start).await.unwrap(), 0, "none older");
+    assert_eq!(stale_of(s, None, &held).await, vec![rec]);
+
+    let cut = StoreTime(now.0 + 1);
+    assert!(s.prune_stale(cut).await.unwrap() >= 1);
+    assert!(stale_of(s, None, &held).await.is_empty(), "stale pruned");
+    assert_eq!(
+        s.prune_values(cut).await.unwrap(),
+        1,
+        "only the unused value"
+    );
+    assert_eq!(
+        value_of(s, &held, &k).await,
+        Some((b"held".to_vec(), h.token)),
+        "a held lease's value stays"
+    );
+    assert_eq!(value_of(s, &gone, &k).await, None, "the unused value went");
+    // The lease rows and their fences stay: tokens keep growing.
+    assert_eq!(row(s, &gone).await.token, ls[0].token);
+    let next = must_acquire(s, &gone).await;
+    assert!(next.token > ls[0].token, "{next:?} after {:?}", ls[0]);
+}
+
+/// `forget` hides a lease row that is not held from `list` until the next
+/// acquire, refuses a held one, and keeps the fence: the token issued after
+/// it is greater than every token before it.
+async fn case_forget_hides_a_free_lease_and_keeps_its_fence(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let listed = |r: &Name| {
+        let r = r.to_string();
+        async move { s.list().await.unwrap().iter().any(|l| l.resource == r) }
+    };
+    let (r, ls) = generations(s, "forget", 2).await;
+    let held = must_acquire(s, &resource("forget-held")).await;
+    let held_r = name("resource", &held.resource);
+    let now = s.now().await.unwrap();
+    assert_eq!(s.forget(&held_r, now).await.unwrap(), Some(false), "held");
+    assert!(listed(&held_r).await, "a held lease stays listed");
+    assert_eq!(
+        s.forget(&resource("forget-none"), now).await.unwrap(),
+        None,
+        "no row"
+    );
+    assert!(listed(&r).await);
+    assert_eq!(s.forget(&r, now).await.unwrap(), Some(true));
+    assert!(!listed(&r).await, "forgotten");
+    let next = must_acquire(s, &r).await;
+    assert!(
+        ls.iter().all(|l| next.token > l.token),
+        "{next:?} after {ls:?}"
+    );
+    assert!(listed(&r).await, "listed again once acquired");
+}
+
 /// `purge_prefix` deletes the leases, values and stale records of matching
 /// resources only: `%`, `_` and `\` in the prefix are literal, and case
 /// matters.
@@ -3429,11 +3522,13 @@ conformance!(
     case_claim_once_under_concurrency_and_skips_locked_rows,
     case_proxy_admits_issued_tokens_never_older_ones,
     case_proxy_concurrent_admissions,
+    case_forget_hides_a_free_lease_and_keeps_its_fence,
 );
 
 isolated_conformance!(
     case_epoch_advance,
     case_run_history_prune_keeps_the_newest,
     case_claim_takes_its_share_of_the_live_nodes,
-    case_nodes_register_publish_and_are_forgotten
+    case_nodes_register_publish_and_are_forgotten,
+    case_retention_prunes_stale_records_and_unused_values,
 );

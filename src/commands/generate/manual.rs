@@ -264,6 +264,22 @@ pub const COMMANDS: &[CommandDoc] = &[
         )],
     },
     CommandDoc {
+        usage: "lease forget",
+        pages: &["lease forget"],
+        exits: &[
+            (EXIT_OK, "forgotten"),
+            (EXIT_HELD, "the lease is held"),
+            (EXIT_MISSING, "no lease of that resource"),
+        ],
+        passthrough: None,
+        store: true,
+        env: &[],
+        examples: &[(
+            "fencecron lease forget old-report",
+            "Hide a removed job's lease from lease list; its next token still grows.",
+        )],
+    },
+    CommandDoc {
         usage: "lease list",
         pages: &["lease list"],
         exits: &[(EXIT_OK, "listed")],
@@ -324,6 +340,7 @@ pub const COMMANDS: &[CommandDoc] = &[
         env: &[],
         examples: &[
             ("fencecron stale --since 1h", "Rejected writes and lost leases of the last hour, from every host."),
+            ("fencecron stale --limit 10", "The ten newest records (100 unless told; 0 lists all)."),
             (
                 "fencecron stale --json --guard postgres://app@db.internal/app",
                 "Also the SQL guard's rejections kept in the job's own database.",
