@@ -96,7 +96,7 @@ pub enum Error {
 }
 
 impl Error {
-    /// The process exit code README.md documents for this error.
+    /// The process exit code docs/commands.md documents for this error.
     pub fn exit_code(&self) -> u8 {
         match self {
             Error::Usage(_) | Error::Config(_) => EXIT_USAGE,

@@ -2,7 +2,7 @@
 //!
 //! Nothing else in the crate names an event. With `--log-format json` each
 //! line is one JSON object with top-level `timestamp`, `level`, `event`,
-//! `message` and the event's fields; the README documents the catalogue and
+//! `message` and the event's fields; docs/events.md documents the catalogue and
 //! it is a stable interface for log-based monitoring.
 
 use std::time::Duration;

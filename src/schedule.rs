@@ -6,7 +6,7 @@
 //! once (see `store::AcquireRequest::occurrence`).
 //!
 //! Cron expressions are parsed by `croner`, the parser tokio-cron-scheduler
-//! uses; the timer is ours (see the README for why).
+//! uses; the timer is ours (see docs/design.md for why).
 
 use std::fmt;
 
@@ -130,7 +130,7 @@ impl Schedule {
     /// occurrence by exactly the same instant.
     ///
     /// The expression is matched against the zone's wall clock, and daylight
-    /// saving changes resolve the way the README states: a wall-clock time
+    /// saving changes resolve the way docs/configuration.md states: a wall-clock time
     /// that does not exist (in the spring-forward gap) fires once, at the
     /// first instant after the gap; one that occurs twice (fall-back) fires
     /// once, at its first occurrence.

@@ -1,7 +1,7 @@
 //! The run watchdog: a small process of its own between the daemon (or
 //! `fencecron exec`) and each job, so that a job is dead before its lease can
-//! expire even when the daemon is killed, aborts, or stalls (README.md, "The
-//! guarantee, exactly", point 1), and so is everything the job started
+//! expire even when the daemon is killed, aborts, or stalls (docs/guarantee.md,
+//! "The guarantee, exactly", point 1), and so is everything the job started
 //! (point 5).
 //!
 //! The daemon starts `fencecron __shim TERM_AT KILL_AT GRACE_MS [CGROUP] --

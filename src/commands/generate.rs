@@ -2,7 +2,8 @@
 //! clap definitions in `cli.rs`, so they cannot drift from the parser, plus
 //! what `--help` does not say: per command its exit codes, environment,
 //! files and examples (one table, [`manual::COMMANDS`], kept in agreement
-//! with README's commands table by a test), and `jobs.toml(5)`, made from
+//! with the commands table of docs/commands.md by a
+//! test), and `jobs.toml(5)`, made from
 //! the configuration reference ([`config_page`]).
 //!
 //! Completions offer the config's job names for a JOB argument. clap's

@@ -224,7 +224,7 @@ pub fn statements(backend: Backend) -> &'static [&'static str] {
 pub fn script(backend: Backend) -> String {
     let mut s = format!(
         "-- fencecron {} SQL guard for {backend}: `fencecron guard install` runs exactly these statements.\n\
-         -- Idempotent; creates only fencecron_guard* objects. See the README, \"The SQL guard\".\n",
+         -- Idempotent; creates only fencecron_guard* objects. See docs/guard.md.\n",
         env!("CARGO_PKG_VERSION")
     );
     match backend {

@@ -16,7 +16,7 @@
 //! transaction; nothing is applied again, and rows of other versions or
 //! other checksums (an application's) are never touched. The same clean-up
 //! removes rows that an older fencecron binary records again later
-//! (README, "Upgrading").
+//! (docs/stores.md, "Upgrading").
 
 use std::collections::HashMap;
 use std::time::Instant;
@@ -422,8 +422,8 @@ fn guard_exists(backend: Backend) -> &'static str {
 
 /// Puts the guard on an existing `_sqlx_migrations` (kept, even empty, for
 /// it), so that an older fencecron started on this database stops before
-/// it changes anything instead of running its migrations again (README,
-/// "Upgrading"). Best effort: without the right to create a trigger on the
+/// it changes anything instead of running its migrations again
+/// (docs/stores.md, "Upgrading"). Best effort: without the right to create a trigger on the
 /// table (an application's role may own it), fencecron warns and goes on;
 /// [`plan`] still removes any rows an older binary records.
 async fn guard_legacy<DB>(conn: &mut DB::Connection, backend: Backend, known: &[Migration])

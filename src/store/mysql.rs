@@ -3,8 +3,8 @@
 //! Clock choice: comparisons and expiries use `SYSDATE(3)`, the time at which
 //! the expression is evaluated. `NOW()` is fixed at statement start, so a
 //! statement that waited on InnoDB's row lock would compare against an old
-//! time. (A server started with `--sysdate-is-now` loses this; the README
-//! says so.) sqlx sets the session `time_zone` to `+00:00`, so
+//! time. (A server started with `--sysdate-is-now` loses this;
+//! docs/operations.md says so.) sqlx sets the session `time_zone` to `+00:00`, so
 //! `UNIX_TIMESTAMP()` of it is unambiguous even across DST changes.
 //!
 //! MySQL has no `UPDATE … RETURNING`. The renew passes its one value, the new

@@ -2,7 +2,7 @@
 //! kill before the local deadline, release. Shared by the daemon and
 //! `fencecron exec`.
 //!
-//! The deadline rule (README.md, "The guarantee, exactly", point 1): from the moment the last
+//! The deadline rule (docs/guarantee.md, "The guarantee, exactly", point 1): from the moment the last
 //! successful acquire or renew was *sent*, measured on this host's monotonic
 //! clock, the job receives SIGTERM at `lease − margin − kill_grace` and
 //! SIGKILL at `lease − margin`. The store computed its expiry no earlier

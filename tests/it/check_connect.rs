@@ -392,7 +392,7 @@ async fn postgres_check_connect_names_missing_privileges() {
             describe(&out)
         );
 
-        // With what the README's grants give, it passes.
+        // With what docs/stores.md's grants give, it passes.
         admin_execute(
             Backend::Postgres,
             &admin,

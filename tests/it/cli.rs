@@ -1889,7 +1889,7 @@ fn man_pages_have_exit_status_environment_files_examples_and_jobs_toml() {
             "fencecron-get.1 lacks {section}:\n{get}"
         );
     }
-    // get's own codes, as README's commands table gives them; put's
+    // get's own codes, as docs/commands.md's table gives them; put's
     // variables; a job-less command has no FILES.
     for code in ["\\fB0\\fR", "\\fB1\\fR", "\\fB4\\fR"] {
         assert!(get.contains(code), "fencecron-get.1 lacks exit code {code}");

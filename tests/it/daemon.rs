@@ -1006,7 +1006,7 @@ fn on_failure_runs_after_a_failed_run_with_its_facts_sqlite() {
     );
 }
 
-/// FNV-1a 64, as the README specifies for `jitter`.
+/// FNV-1a 64, as docs/configuration.md specifies for `jitter`.
 fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
         (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)

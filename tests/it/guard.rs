@@ -306,7 +306,7 @@ impl Target {
         }
     }
 
-    /// The guard's check, as the README shows it.
+    /// The guard's check, as docs/guard.md shows it.
     fn check(&self) -> &'static str {
         match self.backend {
             Backend::Postgres => "SELECT fencecron_guard('@RESOURCE@', @TOKEN@);",
@@ -1065,7 +1065,7 @@ async fn fence_column_trigger(t: Target) {
     // What came before the refusal is gone. What the client sent after it
     // is gone on PostgreSQL (the transaction stays aborted until it ends);
     // on SQLite the transaction has ended, so the next statement ran on its
-    // own and committed: a job must stop at the error (README).
+    // own and committed: a job must stop at the error (docs/guard.md).
     let after = match t.backend {
         Backend::Postgres => Vec::<String>::new(),
         _ => vec!["p".to_string()],

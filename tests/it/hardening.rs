@@ -1225,7 +1225,8 @@ fn prometheus_rules_check_and_their_unit_tests_pass() {
 
     let rules = std::fs::read_to_string(dir.join("fencecron.rules.yml")).unwrap();
     let readme =
-        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/metrics.md"))
+            .unwrap();
     for metric in rules
         .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
         .filter(|w| w.starts_with("fencecron_"))
@@ -1235,7 +1236,7 @@ fn prometheus_rules_check_and_their_unit_tests_pass() {
             .fold(metric, |m, s| m.strip_suffix(s).unwrap_or(m));
         assert!(
             readme.contains(&format!("`{base}")),
-            "the rules use {metric}, which README's metrics table does not list"
+            "the rules use {metric}, which the metrics table of docs/metrics.md does not list"
         );
     }
 }
@@ -1284,6 +1285,9 @@ fn deb_package_holds_what_a_host_needs() {
         "./usr/share/man/man5/jobs.toml.5.gz",
         "./usr/share/fish/vendor_completions.d/fencecron.fish",
         "./usr/share/doc/fencecron/README.md",
+        "./usr/share/doc/fencecron/docs/RECIPES.md",
+        "./usr/share/doc/fencecron/docs/configuration.md",
+        "./usr/share/doc/fencecron/docs/commands.md",
     ] {
         assert!(
             listing.contains(path),

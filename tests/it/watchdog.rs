@@ -1,4 +1,4 @@
-//! The run watchdog (README.md, "The guarantee, exactly", point 1): a job is dead before its lease
+//! The run watchdog (docs/guarantee.md, "The guarantee, exactly", point 1): a job is dead before its lease
 //! can expire even when the process that supervises it is killed, aborts or
 //! stalls, and a restarted daemon gives back the leases of its own runs once
 //! they are provably dead, but never while one might still be alive.

@@ -6,11 +6,10 @@
 use super::roff;
 
 /// The path, in the repository, of the document holding the configuration
-/// reference. The one place to change when the reference moves (to
-/// docs/configuration.md).
+/// reference. The one place to change when the reference moves.
 macro_rules! config_reference_path {
     () => {
-        "README.md"
+        "docs/configuration.md"
     };
 }
 

@@ -1,6 +1,6 @@
 //! What the man pages say beyond `--help`: per command its exit codes, the
 //! environment variables that apply and a few examples. One table
-//! ([`COMMANDS`]); a test keeps it in agreement with README's commands table
+//! ([`COMMANDS`]); a test keeps it in agreement with the commands table of docs/commands.md
 //! and parses every example with the real command line parser.
 
 use crate::error::{
@@ -8,16 +8,16 @@ use crate::error::{
     EXIT_RUNTIME, EXIT_STALE, EXIT_USAGE,
 };
 
-/// One row of README's commands table.
+/// One row of the commands table of docs/commands.md.
 pub struct CommandDoc {
-    /// The row's command as README starts it, without `fencecron`: the
+    /// The row's command as docs/commands.md starts it, without `fencecron`: the
     /// subcommand words and, for a row of its own, a flag (`check --connect`).
     /// Read by the test that matches the rows.
     #[cfg_attr(not(test), allow(dead_code))]
     pub usage: &'static str,
     /// The man pages (subcommand paths) this row belongs on.
     pub pages: &'static [&'static str],
-    /// The exit codes README names for it, each with when.
+    /// The exit codes docs/commands.md names for it, each with when.
     pub exits: &'static [(u8, &'static str)],
     /// Codes passed through from a job, when there are: what they are.
     pub passthrough: Option<&'static str>,
@@ -135,7 +135,7 @@ pub const FILES: &[(&str, &str)] = &[
     ),
 ];
 
-/// Per command: README's rows, in README's order.
+/// Per command: the rows of docs/commands.md, in its order.
 pub const COMMANDS: &[CommandDoc] = &[
     CommandDoc {
         usage: "run",
@@ -675,15 +675,15 @@ mod tests {
     use clap::{CommandFactory, Parser};
     use std::collections::BTreeSet;
 
-    /// README's commands table: per row, the commands its first cell names
+    /// the commands table of docs/commands.md: per row, the commands its first cell names
     /// (`lease acquire`, `check --connect`) and the exit codes (whole
     /// numbers that are exit codes of `src/error.rs`) its second names.
     fn readme_rows() -> Vec<(Vec<String>, BTreeSet<u8>)> {
-        let readme = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"));
+        let readme = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/commands.md"));
         let section = readme
             .split("\n## Commands\n")
             .nth(1)
-            .expect("README has a ## Commands section");
+            .expect("docs/commands.md has a ## Commands section");
         let known: BTreeSet<u8> = EXIT_CODES.iter().map(|(c, _)| *c).collect();
         let mut rows = Vec::new();
         for line in section
@@ -726,11 +726,14 @@ mod tests {
             }
             rows.push((commands, codes));
         }
-        assert!(rows.len() > 20, "README's commands table not found");
+        assert!(
+            rows.len() > 20,
+            "the commands table of docs/commands.md not found"
+        );
         rows
     }
 
-    /// The row of [`COMMANDS`] a README command belongs to: the longest
+    /// The row of [`COMMANDS`] a command of docs/commands.md belongs to: the longest
     /// `usage` it starts with.
     fn doc_of(command: &str) -> Option<&'static CommandDoc> {
         COMMANDS
@@ -744,7 +747,7 @@ mod tests {
             .max_by_key(|c| c.usage.len())
     }
 
-    /// Every row of README's commands table has its entry here with the
+    /// Every row of the commands table of docs/commands.md has its entry here with the
     /// same exit codes, and every entry a row.
     #[test]
     fn exit_codes_agree_with_readme_commands_table() {
@@ -752,12 +755,14 @@ mod tests {
         for (commands, codes) in readme_rows() {
             for command in commands {
                 let doc = doc_of(&command).unwrap_or_else(|| {
-                    panic!("README's command `fencecron {command}` has no entry in COMMANDS")
+                    panic!(
+                        "docs/commands.md's command `fencecron {command}` has no entry in COMMANDS"
+                    )
                 });
                 let ours: BTreeSet<u8> = doc.exits.iter().map(|(c, _)| *c).collect();
                 assert_eq!(
                     ours, codes,
-                    "exit codes of `fencecron {command}`: COMMANDS vs README's commands table"
+                    "exit codes of `fencecron {command}`: COMMANDS vs the commands table of docs/commands.md"
                 );
                 seen.insert(doc.usage);
             }
@@ -765,7 +770,7 @@ mod tests {
         for doc in COMMANDS {
             assert!(
                 seen.contains(doc.usage),
-                "COMMANDS has `{}`, README's commands table does not",
+                "COMMANDS has `{}`, the commands table of docs/commands.md does not",
                 doc.usage
             );
         }

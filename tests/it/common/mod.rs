@@ -70,7 +70,7 @@ impl TestStore {
                     }
                     skipped!(
                         "\n*** SKIPPED {test} on {backend:?}: {var} is not set. \
-                         Export it (see README) to run this test. ***\n"
+                         Export it (see TESTING.md) to run this test. ***\n"
                     );
                     None
                 }
