@@ -1,5 +1,5 @@
 //! What a job's environment gains and loses because of the store it runs
-//! against (PRODUCT.md principle 11: credentials never reach a job's
+//! against (docs/principles.md, principle 11: credentials never reach a job's
 //! environment or argv).
 //!
 //! A job inherits the environment of the daemon (or of `fencecron exec`),

@@ -52,7 +52,7 @@ impl Context {
     /// by [`config::load`]), and for a config without `[store]` the
     /// embedded SQLite default. With neither a config nor a store, a command
     /// that needs no config (they all touch the store) refuses: it must not
-    /// fence against a database it would create on the spot (PRODUCT.md
+    /// fence against a database it would create on the spot (docs/principles.md,
     /// principle 10).
     pub fn load(cli: &Cli, need_config: bool) -> Result<Context> {
         let (config_path, explicit) = match &cli.config {

@@ -1,4 +1,4 @@
-//! PRODUCT.md principle 11: the store's password never reaches a job's
+//! docs/principles.md, principle 11: the store's password never reaches a job's
 //! environment or argv, for jobs started by the daemon and by `fencecron
 //! exec`, whichever way the URL was given (`--store`, `$FENCECRON_STORE`,
 //! `store.url_env`) — and yet `fencecron put` inside the job, with no flags,
