@@ -431,15 +431,10 @@ fn read_text(path: &Path) -> Result<String, ConfigError> {
 /// Who may read a file this user may not: its group (the package makes
 /// `/etc/fencecron/jobs.toml` root's and group `fencecron`'s, 0640).
 fn who_may_read(path: &Path) -> String {
-    use std::os::unix::fs::MetadataExt;
     let Ok(meta) = std::fs::metadata(path) else {
         return "run this as root or as the user the daemon runs as".to_string();
     };
-    let group = nix::unistd::Group::from_gid(meta.gid().into())
-        .ok()
-        .flatten()
-        .map(|g| g.name)
-        .unwrap_or_else(|| meta.gid().to_string());
+    let group = crate::store::group_name(&meta);
     format!(
         "only its owner and group `{group}` may read it: run this as root or as a member of group `{group}` (e.g. `sudo -u {group} fencecron ...`), or add your user to the group with `usermod -aG {group} USER`"
     )

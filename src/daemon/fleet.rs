@@ -125,21 +125,7 @@ async fn run_triggered(shared: Shared, job: Arc<Job>, trigger: TriggerInfo, _slo
         return;
     };
     let sent = Instant::now();
-    let acquired = store
-        .acquire(&AcquireRequest {
-            resource: &job.resource,
-            lease: job.timing.lease,
-            node: shared.supervisor.node(),
-            owner_id: store::OwnerId::fresh(),
-            occurrence: None,
-            next_occurrence: None,
-            run: Some(RunStart {
-                job: name,
-                started_by: StartedBy::Manual,
-                scheduled_at: None,
-            }),
-        })
-        .await;
+    let acquired = acquire_manual(&store, &shared, &job, name).await;
     match acquired {
         Ok(AcquireOutcome::Acquired(lease)) => {
             let retries = job.retry.retries;
@@ -238,21 +224,7 @@ async fn retry_manual(
         _ = shared.draining.cancelled() => return None,
     }
     let sent = Instant::now();
-    let acquired = store
-        .acquire(&AcquireRequest {
-            resource: &job.resource,
-            lease: job.timing.lease,
-            node: shared.supervisor.node(),
-            owner_id: store::OwnerId::fresh(),
-            occurrence: None,
-            next_occurrence: None,
-            run: Some(RunStart {
-                job: name,
-                started_by: StartedBy::Manual,
-                scheduled_at: None,
-            }),
-        })
-        .await;
+    let acquired = acquire_manual(&store, shared, job, name).await;
     let (reason, detail) = match acquired {
         Ok(AcquireOutcome::Acquired(lease)) => {
             let token = lease.token;
@@ -371,4 +343,30 @@ pub(super) async fn prune(shared: Shared) {
         Ok(values) => events::history_pruned(removed, other, stale, values),
         Err(e) => events::store_unavailable(store.outages(), "prune", None, &e.to_string(), None),
     }
+}
+
+/// One attempt of a manual run: an acquire under a fresh owner id, for no
+/// scheduled instant, that records the run as `manual` (the first attempt
+/// and every retry alike).
+async fn acquire_manual(
+    store: &Arc<dyn store::Store>,
+    shared: &Shared,
+    job: &Job,
+    name: &str,
+) -> Result<AcquireOutcome, store::StoreError> {
+    store
+        .acquire(&AcquireRequest {
+            resource: &job.resource,
+            lease: job.timing.lease,
+            node: shared.supervisor.node(),
+            owner_id: store::OwnerId::fresh(),
+            occurrence: None,
+            next_occurrence: None,
+            run: Some(RunStart {
+                job: name,
+                started_by: StartedBy::Manual,
+                scheduled_at: None,
+            }),
+        })
+        .await
 }

@@ -60,7 +60,9 @@ use postgres::PostgresStore;
 pub use probe::{probe, Clock, Migrations, Probe};
 use sqlite::SqliteStore;
 pub use types::*;
-pub use url::{is_secret_param, read_url_file, redact, url_in_file_text, Backend, StoreUrl};
+pub use url::{
+    group_name, is_secret_param, read_url_file, redact, url_in_file_text, Backend, StoreUrl,
+};
 
 /// The lease store. One SQL implementation (one dialect per backend), and
 /// the in-memory one of the crate's own tests; every method is one

@@ -222,8 +222,19 @@ fn is_env_name(s: &str) -> bool {
 /// Docker's `_FILE` secrets are. The file must not grant other users any
 /// access (a URL may hold a password): the package's is 0640, root's and
 /// group `fencecron`'s. A file this user cannot read is named with who can.
+/// The name of a file's group (its number when the group has no name
+/// here): the group an error tells a user to join to read the file.
+pub fn group_name(meta: &std::fs::Metadata) -> String {
+    use std::os::unix::fs::MetadataExt;
+    nix::unistd::Group::from_gid(meta.gid().into())
+        .ok()
+        .flatten()
+        .map(|g| g.name)
+        .unwrap_or_else(|| meta.gid().to_string())
+}
+
 pub fn read_url_file(path: &std::path::Path) -> Result<StoreUrl, String> {
-    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    use std::os::unix::fs::PermissionsExt;
     let shown = path.display();
     let meta = std::fs::metadata(path).map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound => format!(
@@ -239,11 +250,7 @@ pub fn read_url_file(path: &std::path::Path) -> Result<StoreUrl, String> {
     }
     let text = std::fs::read_to_string(path).map_err(|e| {
         if e.kind() == std::io::ErrorKind::PermissionDenied {
-            let group = nix::unistd::Group::from_gid(meta.gid().into())
-                .ok()
-                .flatten()
-                .map(|g| g.name)
-                .unwrap_or_else(|| meta.gid().to_string());
+            let group = group_name(&meta);
             format!(
                 "cannot read {shown} ({e}): only its owner and group `{group}` may; run this as root or as a member of group `{group}` (e.g. the service user), or add your user to it with `usermod -aG {group} USER`"
             )
