@@ -395,6 +395,27 @@ mod tests {
         )
     }
 
+    /// The heartbeat of node `node-a` on `store`, its beats on the phase.
+    fn node_a(
+        store: &MemoryStore,
+        jobs: watch::Receiver<Arc<JobSet>>,
+        draining: CancellationToken,
+        stopped: CancellationToken,
+        retention: Duration,
+    ) -> Heartbeat {
+        Heartbeat {
+            store: Arc::new(store.clone()),
+            node: "node-a".into(),
+            jobs,
+            running: Running::default(),
+            ready: Default::default(),
+            draining,
+            stopped,
+            clock: on_phase(),
+            retention,
+        }
+    }
+
     async fn row(s: &MemoryStore, node: &str) -> NodeInfo {
         let nodes = s.nodes().await.unwrap();
         nodes.into_iter().find(|n| n.node == node).unwrap()
@@ -431,17 +452,13 @@ mod tests {
         let (tx, rx) = watch::channel(JobSet::of(std::slice::from_ref(&alpha)));
         let (draining, stopped) = (CancellationToken::new(), CancellationToken::new());
         let beats = tokio::spawn(
-            Heartbeat {
-                store: Arc::new(store.clone()),
-                node: "node-a".into(),
-                jobs: rx,
-                running: Running::default(),
-                ready: Default::default(),
-                draining: draining.clone(),
-                stopped: stopped.clone(),
-                clock: on_phase(),
-                retention: crate::store::NODE_RETENTION,
-            }
+            node_a(
+                &store,
+                rx,
+                draining.clone(),
+                stopped.clone(),
+                crate::store::NODE_RETENTION,
+            )
             .run(),
         );
         tokio::time::sleep(ms(1)).await;
@@ -498,17 +515,13 @@ mod tests {
         let (_tx, rx) = watch::channel(JobSet::of(&[job("alpha")]));
         let stopped = CancellationToken::new();
         let beats = tokio::spawn(
-            Heartbeat {
-                store: Arc::new(store.clone()),
-                node: "node-a".into(),
-                jobs: rx,
-                running: Running::default(),
-                ready: Default::default(),
-                draining: CancellationToken::new(),
-                stopped: stopped.clone(),
-                clock: on_phase(),
-                retention: crate::store::NODE_RETENTION,
-            }
+            node_a(
+                &store,
+                rx,
+                CancellationToken::new(),
+                stopped.clone(),
+                crate::store::NODE_RETENTION,
+            )
             .run(),
         );
         tokio::time::sleep(ms(1)).await;
@@ -571,17 +584,13 @@ mod tests {
         let (_tx, rx) = watch::channel(JobSet::of(&[job("alpha")]));
         let stopped = CancellationToken::new();
         let beats = tokio::spawn(
-            Heartbeat {
-                store: Arc::new(store.clone()),
-                node: "node-a".into(),
-                jobs: rx,
-                running: Running::default(),
-                ready: Default::default(),
-                draining: CancellationToken::new(),
-                stopped: stopped.clone(),
-                retention: Duration::from_secs(3_600),
-                clock: on_phase(),
-            }
+            node_a(
+                &store,
+                rx,
+                CancellationToken::new(),
+                stopped.clone(),
+                Duration::from_secs(3_600),
+            )
             .run(),
         );
         let nodes = || async {
