@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds fencecron_<version>_<arch>.deb with dpkg-deb from built binaries:
 #   packaging/build-deb.sh [BIN_DIR] [OUT_DIR]
-# BIN_DIR holds fencecron and fencecron-shim (default: target/release, built
-# with `cargo build --release` first); OUT_DIR defaults to target/debian.
+# BIN_DIR holds fencecron and fencecron-shim (default: target/dist, built
+# with `cargo build --profile dist` first: release code with the debug
+# information the dbgsym package keeps); OUT_DIR defaults to target/debian.
 # DEB_COMPRESS=gzip:1 trades size for speed (default xz, dpkg-deb's).
 #
 # The package installs the binaries in /usr/bin, the unit in
@@ -17,11 +18,11 @@
 # debug information.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
-bin_dir="${1:-$root/target/release}"
+bin_dir="${1:-$root/target/dist}"
 out_dir="${2:-$root/target/debian}"
 bin="$bin_dir/fencecron"
 [ -x "$bin" ] && [ -x "$bin_dir/fencecron-shim" ] || {
-    echo "build-deb: no fencecron and fencecron-shim in $bin_dir; run cargo build --release first" >&2
+    echo "build-deb: no fencecron and fencecron-shim in $bin_dir; run cargo build --profile dist --locked first" >&2
     exit 2
 }
 version="$(sed -n 's/^version = "\(.*\)"/\1/p' "$root/Cargo.toml" | head -n1)"
