@@ -217,35 +217,10 @@ pub fn job_output(job: &str, token: Token, stream: &'static str, line: &str) {
     info!(event = "job_output", job, token, stream, line, "job output");
 }
 
-/// How a run ended, as `job_finished` (and run history) name it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
-    /// Exit code 0.
-    Succeeded,
-    /// A non-zero exit code, or a signal fencecron did not send.
-    Failed,
-    /// Terminated at the job's `timeout`.
-    TimedOut,
-    /// Terminated because the lease was refused or could not be confirmed.
-    LeaseLost,
-    /// Terminated because the daemon stopped.
-    Shutdown,
-    /// The command could not be started.
-    SpawnFailed,
-}
-
-impl Outcome {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Outcome::Succeeded => "succeeded",
-            Outcome::Failed => "failed",
-            Outcome::TimedOut => "timed_out",
-            Outcome::LeaseLost => "lease_lost",
-            Outcome::Shutdown => "shutdown",
-            Outcome::SpawnFailed => "spawn_failed",
-        }
-    }
-}
+// How a run ended, and why a lease was lost, are the run history's and the
+// stale records' words too: they live in `domain`. `Outcome` is the name
+// the supervisor and the occurrence policy use.
+pub use crate::domain::{LossReason, RunOutcome as Outcome};
 
 /// Why an occurrence was not run here: `occurrence_skipped`'s `reason`,
 /// and the `reason` label of `fencecron_occurrences_skipped_total`.
@@ -285,29 +260,6 @@ impl SkipReason {
             SkipReason::Missed => "missed",
             SkipReason::AcquiredTooLate => "acquired_too_late",
             SkipReason::Capacity => "capacity",
-        }
-    }
-}
-
-/// Why ownership could not be proven: `lease_lost`'s `reason`, the stale
-/// record's, and the label of `fencecron_leases_lost_total`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LossReason {
-    /// The store refused a renewal (someone else owns the lease, or it
-    /// expired by the store's clock).
-    RenewRefused,
-    /// No renewal was confirmed before the local deadline.
-    DeadlinePassed,
-    /// The store refused the release at the end of a run.
-    ReleaseRefused,
-}
-
-impl LossReason {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            LossReason::RenewRefused => "renew_refused",
-            LossReason::DeadlinePassed => "deadline_passed",
-            LossReason::ReleaseRefused => "release_refused",
         }
     }
 }

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use tokio::task::JoinHandle;
 
+use crate::domain::{self, Stage, StaleReason};
 use crate::events;
 use crate::store::{
     Lease, NewStaleRecord, PutOutcome, PutRequest, StaleKind, StaleRecord, Store, StoreError, Token,
@@ -59,7 +60,7 @@ pub fn parse_job_report(line: &str, job: &str) -> Option<StaleRecord> {
     let rec = StaleRecord {
         at: crate::store::StoreTime::from_utc(at),
         kind: StaleKind::WriteRejected,
-        reason: text("reason")?,
+        reason: domain::stored(&text("reason")?),
         resource: text("resource")?,
         key: text("key"),
         owner_id: text("owner_id"),
@@ -67,7 +68,7 @@ pub fn parse_job_report(line: &str, job: &str) -> Option<StaleRecord> {
         accepted_token: v.get("accepted_token").and_then(|t| t.as_i64()),
         node: text("node")?,
         job: text("job"),
-        stage: text("stage")?,
+        stage: domain::stored(&text("stage")?),
         operation_id: text("operation_id")?,
     };
     (rec.job.as_deref() == Some(job)).then_some(rec)
@@ -91,14 +92,14 @@ pub async fn record(store: &dyn Store, rec: &NewStaleRecord<'_>) -> Option<Stale
 #[derive(Debug, Clone)]
 pub struct PendingRecord {
     pub kind: StaleKind,
-    pub reason: String,
+    pub reason: StaleReason,
     pub resource: String,
     pub owner_id: Option<String>,
     pub token: Token,
     pub accepted_token: Option<Token>,
     pub node: String,
     pub job: Option<String>,
-    pub stage: String,
+    pub stage: Stage,
 }
 
 /// How long [`record_in_background`] keeps trying before giving up: 6 h.
@@ -125,7 +126,7 @@ pub fn record_in_background(store: Arc<dyn Store>, rec: PendingRecord) -> JoinHa
         let op = uuid::Uuid::new_v4().to_string();
         let new = NewStaleRecord {
             kind: rec.kind,
-            reason: &rec.reason,
+            reason: rec.reason.clone(),
             resource: &rec.resource,
             key: None,
             owner_id: rec.owner_id.as_deref(),
@@ -133,7 +134,7 @@ pub fn record_in_background(store: Arc<dyn Store>, rec: PendingRecord) -> JoinHa
             accepted_token: rec.accepted_token,
             node: &rec.node,
             job: rec.job.as_deref(),
-            stage: &rec.stage,
+            stage: rec.stage.clone(),
             operation_id: &op,
         };
         let give_up_at = tokio::time::Instant::now() + RECORD_WINDOW;
@@ -192,14 +193,14 @@ pub fn taken_over(
         store.clone(),
         PendingRecord {
             kind: StaleKind::LeaseTakenOver,
-            reason: "expired_unreleased".to_string(),
+            reason: StaleReason::ExpiredUnreleased,
             resource: lease.resource.clone(),
             owner_id: Some(previous.owner_id.clone()),
             token: previous.token,
             accepted_token: Some(lease.token),
             node: previous.node.clone(),
             job: job.map(str::to_string),
-            stage: "acquire".to_string(),
+            stage: Stage::Acquire,
         },
     ))
 }
@@ -227,7 +228,7 @@ mod tests {
         let rec = StaleRecord {
             at: StoreTime(1_764_000_000_123),
             kind: StaleKind::WriteRejected,
-            reason: "stale".into(),
+            reason: crate::store::RejectReason::Stale.into(),
             resource: "r".into(),
             key: Some("k".into()),
             owner_id: Some("o".into()),
@@ -235,7 +236,7 @@ mod tests {
             accepted_token: Some(5),
             node: "n".into(),
             job: Some("j".into()),
-            stage: "publish".into(),
+            stage: Stage::Label("publish".into()),
             operation_id: "op".into(),
         };
         let line = job_report_line(&rec).unwrap();

@@ -15,6 +15,7 @@ pub mod clock;
 pub mod commands;
 pub mod config;
 pub mod daemon;
+pub mod domain;
 pub mod error;
 pub mod events;
 pub mod fence;

@@ -26,7 +26,7 @@ use prometheus_client::registry::{Registry, Unit};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::events::Outcome;
+use crate::domain::RunOutcome as Outcome;
 use crate::names::Name;
 use crate::store::{
     AcquireOutcome, AcquireRequest, AdmitOutcome, AdmitRequest, Backend, ClaimOutcome,
@@ -614,7 +614,7 @@ impl Store for Observed {
     async fn settle_trigger(
         &self,
         id: &str,
-        state: &str,
+        state: crate::domain::TriggerState,
         token: Option<Token>,
         detail: Option<&str>,
     ) -> Result<(), StoreError> {

@@ -40,6 +40,7 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use crate::cli::{BenchArgs, Cli};
+use crate::domain::Stage;
 use crate::error::{Error, Exit, Result};
 use crate::names::Name;
 use crate::output::{self, Out};
@@ -355,7 +356,7 @@ async fn put(
             once: false,
             node: "bench",
             job: None,
-            stage: "bench",
+            stage: Stage::Bench,
             operation_id: Uuid::new_v4(),
         })
         .await

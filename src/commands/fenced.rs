@@ -6,12 +6,13 @@ use base64::Engine as _;
 use serde_json::json;
 
 use crate::cli::{Cli, GetArgs, PutArgs, StaleArgs};
+use crate::domain::{self, StaleReason};
 use crate::error::{Error, Exit, Result};
 use crate::fence;
 use crate::names::Name;
 use crate::output::{self, Align, Out, Table};
 use crate::store::guard::GuardDb;
-use crate::store::{OpenOptions, OwnerId, PutOutcome, PutRequest, StoreTime};
+use crate::store::{OpenOptions, OwnerId, PutOutcome, PutRequest, RejectReason, StoreTime};
 
 use super::{owner_id_arg, print_json, Context};
 
@@ -85,7 +86,9 @@ pub async fn put(cli: &Cli, args: &PutArgs) -> Result<Exit> {
         once: args.once,
         node: &ctx.node,
         job: job.as_deref(),
-        stage: stage.as_str(),
+        // The job's own label; one that spells a stage of fencecron's reads
+        // back as that stage (the column holds the text only).
+        stage: domain::stored(stage.as_str()),
         operation_id: uuid::Uuid::new_v4(),
     };
     match fence::put(store.as_ref(), &req).await? {
@@ -110,11 +113,11 @@ pub async fn put(cli: &Cli, args: &PutArgs) -> Result<Exit> {
                     output::error_line_raw(&line);
                 }
             }
-            let why = match rec.reason.as_str() {
-                "forged" => format!(
+            let why = match rec.reason {
+                StaleReason::Rejected(RejectReason::Forged) => format!(
                     "token {token} is larger than any token ever issued for {resource} (forged); use the token of a lease you acquired"
                 ),
-                "wrong_owner" => format!(
+                StaleReason::Rejected(RejectReason::WrongOwner) => format!(
                     "token {token} of {resource} was issued to another owner, not to {owner} (wrong owner); write with the owner id and token of your own lease of {resource}, not another resource's (tokens count per resource)"
                 ),
                 _ => format!(
@@ -220,14 +223,14 @@ pub async fn stale(cli: &Cli, args: &StaleArgs) -> Result<Exit> {
                 r.at.to_string(),
                 output::relative(now, r.at.to_utc()),
                 r.kind.as_str().to_string(),
-                r.reason,
+                r.reason.to_string(),
                 r.resource,
                 r.key.unwrap_or_else(|| "-".to_string()),
                 r.token.to_string(),
                 r.accepted_token
                     .map_or_else(|| "-".to_string(), |t| t.to_string()),
                 r.node,
-                r.stage,
+                r.stage.to_string(),
             ]);
         }
         table.print(&mut Out::stdout())?;

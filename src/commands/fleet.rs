@@ -13,13 +13,14 @@ use super::{hostname, print_json, Context};
 use crate::cli::{Cli, PauseArgs, RunsArgs, RunsCommand, TriggerArgs};
 use crate::config::Job;
 use crate::daemon::current_drift;
+use crate::domain::{RunOutcome, RunState, TriggerState};
 use crate::error::{Error, Exit, Result};
 use crate::fleet::{Drift, JobDef, JobFacts};
 use crate::output::{self, Align, Out, Table};
 use crate::schedule::Schedule;
 use crate::store::{
-    millis, rfc3339, trigger_state, NodeInfo, OpenOptions, PauseInfo, RunInfo, RunQuery, Store,
-    StoreTime, TriggerInfo, RUNNING, UNKNOWN,
+    millis, rfc3339, NodeInfo, OpenOptions, PauseInfo, RunInfo, RunQuery, Store, StoreTime,
+    TriggerInfo,
 };
 
 /// Most runs one `runs` call lists.
@@ -52,7 +53,12 @@ pub async fn runs(cli: &Cli, args: &RunsArgs) -> Result<Exit> {
     let runs = store
         .runs(&RunQuery {
             job: args.job.as_deref(),
-            outcome: args.outcome.as_deref(),
+            outcome: args
+                .outcome
+                .as_deref()
+                .map(RunOutcome::from_str)
+                .transpose()
+                .map_err(|e| Error::Usage(e.to_string()))?,
             since,
             node: args.node.as_deref(),
             owner_id: None,
@@ -91,7 +97,7 @@ pub async fn runs(cli: &Cli, args: &RunsArgs) -> Result<Exit> {
             r.trigger.clone(),
             r.node.clone(),
             r.token.to_string(),
-            r.outcome.clone(),
+            r.outcome.to_string(),
             exit_text(r),
             r.duration_ms
                 .map_or_else(|| "-".to_string(), |d| format!("{d}ms")),
@@ -201,7 +207,7 @@ struct Running {
 
 #[derive(Debug, Serialize)]
 struct LastRun {
-    outcome: String,
+    outcome: RunState,
     at: StoreTime,
     node: String,
     token: i64,
@@ -308,12 +314,12 @@ pub async fn status(cli: &Cli, json: bool) -> Result<Exit> {
                 ..RunQuery::default()
             })
             .await?;
-        let running = recent.iter().find(|r| r.outcome == RUNNING);
-        let last = recent.iter().find(|r| r.outcome != RUNNING);
+        let running = recent.iter().find(|r| r.outcome == RunState::Running);
+        let last = recent.iter().find(|r| r.outcome != RunState::Running);
         let success = store
             .runs(&RunQuery {
                 job: Some(name),
-                outcome: Some("succeeded"),
+                outcome: Some(RunOutcome::Succeeded),
                 limit: 1,
                 ..RunQuery::default()
             })
@@ -538,7 +544,7 @@ pub async fn trigger(cli: &Cli, args: &TriggerArgs) -> Result<Exit> {
         job: job.name.to_string(),
         requested_at: store.now().await?,
         requested_by: requester(),
-        state: trigger_state::PENDING.to_string(),
+        state: TriggerState::Pending,
         node: None,
         token: None,
         detail: None,
@@ -599,10 +605,10 @@ async fn await_taken(
                 request.id
             )));
         };
-        match t.state.as_str() {
+        match t.state {
             // Ended: started, and its run (and retries) already over.
-            trigger_state::STARTED | trigger_state::ENDED => return Ok(t),
-            trigger_state::REFUSED => {
+            TriggerState::Started | TriggerState::Ended => return Ok(t),
+            TriggerState::Refused => {
                 return Err(Error::Held(format!(
                     "{} was not started by {}: {}",
                     request.job,
@@ -613,7 +619,7 @@ async fn await_taken(
             _ => {}
         }
         if tokio::time::Instant::now() >= deadline {
-            if t.state == trigger_state::PENDING && store.cancel_trigger(&request.id).await? {
+            if t.state == TriggerState::Pending && store.cancel_trigger(&request.id).await? {
                 return Err(Error::Runtime(format!(
                     "no live daemon took the trigger of {} within {}; is `fencecron run` running with this job on some host? (the request was withdrawn)",
                     request.job,
@@ -671,11 +677,11 @@ async fn await_end(store: &dyn Store, job: &JobView, taken: &TriggerInfo) -> Res
                 job.name
             )));
         };
-        if r.outcome == UNKNOWN {
+        if r.outcome == RunState::Unknown {
             return Ok(r);
         }
-        if r.outcome != RUNNING {
-            if t.state == trigger_state::ENDED || legacy {
+        if r.outcome != RunState::Running {
+            if t.state == TriggerState::Ended || legacy {
                 return Ok(r);
             }
             let now = store.now().await?;
@@ -706,9 +712,9 @@ fn exit_of(run: &RunInfo) -> Result<Exit> {
             .unwrap_or(0);
         return Ok(Exit::Job(u8::try_from(128 + n).unwrap_or(255)));
     }
-    match run.outcome.as_str() {
-        "spawn_failed" => Ok(Exit::Job(crate::error::EXIT_CANNOT_START)),
-        UNKNOWN => Err(Error::Runtime(format!(
+    match &run.outcome {
+        RunState::Ended(RunOutcome::SpawnFailed) => Ok(Exit::Job(crate::error::EXIT_CANNOT_START)),
+        RunState::Unknown => Err(Error::Runtime(format!(
             "the run of {} with token {} has no known outcome: its node stopped answering mid-run",
             run.job, run.token
         ))),

@@ -33,10 +33,10 @@ use tokio::time::Instant;
 use super::occurrence::{on_failure, run_under_lease, Slot};
 use super::{ensure_ready, Shared};
 use crate::config::Job;
+use crate::domain::TriggerState;
 use crate::events::{self, AbandonReason};
 use crate::store::{
-    self, millis, trigger_state, AcquireOutcome, AcquireRequest, RunStart, StartedBy, StoreTime,
-    TriggerInfo,
+    self, millis, AcquireOutcome, AcquireRequest, RunStart, StartedBy, StoreTime, TriggerInfo,
 };
 
 /// How often a daemon prunes the run history.
@@ -120,7 +120,7 @@ async fn run_triggered(shared: Shared, job: Arc<Job>, trigger: TriggerInfo, _slo
             "{name} is being acquired or run on {} already",
             shared.supervisor.node()
         );
-        settle(&store, &trigger, trigger_state::REFUSED, None, &detail).await;
+        settle(&store, &trigger, TriggerState::Refused, None, &detail).await;
         events::trigger_refused(name, &trigger.id, &detail);
         return;
     };
@@ -133,7 +133,7 @@ async fn run_triggered(shared: Shared, job: Arc<Job>, trigger: TriggerInfo, _slo
             settle(
                 &store,
                 &trigger,
-                trigger_state::STARTED,
+                TriggerState::Started,
                 Some(token),
                 &attempt_of(0, retries),
             )
@@ -158,12 +158,12 @@ async fn run_triggered(shared: Shared, job: Arc<Job>, trigger: TriggerInfo, _slo
         }
         Ok(other) => {
             let detail = refusal(&other);
-            settle(&store, &trigger, trigger_state::REFUSED, None, &detail).await;
+            settle(&store, &trigger, TriggerState::Refused, None, &detail).await;
             events::trigger_refused(name, &trigger.id, &detail);
         }
         Err(e) => {
             let detail = format!("the store failed to grant the lease: {e}");
-            settle(&store, &trigger, trigger_state::REFUSED, None, &detail).await;
+            settle(&store, &trigger, TriggerState::Refused, None, &detail).await;
             events::trigger_refused(name, &trigger.id, &detail);
         }
     }
@@ -182,7 +182,7 @@ async fn settle_ended(store: &Arc<dyn store::Store>, trigger: &TriggerInfo, toke
             backoff *= 2;
         }
         match store
-            .settle_trigger(&trigger.id, trigger_state::ENDED, Some(token), None)
+            .settle_trigger(&trigger.id, TriggerState::Ended, Some(token), None)
             .await
         {
             Ok(()) => return,
@@ -229,14 +229,7 @@ async fn retry_manual(
         Ok(AcquireOutcome::Acquired(lease)) => {
             let token = lease.token;
             let detail = attempt_of(attempt, job.retry.retries);
-            settle(
-                &store,
-                trigger,
-                trigger_state::STARTED,
-                Some(token),
-                &detail,
-            )
-            .await;
+            settle(&store, trigger, TriggerState::Started, Some(token), &detail).await;
             let failed = run_under_lease(shared, job, lease, sent, None).await;
             return Some((token, failed));
         }
@@ -272,7 +265,7 @@ fn refusal(outcome: &AcquireOutcome) -> String {
 async fn settle(
     store: &Arc<dyn store::Store>,
     trigger: &TriggerInfo,
-    state: &str,
+    state: TriggerState,
     token: Option<store::Token>,
     detail: &str,
 ) {

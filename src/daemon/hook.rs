@@ -13,6 +13,7 @@ use std::time::Duration;
 use tokio::io::AsyncReadExt;
 use tokio::process::Command;
 
+use crate::domain::RunOutcome;
 use crate::events;
 use crate::job_env::ChildEnv;
 
@@ -28,7 +29,7 @@ pub(super) struct Failure {
     pub resource: String,
     pub node: String,
     pub token: i64,
-    pub outcome: &'static str,
+    pub outcome: RunOutcome,
     pub exit_code: Option<i32>,
     pub signal: Option<i32>,
     pub scheduled_at: String,
@@ -36,11 +37,9 @@ pub(super) struct Failure {
 }
 
 impl Failure {
-    /// Whether the run may be retried: it failed by itself (exit code,
-    /// signal), timed out, or could not start; not a lost lease (another
-    /// owner may be running it) or a shutdown.
+    /// Whether the run may be retried ([`RunOutcome::retryable`]).
     pub(super) fn outcome_retryable(&self) -> bool {
-        matches!(self.outcome, "failed" | "timed_out" | "spawn_failed")
+        self.outcome.retryable()
     }
 }
 
@@ -62,7 +61,7 @@ pub(super) async fn on_failure(
         .env("FENCECRON_RESOURCE", &failure.resource)
         .env("FENCECRON_NODE", &failure.node)
         .env("FENCECRON_TOKEN", failure.token.to_string())
-        .env("FENCECRON_OUTCOME", failure.outcome)
+        .env("FENCECRON_OUTCOME", failure.outcome.as_str())
         .env("FENCECRON_SCHEDULED_AT", &failure.scheduled_at)
         .env("FENCECRON_RUN_ID", &failure.run_id)
         .env_remove("FENCECRON_EXIT_CODE")

@@ -832,7 +832,7 @@ pub(super) async fn run_under_lease(
             resource: job.resource.to_string(),
             node: node.to_string(),
             token,
-            outcome: outcome.as_str(),
+            outcome,
             exit_code,
             signal,
             scheduled_at: at.map(rfc3339).unwrap_or_default(),

@@ -19,12 +19,13 @@ use super::occurrence::{Capacity, Ending, Occurrence};
 use super::Shared;
 use crate::clock::Clock;
 use crate::config::{Job, Overlap};
+use crate::domain::TriggerState;
 use crate::events::SkipReason;
 use crate::names::Name;
 use crate::schedule::Schedule;
 use crate::store::{
-    trigger_state, AcquireOutcome, AcquireRequest, OwnerId, PauseInfo, Refusal, RenewOutcome,
-    RunStart, StartedBy, Store, StoreTime, TriggerInfo,
+    AcquireOutcome, AcquireRequest, OwnerId, PauseInfo, Refusal, RenewOutcome, RunStart, StartedBy,
+    Store, StoreTime, TriggerInfo,
 };
 use crate::supervise::{LeaseTiming, Supervisor};
 use crate::testing::epoch_wall;
@@ -801,7 +802,7 @@ async fn a_trigger_is_claimed_once_and_runs_the_job_as_manual() {
         job: "job".into(),
         requested_at: at(),
         requested_by: "ops@host".into(),
-        state: trigger_state::PENDING.into(),
+        state: TriggerState::Pending,
         node: None,
         token: None,
         detail: None,
@@ -814,8 +815,8 @@ async fn a_trigger_is_claimed_once_and_runs_the_job_as_manual() {
     rig.settle().await;
     let t = rig.store.trigger("t1").await.unwrap().unwrap();
     assert_eq!(
-        (t.state.as_str(), t.node.as_deref(), t.token),
-        (trigger_state::ENDED, Some("node-a"), Some(1))
+        (t.state.clone(), t.node.as_deref(), t.token),
+        (TriggerState::Ended, Some("node-a"), Some(1))
     );
     assert_eq!(rig.runs(), [(ms(0), 1)]);
     let rows = rig.store.run_rows();
@@ -838,7 +839,7 @@ async fn a_trigger_is_claimed_once_and_runs_the_job_as_manual() {
     super::fleet::poll_triggers(rig.shared.clone(), jobs).await;
     rig.settle().await;
     let t = rig.store.trigger("t2").await.unwrap().unwrap();
-    assert_eq!(t.state, trigger_state::REFUSED);
+    assert_eq!(t.state, TriggerState::Refused);
     assert!(
         t.detail.as_deref().is_some_and(|d| d.contains("node-b")),
         "{t:?}"
@@ -874,7 +875,7 @@ async fn a_failed_manual_run_is_retried_and_its_trigger_ends_with_the_last_attem
             job: "job".into(),
             requested_at: at(),
             requested_by: "ops@host".into(),
-            state: trigger_state::PENDING.into(),
+            state: TriggerState::Pending,
             node: None,
             token: None,
             detail: None,
@@ -887,22 +888,19 @@ async fn a_failed_manual_run_is_retried_and_its_trigger_ends_with_the_last_attem
     tokio::time::sleep(ms(100)).await;
     let t = trigger().await;
     assert_eq!(
-        (t.state.as_str(), t.token, t.detail.as_deref()),
-        (trigger_state::STARTED, Some(1), Some("attempt 1 of 3"))
+        (t.state.clone(), t.token, t.detail.as_deref()),
+        (TriggerState::Started, Some(1), Some("attempt 1 of 3"))
     );
     // The first attempt failed at 2 s; its retry starts at 3 s.
     tokio::time::sleep(ms(2_400)).await;
     let t = trigger().await;
-    assert_eq!(
-        (t.state.as_str(), t.token),
-        (trigger_state::STARTED, Some(1))
-    );
-    assert_eq!(rig.store.run_rows()[0].outcome, "failed");
+    assert_eq!((t.state.clone(), t.token), (TriggerState::Started, Some(1)));
+    assert_eq!(rig.store.run_rows()[0].outcome.as_str(), "failed");
     tokio::time::sleep(ms(1_000)).await;
     let t = trigger().await;
     assert_eq!(
-        (t.state.as_str(), t.token, t.detail.as_deref()),
-        (trigger_state::STARTED, Some(2), Some("attempt 2 of 3"))
+        (t.state.clone(), t.token, t.detail.as_deref()),
+        (TriggerState::Started, Some(2), Some("attempt 2 of 3"))
     );
     rig.settle().await;
     // Ends at 2 s, 5 s (3 + 2), 9 s (7 + 2).
@@ -914,7 +912,7 @@ async fn a_failed_manual_run_is_retried_and_its_trigger_ends_with_the_last_attem
         .collect();
     assert_eq!(by, [("manual", None, "failed"); 3]);
     let t = trigger().await;
-    assert_eq!((t.state.as_str(), t.token), (trigger_state::ENDED, Some(3)));
+    assert_eq!((t.state.clone(), t.token), (TriggerState::Ended, Some(3)));
     let attempts: Vec<String> = events
         .named("retry_scheduled")
         .iter()
@@ -940,7 +938,7 @@ async fn a_manual_runs_end_is_settled_again_when_the_store_failed() {
             job: "job".into(),
             requested_at: at(),
             requested_by: "ops@host".into(),
-            state: trigger_state::PENDING.into(),
+            state: TriggerState::Pending,
             node: None,
             token: None,
             detail: None,
@@ -951,15 +949,15 @@ async fn a_manual_runs_end_is_settled_again_when_the_store_failed() {
     super::fleet::poll_triggers(rig.shared.clone(), jobs).await;
     tokio::time::sleep(ms(100)).await;
     let t = rig.store.trigger("t1").await.unwrap().unwrap();
-    assert_eq!(t.state, trigger_state::STARTED);
+    assert_eq!(t.state, TriggerState::Started);
     // The next two fleet calls (the run's end is `FinishRun`): the
     // trigger's end, twice.
     rig.store.fault(Op::Fleet, Fault::Fail, 2);
     rig.settle().await;
     rig.store.heal();
     let t = rig.store.trigger("t1").await.unwrap().unwrap();
-    assert_eq!((t.state.as_str(), t.token), (trigger_state::ENDED, Some(1)));
-    assert_eq!(rig.store.run_rows()[0].outcome, "succeeded");
+    assert_eq!((t.state.clone(), t.token), (TriggerState::Ended, Some(1)));
+    assert_eq!(rig.store.run_rows()[0].outcome.as_str(), "succeeded");
 }
 
 /// `retries`: a failed run is run again after its back-off (1 s, then 2 s),
@@ -1058,7 +1056,7 @@ async fn only_a_failed_run_is_retried() {
     assert_eq!(rig.run().await, Ending::Won);
     rig.settle().await;
     assert_eq!(rig.runs().len(), 1, "a lost lease is not retried");
-    assert_eq!(rig.store.run_rows()[0].outcome, "lease_lost");
+    assert_eq!(rig.store.run_rows()[0].outcome.as_str(), "lease_lost");
 }
 
 /// Retention: a minute after start the daemon prunes each job's history
@@ -1192,7 +1190,7 @@ async fn max_running_one_runs_same_instant_jobs_one_after_the_other() {
         job: "job".into(),
         requested_at: at(),
         requested_by: "ops@host".into(),
-        state: trigger_state::PENDING.into(),
+        state: TriggerState::Pending,
         node: None,
         token: None,
         detail: None,
@@ -1202,7 +1200,7 @@ async fn max_running_one_runs_same_instant_jobs_one_after_the_other() {
     let jobs: HashMap<String, Arc<Job>> = [("job".to_string(), rig.job.clone())].into();
     super::fleet::poll_triggers(rig.shared.clone(), jobs).await;
     let t = rig.store.trigger("t1").await.unwrap().unwrap();
-    assert_eq!(t.state, trigger_state::PENDING, "not claimed at capacity");
+    assert_eq!(t.state, TriggerState::Pending, "not claimed at capacity");
     assert_eq!(first.await.unwrap(), Ending::Won);
     assert_eq!(second.await.unwrap(), Ending::Won);
     assert_eq!(rig.runs(), [(ms(0), 1), (ms(2_000), 1)]);
@@ -1598,7 +1596,7 @@ async fn a_drain_lets_running_jobs_finish_and_competes_for_nothing_new() {
     );
     let rows = rig.store.run_rows();
     assert_eq!(rows.len(), 1);
-    assert_eq!(rows[0].outcome, "succeeded");
+    assert_eq!(rows[0].outcome.as_str(), "succeeded");
     assert!(rig.store.row("a").unwrap().released);
 
     let stopping = events.named("daemon_stopping");
@@ -1658,7 +1656,7 @@ fn stopped_for_shutdown(rig: &Rig, events: &crate::testing::events::Captured, st
     assert_eq!(signals, [(stop, nix::sys::signal::Signal::SIGTERM)]);
     let rows = rig.store.run_rows();
     assert_eq!(rows.len(), 1);
-    assert_eq!(rows[0].outcome, "shutdown");
+    assert_eq!(rows[0].outcome.as_str(), "shutdown");
     assert!(rig.store.row("a").unwrap().released);
     let finished = events.named("job_finished");
     assert_eq!(finished.len(), 1);
@@ -1784,7 +1782,7 @@ async fn a_draining_node_claims_no_trigger_and_runs_no_retry() {
             job: "job".into(),
             requested_at: at(),
             requested_by: "ops@host".into(),
-            state: trigger_state::PENDING.into(),
+            state: TriggerState::Pending,
             node: None,
             token: None,
             detail: None,
@@ -1796,7 +1794,7 @@ async fn a_draining_node_claims_no_trigger_and_runs_no_retry() {
     super::fleet::poll_triggers(rig.shared.clone(), jobs).await;
     rig.settle().await;
     let t = rig.store.trigger("t1").await.unwrap().unwrap();
-    assert_eq!(t.state, trigger_state::PENDING);
+    assert_eq!(t.state, TriggerState::Pending);
     assert!(rig.runs().is_empty());
 
     let mut rig = Rig::with(

@@ -141,7 +141,7 @@ impl Rejection {
     ) -> NewStaleRecord<'r> {
         NewStaleRecord {
             kind: StaleKind::WriteRejected,
-            reason: self.reason.as_str(),
+            reason: self.reason.into(),
             resource: req.resource.as_str(),
             key: Some(req.key.as_str()),
             owner_id: Some(req.owner_id.as_str()),
@@ -149,7 +149,7 @@ impl Rejection {
             accepted_token: self.accepted_token,
             node: req.node,
             job: req.job,
-            stage: req.stage,
+            stage: req.stage.clone(),
             operation_id,
         }
     }

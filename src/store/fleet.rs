@@ -15,9 +15,10 @@ use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Pool,
 
 use super::sql::Affected;
 use super::{
-    trigger_state, Backend, NodeBeat, NodeInfo, PauseInfo, PublishedJob, RunEnd, RunInfo, RunQuery,
-    StoreTime, TriggerInfo, RUNNING, UNKNOWN,
+    Backend, NodeBeat, NodeInfo, PauseInfo, PublishedJob, RunEnd, RunInfo, RunQuery, StoreTime,
+    TriggerInfo,
 };
+use crate::domain::{self, RunOutcome, RunState, TriggerState};
 
 pub(super) const FINISH_RUN: &str = "UPDATE fencecron_runs
     SET finished_at_ms = started_at_ms + $1, outcome = $2, exit_code = $3, signal_name = $4,
@@ -294,25 +295,25 @@ fn placeholders(backend: Backend, text: &str) -> String {
 }
 
 /// What a run row says, read with its lease: its own outcome once it
-/// ended; else [`RUNNING`] while the lease is held by the run's owner under
-/// its token at `now`, [`UNKNOWN`] once it is not.
+/// ended; else [`RunState::Running`] while the lease is held by the run's
+/// owner under its token at `now`, [`RunState::Unknown`] once it is not.
 pub(super) fn run_state(
     outcome: Option<String>,
     token: i64,
     owner_id: &str,
     lease: Option<(i64, &str, i64)>,
     now: i64,
-) -> String {
+) -> RunState {
     if let Some(outcome) = outcome {
-        return outcome;
+        return domain::stored(&outcome);
     }
     match lease {
         Some((fence, owner, expires_at))
             if fence == token && owner == owner_id && expires_at > now =>
         {
-            RUNNING.to_string()
+            RunState::Running
         }
-        _ => UNKNOWN.to_string(),
+        _ => RunState::Unknown,
     }
 }
 
@@ -399,7 +400,7 @@ pub(super) trait FleetDb: Database {
         pool: &Pool<Self>,
         sql: &FleetSql,
         id: &str,
-        state: &str,
+        state: TriggerState,
         token: Option<i64>,
         detail: Option<&str>,
     ) -> Result<(), sqlx::Error>;
@@ -526,7 +527,7 @@ where
         now: StoreTime,
     ) -> Result<Vec<RunInfo>, sqlx::Error> {
         let job = q.job.unwrap_or("");
-        let outcome = q.outcome.unwrap_or("");
+        let outcome = q.outcome.map_or("", RunOutcome::as_str);
         let node = q.node.unwrap_or("");
         let owner_id = q.owner_id.unwrap_or("");
         let found = sqlx::query(&sql.runs)
@@ -676,7 +677,7 @@ where
             .bind(t.job.as_str())
             .bind(t.requested_at.0)
             .bind(t.requested_by.as_str())
-            .bind(trigger_state::PENDING)
+            .bind(TriggerState::Pending.as_str())
             .execute(pool)
             .await?;
         Ok(())
@@ -699,7 +700,7 @@ where
         sql: &FleetSql,
     ) -> Result<Vec<TriggerInfo>, sqlx::Error> {
         let found = sqlx::query(&sql.pending_triggers)
-            .bind(trigger_state::PENDING)
+            .bind(TriggerState::Pending.as_str())
             .fetch_all(pool)
             .await?;
         found.iter().map(trigger_info).collect()
@@ -712,10 +713,10 @@ where
         node: &str,
     ) -> Result<bool, sqlx::Error> {
         let done = sqlx::query(&sql.claim_trigger)
-            .bind(trigger_state::CLAIMED)
+            .bind(TriggerState::Claimed.as_str())
             .bind(node)
             .bind(id)
-            .bind(trigger_state::PENDING)
+            .bind(TriggerState::Pending.as_str())
             .execute(pool)
             .await?;
         Ok(done.rows_affected() == 1)
@@ -725,12 +726,12 @@ where
         pool: &Pool<Self>,
         sql: &FleetSql,
         id: &str,
-        state: &str,
+        state: TriggerState,
         token: Option<i64>,
         detail: Option<&str>,
     ) -> Result<(), sqlx::Error> {
         sqlx::query(&sql.settle_trigger)
-            .bind(state)
+            .bind(state.as_str())
             .bind(token)
             .bind(detail)
             .bind(id)
@@ -746,7 +747,7 @@ where
     ) -> Result<bool, sqlx::Error> {
         let done = sqlx::query(&sql.cancel_trigger)
             .bind(id)
-            .bind(trigger_state::PENDING)
+            .bind(TriggerState::Pending.as_str())
             .execute(pool)
             .await?;
         Ok(done.rows_affected() == 1)
@@ -933,7 +934,7 @@ where
         job: r.try_get("job")?,
         requested_at: StoreTime(r.try_get("requested_at_ms")?),
         requested_by: r.try_get("requested_by")?,
-        state: r.try_get("state")?,
+        state: domain::stored(&r.try_get::<String, _>("state")?),
         node: r.try_get("node")?,
         token: r.try_get("token")?,
         detail: r.try_get("detail")?,
@@ -954,7 +955,7 @@ where
 {
     query
         .bind(end.elapsed_ms)
-        .bind(end.outcome)
+        .bind(end.outcome.as_str())
         .bind(end.exit_code.map(i64::from))
         .bind(end.signal)
         .bind(end.duration_ms)
@@ -1030,13 +1031,13 @@ mod tests {
     #[test]
     fn an_unfinished_run_is_running_only_under_its_own_held_lease() {
         let state = |lease| run_state(None, 7, "me", lease, 1000);
-        assert_eq!(state(Some((7, "me", 2000))), RUNNING);
-        assert_eq!(state(Some((7, "me", 1000))), UNKNOWN);
-        assert_eq!(state(Some((8, "other", 2000))), UNKNOWN);
-        assert_eq!(state(None), UNKNOWN);
+        assert_eq!(state(Some((7, "me", 2000))), RunState::Running);
+        assert_eq!(state(Some((7, "me", 1000))), RunState::Unknown);
+        assert_eq!(state(Some((8, "other", 2000))), RunState::Unknown);
+        assert_eq!(state(None), RunState::Unknown);
         assert_eq!(
             run_state(Some("failed".into()), 7, "me", Some((7, "me", 2000)), 1000),
-            "failed"
+            RunState::Ended(RunOutcome::Failed)
         );
     }
 }

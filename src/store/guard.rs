@@ -43,7 +43,11 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgSslMode};
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions};
 use sqlx::Row;
 
-use super::{timed, unavailable, Backend, StaleKind, StaleRecord, StoreError, StoreTime, StoreUrl};
+use super::{
+    timed, unavailable, Backend, RejectReason, StaleKind, StaleRecord, StoreError, StoreTime,
+    StoreUrl,
+};
+use crate::domain::Stage;
 use crate::names::Name;
 
 /// The SQLSTATE of a refusal, on PostgreSQL and MySQL/MariaDB (SQLite has
@@ -729,7 +733,7 @@ fn rejection(r: RejectionRow) -> StaleRecord {
     StaleRecord {
         at: StoreTime(r.at_ms),
         kind: StaleKind::WriteRejected,
-        reason: "stale".to_string(),
+        reason: RejectReason::Stale.into(),
         resource: r.resource,
         key: None,
         owner_id: r.owner_id,
@@ -741,9 +745,9 @@ fn rejection(r: RejectionRow) -> StaleRecord {
             .unwrap_or_else(|| UNKNOWN_NODE.to_string()),
         job: r.job,
         stage: if r.source == "guard" {
-            "guard".to_string()
+            Stage::Guard
         } else {
-            "guard_reported".to_string()
+            Stage::GuardReported
         },
         operation_id: r.operation_id,
     }

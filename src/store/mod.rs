@@ -280,7 +280,7 @@ pub trait Store: Send + Sync + 'static {
     async fn settle_trigger(
         &self,
         id: &str,
-        state: &str,
+        state: crate::domain::TriggerState,
         token: Option<Token>,
         detail: Option<&str>,
     ) -> Result<(), StoreError>;

@@ -56,7 +56,7 @@ where
     Ok(StaleRecord {
         at: StoreTime(get(r, "at_ms")?),
         kind: StaleKind::parse(&kind),
-        reason: get(r, "reason")?,
+        reason: crate::domain::stored(&get::<_, String>(r, "reason")?),
         resource: get(r, "resource")?,
         key: get(r, "key")?,
         owner_id: get(r, "owner_id")?,
@@ -64,7 +64,7 @@ where
         accepted_token: get(r, "accepted_token")?,
         node: get(r, "node")?,
         job: get(r, "job")?,
-        stage: get(r, "stage")?,
+        stage: crate::domain::stored(&get::<_, String>(r, "stage")?),
         operation_id: get(r, "operation_id")?,
     })
 }

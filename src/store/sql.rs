@@ -297,7 +297,7 @@ where
     ) -> Query<'q, Self, Self::Arguments<'q>> {
         query
             .bind(rec.kind.as_str())
-            .bind(rec.reason)
+            .bind(rec.reason.as_str())
             .bind(rec.resource)
             .bind(rec.key)
             .bind(rec.owner_id)
@@ -305,7 +305,7 @@ where
             .bind(rec.accepted_token)
             .bind(rec.node)
             .bind(rec.job)
-            .bind(rec.stage)
+            .bind(rec.stage.as_str())
             .bind(rec.operation_id)
     }
 
@@ -876,7 +876,7 @@ impl<D: Dialect> Store for SqlStore<D> {
     async fn settle_trigger(
         &self,
         id: &str,
-        state: &str,
+        state: crate::domain::TriggerState,
         token: Option<Token>,
         detail: Option<&str>,
     ) -> Result<(), StoreError> {

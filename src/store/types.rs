@@ -8,6 +8,7 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use serde::Serialize;
 use uuid::Uuid;
 
+use crate::domain::{RunOutcome, RunState, Stage, StaleReason, TriggerState};
 use crate::names::Name;
 
 /// Shortest lease the store accepts.
@@ -553,12 +554,12 @@ pub struct PutRequest<'a> {
     /// Recorded with a rejection: who tried.
     pub node: &'a str,
     pub job: Option<&'a str>,
-    pub stage: &'a str,
+    pub stage: Stage,
     pub operation_id: Uuid,
 }
 
 /// Why a write was rejected.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RejectReason {
     /// A newer token has been issued for the resource since (and may have
@@ -574,6 +575,13 @@ pub enum RejectReason {
 }
 
 impl RejectReason {
+    /// Every reason, in declaration order.
+    pub const ALL: &'static [RejectReason] = &[
+        RejectReason::Stale,
+        RejectReason::Forged,
+        RejectReason::WrongOwner,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             RejectReason::Stale => "stale",
@@ -594,9 +602,6 @@ pub enum PutOutcome {
     /// Refused; the rejection is recorded in the store (same transaction).
     Rejected(Box<StaleRecord>),
 }
-
-/// The stage a refusal of the fencing proxy is recorded and logged with.
-pub const PROXY_STAGE: &str = "proxy";
 
 /// A request at the fencing proxy (`fencecron proxy`): may a request
 /// carrying `token` for `resource` be forwarded?
@@ -619,7 +624,7 @@ impl AdmitRequest<'_> {
     ) -> NewStaleRecord<'r> {
         NewStaleRecord {
             kind: StaleKind::WriteRejected,
-            reason: reason.as_str(),
+            reason: reason.into(),
             resource: self.resource.as_str(),
             // Never the request's path: it may carry credentials.
             key: None,
@@ -628,7 +633,7 @@ impl AdmitRequest<'_> {
             accepted_token,
             node: self.node,
             job: None,
-            stage: PROXY_STAGE,
+            stage: Stage::Proxy,
             operation_id,
         }
     }
@@ -692,7 +697,7 @@ impl StaleKind {
 pub struct StaleRecord {
     pub at: StoreTime,
     pub kind: StaleKind,
-    pub reason: String,
+    pub reason: StaleReason,
     pub resource: String,
     pub key: Option<String>,
     pub owner_id: Option<String>,
@@ -700,7 +705,7 @@ pub struct StaleRecord {
     pub accepted_token: Option<Token>,
     pub node: String,
     pub job: Option<String>,
-    pub stage: String,
+    pub stage: Stage,
     pub operation_id: String,
 }
 
@@ -708,7 +713,7 @@ pub struct StaleRecord {
 #[derive(Debug, Clone)]
 pub struct NewStaleRecord<'a> {
     pub kind: StaleKind,
-    pub reason: &'a str,
+    pub reason: StaleReason,
     pub resource: &'a str,
     pub key: Option<&'a str>,
     pub owner_id: Option<&'a str>,
@@ -716,7 +721,7 @@ pub struct NewStaleRecord<'a> {
     pub accepted_token: Option<Token>,
     pub node: &'a str,
     pub job: Option<&'a str>,
-    pub stage: &'a str,
+    pub stage: Stage,
     pub operation_id: &'a str,
 }
 
@@ -726,7 +731,7 @@ impl NewStaleRecord<'_> {
         StaleRecord {
             at: StoreTime(at),
             kind: self.kind,
-            reason: self.reason.to_string(),
+            reason: self.reason.clone(),
             resource: self.resource.to_string(),
             key: self.key.map(str::to_string),
             owner_id: self.owner_id.map(str::to_string),
@@ -734,7 +739,7 @@ impl NewStaleRecord<'_> {
             accepted_token: self.accepted_token,
             node: self.node.to_string(),
             job: self.job.map(str::to_string),
-            stage: self.stage.to_string(),
+            stage: self.stage.clone(),
             operation_id: self.operation_id.to_string(),
         }
     }
@@ -746,9 +751,7 @@ impl NewStaleRecord<'_> {
 pub struct RunEnd<'a> {
     pub resource: &'a str,
     pub token: Token,
-    /// `succeeded`, `failed`, `timed_out`, `lease_lost`, `shutdown`,
-    /// `spawn_failed`.
-    pub outcome: &'a str,
+    pub outcome: RunOutcome,
     pub exit_code: Option<i32>,
     /// The signal's name (`SIGKILL`).
     pub signal: Option<&'a str>,
@@ -766,8 +769,8 @@ pub struct RunEnd<'a> {
 #[derive(Debug, Clone, Default)]
 pub struct RunQuery<'a> {
     pub job: Option<&'a str>,
-    /// Only finished runs with this outcome (`succeeded`, …).
-    pub outcome: Option<&'a str>,
+    /// Only finished runs with this outcome.
+    pub outcome: Option<RunOutcome>,
     /// Runs started at or after this store time.
     pub since: Option<StoreTime>,
     /// Only runs of this node.
@@ -776,14 +779,6 @@ pub struct RunQuery<'a> {
     pub owner_id: Option<&'a str>,
     pub limit: u32,
 }
-
-/// A run's state as the history shows it: a row's own outcome once it
-/// ended; else `running` while its lease is held under its token, and
-/// `unknown` once it is not (its node died or lost the store mid-run and
-/// never wrote the end).
-pub const RUNNING: &str = "running";
-/// See [`RUNNING`].
-pub const UNKNOWN: &str = "unknown";
 
 /// One run of the history, as `fencecron runs` shows it. The keys follow
 /// the events' names.
@@ -798,8 +793,9 @@ pub struct RunInfo {
     pub token: Token,
     pub started_at: StoreTime,
     pub finished_at: Option<StoreTime>,
-    /// A finished run's outcome, or [`RUNNING`] / [`UNKNOWN`].
-    pub outcome: String,
+    /// A finished run's outcome, or whether it still runs
+    /// ([`RunState`]); shown under the key `outcome`.
+    pub outcome: RunState,
     pub exit_code: Option<i64>,
     pub signal: Option<String>,
     pub duration_ms: Option<i64>,
@@ -826,25 +822,13 @@ pub struct TriggerInfo {
     pub job: String,
     pub requested_at: StoreTime,
     pub requested_by: String,
-    /// `pending`, `claimed`, `started` or `refused`.
-    pub state: String,
+    pub state: TriggerState,
     /// The daemon that claimed it.
     pub node: Option<String>,
     /// The run's token once started.
     pub token: Option<Token>,
     /// Why it was refused (the holder), or why it failed to start.
     pub detail: Option<String>,
-}
-
-/// The states of a trigger.
-pub mod trigger_state {
-    pub const PENDING: &str = "pending";
-    pub const CLAIMED: &str = "claimed";
-    pub const STARTED: &str = "started";
-    pub const REFUSED: &str = "refused";
-    /// The manual run and its retries are over; `token` names the last
-    /// attempt. Written after that attempt's end is in the run history.
-    pub const ENDED: &str = "ended";
 }
 
 /// The id of one ownership: who a token was issued to. Every owner id the

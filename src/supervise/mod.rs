@@ -339,7 +339,7 @@ impl Supervisor {
         let end = RunEnd {
             resource: spec.resource.as_str(),
             token: lease.token,
-            outcome: outcome.as_str(),
+            outcome,
             exit_code,
             signal: signal_name.as_deref(),
             duration_ms: millis(duration),
@@ -456,7 +456,7 @@ impl Supervisor {
             &RunEnd {
                 resource: spec.resource.as_str(),
                 token: lease.token,
-                outcome: events::Outcome::SpawnFailed.as_str(),
+                outcome: events::Outcome::SpawnFailed,
                 exit_code: None,
                 signal: None,
                 duration_ms: 0,
@@ -546,7 +546,7 @@ impl Supervisor {
         let op = uuid::Uuid::new_v4().to_string();
         let rec = NewStaleRecord {
             kind: StaleKind::WriteRejected,
-            reason: "stale",
+            reason: crate::store::RejectReason::Stale.into(),
             resource: spec.resource.as_str(),
             key: None,
             owner_id: Some(owner.as_str()),
@@ -554,7 +554,7 @@ impl Supervisor {
             accepted_token: None,
             node: &self.node,
             job: Some(&spec.job),
-            stage: "job",
+            stage: crate::domain::Stage::Job,
             operation_id: &op,
         };
         match fence::record(self.store.as_ref(), &rec).await {
@@ -562,7 +562,7 @@ impl Supervisor {
             None => events::stale_write_rejected(&crate::store::StaleRecord {
                 at: crate::store::StoreTime::from_utc(Utc::now()),
                 kind: rec.kind,
-                reason: rec.reason.to_string(),
+                reason: rec.reason.clone(),
                 resource: rec.resource.to_string(),
                 key: None,
                 owner_id: Some(owner.to_string()),
@@ -570,7 +570,7 @@ impl Supervisor {
                 accepted_token: None,
                 node: self.node.clone(),
                 job: Some(spec.job.clone()),
-                stage: rec.stage.to_string(),
+                stage: rec.stage.clone(),
                 operation_id: op.clone(),
             }),
         }
@@ -583,14 +583,14 @@ impl Supervisor {
             self.store.clone(),
             fence::PendingRecord {
                 kind: StaleKind::LeaseLost,
-                reason: reason.as_str().to_string(),
+                reason: reason.into(),
                 resource: spec.resource.to_string(),
                 owner_id: Some(lease.owner_id.to_string()),
                 token: lease.token,
                 accepted_token: None,
                 node: self.node.clone(),
                 job: Some(spec.job.clone()),
-                stage: "renew".to_string(),
+                stage: crate::domain::Stage::Renew,
             },
         );
     }

@@ -30,15 +30,16 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::clock::Clock;
+use crate::domain::{RunState, TriggerState};
 use crate::names::Name;
 use crate::store::{
     classify_admission, classify_loss, classify_paused, classify_refusal, classify_rejection,
-    first_token_of, trigger_state, AcquireOutcome, AcquireRequest, Admission, AdmitOutcome,
-    AdmitRequest, Backend, ClaimOutcome, ClaimRequest, Claimed, EpochInfo, Lease, LeaseInfo,
-    LeaseRow, LossRow, NewStaleRecord, OwnerId, PauseInfo, PauseSeen, PutOutcome, PutRequest,
-    ReleaseOutcome, RenewOutcome, RunEnd, RunInfo, RunQuery, RunStart, StaleKind, StaleRecord,
-    StartedBy, Store, StoreError, StoreTime, StoreUrl, StoredValue, Takeover, Token, TriggerInfo,
-    Unseen, EPOCH_SHIFT, RUNNING, UNKNOWN,
+    first_token_of, AcquireOutcome, AcquireRequest, Admission, AdmitOutcome, AdmitRequest, Backend,
+    ClaimOutcome, ClaimRequest, Claimed, EpochInfo, Lease, LeaseInfo, LeaseRow, LossRow,
+    NewStaleRecord, OwnerId, PauseInfo, PauseSeen, PutOutcome, PutRequest, ReleaseOutcome,
+    RenewOutcome, RunEnd, RunInfo, RunQuery, RunStart, StaleKind, StaleRecord, StartedBy, Store,
+    StoreError, StoreTime, StoreUrl, StoredValue, Takeover, Token, TriggerInfo, Unseen,
+    EPOCH_SHIFT,
 };
 use crate::store::{node_state, NodeBeat, NodeInfo, PublishedJob};
 
@@ -421,7 +422,8 @@ fn acquire(s: &mut State, now: i64, req: &OwnedAcquire) -> AcquireOutcome {
                 token: lease.token,
                 started_at: StoreTime(started_at),
                 finished_at: None,
-                outcome: String::new(),
+                // Until it ends, `runs` says whether it still runs.
+                outcome: RunState::Unknown,
                 exit_code: None,
                 signal: None,
                 duration_ms: None,
@@ -876,7 +878,7 @@ impl Store for MemoryStore {
         let (node, job, stage) = (
             req.node.to_string(),
             req.job.map(str::to_string),
-            req.stage.to_string(),
+            req.stage.clone(),
         );
         let op = req.operation_id.to_string();
         self.call(Op::Put, move |s, now| {
@@ -917,7 +919,7 @@ impl Store for MemoryStore {
             };
             let rec = NewStaleRecord {
                 kind: StaleKind::WriteRejected,
-                reason: rejection.reason.as_str(),
+                reason: rejection.reason.into(),
                 resource: &resource,
                 key: Some(&key),
                 owner_id: Some(&owner_id),
@@ -925,7 +927,7 @@ impl Store for MemoryStore {
                 accepted_token: rejection.accepted_token,
                 node: &node,
                 job: job.as_deref(),
-                stage: &stage,
+                stage,
                 operation_id: &op,
             }
             .stored(now);
@@ -1019,7 +1021,7 @@ impl Store for MemoryStore {
 
     async fn finish_run(&self, end: &RunEnd<'_>) -> Result<bool, StoreError> {
         let (resource, token) = (end.resource.to_string(), end.token);
-        let (outcome, signal) = (end.outcome.to_string(), end.signal.map(str::to_string));
+        let (outcome, signal) = (RunState::from(end.outcome), end.signal.map(str::to_string));
         let (exit_code, duration_ms) = (end.exit_code.map(i64::from), end.duration_ms);
         let (elapsed, output) = (end.elapsed_ms, end.output.to_string());
         self.call(Op::FinishRun, move |s, _| {
@@ -1042,7 +1044,7 @@ impl Store for MemoryStore {
 
     async fn runs(&self, q: &RunQuery<'_>) -> Result<Vec<RunInfo>, StoreError> {
         let job = q.job.map(str::to_string);
-        let outcome = q.outcome.map(str::to_string);
+        let outcome = q.outcome.map(RunState::Ended);
         let node = q.node.map(str::to_string);
         let owner_id = q.owner_id.map(str::to_string);
         let (since, limit) = (q.since.map_or(i64::MIN, |t| t.0), q.limit as usize);
@@ -1065,7 +1067,11 @@ impl Store for MemoryStore {
                     let held = lease.is_some_and(|l| {
                         l.fence == r.token && l.owner_id == r.owner_id && l.expires_at > now
                     });
-                    r.outcome = if held { RUNNING } else { UNKNOWN }.to_string();
+                    r.outcome = if held {
+                        RunState::Running
+                    } else {
+                        RunState::Unknown
+                    };
                 }
             }
             found
@@ -1146,7 +1152,7 @@ impl Store for MemoryStore {
         self.call(Op::Fleet, |s, _| {
             s.triggers
                 .iter()
-                .filter(|t| t.state == trigger_state::PENDING)
+                .filter(|t| t.state == TriggerState::Pending)
                 .cloned()
                 .collect()
         })
@@ -1159,10 +1165,10 @@ impl Store for MemoryStore {
             match s
                 .triggers
                 .iter_mut()
-                .find(|t| t.id == id && t.state == trigger_state::PENDING)
+                .find(|t| t.id == id && t.state == TriggerState::Pending)
             {
                 Some(t) => {
-                    t.state = trigger_state::CLAIMED.to_string();
+                    t.state = TriggerState::Claimed;
                     t.node = Some(node);
                     true
                 }
@@ -1175,11 +1181,11 @@ impl Store for MemoryStore {
     async fn settle_trigger(
         &self,
         id: &str,
-        state: &str,
+        state: crate::domain::TriggerState,
         token: Option<Token>,
         detail: Option<&str>,
     ) -> Result<(), StoreError> {
-        let (id, state) = (id.to_string(), state.to_string());
+        let id = id.to_string();
         let detail = detail.map(str::to_string);
         self.call(Op::Fleet, move |s, _| {
             if let Some(t) = s.triggers.iter_mut().find(|t| t.id == id) {
@@ -1196,7 +1202,7 @@ impl Store for MemoryStore {
         self.call(Op::Fleet, move |s, _| {
             let before = s.triggers.len();
             s.triggers
-                .retain(|t| !(t.id == id && t.state == trigger_state::PENDING));
+                .retain(|t| !(t.id == id && t.state == TriggerState::Pending));
             s.triggers.len() < before
         })
         .await

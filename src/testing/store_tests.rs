@@ -11,6 +11,7 @@ use uuid::Uuid;
 use super::epoch_wall;
 use super::store::{Commit, Fault, Gate, MemoryStore, Op};
 use crate::clock::Clock;
+use crate::domain::{LossReason, Stage, StaleReason};
 use crate::names::Name;
 use crate::store::{
     AcquireOutcome, AcquireRequest, Lease, NewStaleRecord, OwnerId, PutOutcome, PutRequest,
@@ -315,13 +316,13 @@ async fn fenced_writes_compare_tokens_and_record_rejections() {
         once,
         node: "node-a",
         job: None,
-        stage: "test",
+        stage: Stage::Label("test".into()),
         operation_id: Uuid::new_v4(),
     };
     let nobody = OwnerId::fresh();
     assert!(matches!(
         s.put(&put(1, nobody, false)).await.unwrap(),
-        PutOutcome::Rejected(rec) if rec.reason == RejectReason::Forged.as_str()
+        PutOutcome::Rejected(rec) if rec.reason == StaleReason::from(RejectReason::Forged)
     ));
     let a = won(adhoc(&s, &r).await);
     release(&s, &a).await;
@@ -449,7 +450,7 @@ async fn injected_faults() {
     let rec = s
         .record_stale(&NewStaleRecord {
             kind: StaleKind::LeaseLost,
-            reason: "renew_refused",
+            reason: LossReason::RenewRefused.into(),
             resource: "renew",
             key: None,
             owner_id: None,
@@ -457,7 +458,7 @@ async fn injected_faults() {
             accepted_token: None,
             node: "n",
             job: None,
-            stage: "renew",
+            stage: Stage::Renew,
             operation_id: "op",
         })
         .await

@@ -594,7 +594,7 @@ async fn mysql_value_over_max_allowed_packet_names_the_setting() {
                 once: false,
                 node: "test",
                 job: None,
-                stage: "test",
+                stage: fencecron::domain::Stage::Label("test".into()),
                 operation_id: uuid::Uuid::new_v4(),
             })
             .await
@@ -619,7 +619,7 @@ async fn mysql_value_over_max_allowed_packet_names_the_setting() {
             once: false,
             node: "test",
             job: None,
-            stage: "test",
+            stage: fencecron::domain::Stage::Label("test".into()),
             operation_id: uuid::Uuid::new_v4(),
         })
         .await;

@@ -13,7 +13,9 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use fencecron::domain::{LossReason, RunOutcome, Stage, TriggerState};
 use fencecron::names::Name;
+use fencecron::store::RejectReason;
 use fencecron::store::{
     first_token_of, AcquireOutcome, AcquireRequest, AdmitOutcome, AdmitRequest,
     Backend as StoreBackend, ClaimItem, ClaimOutcome, ClaimRequest, Claimed, Lease, LeaseInfo,
@@ -165,7 +167,7 @@ impl<'a> Put<'a> {
                 once: self.once,
                 node: NODE,
                 job: self.job,
-                stage: self.stage,
+                stage: fencecron::domain::stored(self.stage),
                 operation_id: self.operation_id,
             })
             .await
@@ -813,7 +815,7 @@ async fn case_put_forged(store: Arc<dyn Store>) {
             Put::new(&never, &k, b"f", token, &owner).send(s).await,
             "never leased",
         );
-        assert_eq!(rec.reason, "forged");
+        assert_eq!(rec.reason.as_str(), "forged");
     }
     assert_eq!(value_of(s, &never, &k).await, None);
     assert_eq!(stale_of(s, None, &never).await.len(), 2);
@@ -879,7 +881,7 @@ async fn case_put_wrong_owner(store: Arc<dyn Store>) {
                 .await,
             "another owner id after the owner wrote",
         );
-        assert_eq!(rec.reason, "wrong_owner", "once: {once}");
+        assert_eq!(rec.reason.as_str(), "wrong_owner", "once: {once}");
     }
     must_release(s, &l).await;
     rejection(
@@ -990,7 +992,7 @@ async fn case_put_other_resources_token(store: Arc<dyn Store>) {
             .await,
         "A's token 3 on B after B's owner wrote",
     );
-    assert_eq!(rec.reason, "wrong_owner");
+    assert_eq!(rec.reason.as_str(), "wrong_owner");
     assert_eq!(value_of(s, &b, &k).await, Some((b"b's own".to_vec(), 3)));
     assert_eq!(stale_of(s, None, &b).await.len(), 3);
     assert!(stale_of(s, None, &a).await.is_empty());
@@ -1069,7 +1071,7 @@ async fn case_stale_rejection_recorded(store: Arc<dyn Store>) {
     let expected = StaleRecord {
         at: rec.at,
         kind: StaleKind::WriteRejected,
-        reason: "stale".to_string(),
+        reason: RejectReason::Stale.into(),
         resource: r.to_string(),
         key: Some("report.csv".to_string()),
         owner_id: Some(old_owner.clone()),
@@ -1077,7 +1079,7 @@ async fn case_stale_rejection_recorded(store: Arc<dyn Store>) {
         accepted_token: Some(2),
         node: NODE.to_string(),
         job: Some("nightly-report".to_string()),
-        stage: "upload".to_string(),
+        stage: Stage::Label("upload".to_string()),
         operation_id: op.to_string(),
     };
     assert_eq!(rec, expected);
@@ -1123,7 +1125,7 @@ async fn case_record_stale_lease_lost(store: Arc<dyn Store>) {
     let rec = s
         .record_stale(&NewStaleRecord {
             kind: StaleKind::LeaseLost,
-            reason: "renewal refused: the lease now belongs to another owner",
+            reason: LossReason::RenewRefused.into(),
             resource: r.as_str(),
             key: None,
             owner_id: Some(&owner),
@@ -1131,7 +1133,7 @@ async fn case_record_stale_lease_lost(store: Arc<dyn Store>) {
             accepted_token: Some(l.token + 1),
             node: "node-b",
             job: Some("job-x"),
-            stage: "renew",
+            stage: Stage::Renew,
             operation_id: &op,
         })
         .await
@@ -1139,7 +1141,7 @@ async fn case_record_stale_lease_lost(store: Arc<dyn Store>) {
     let expected = StaleRecord {
         at: rec.at,
         kind: StaleKind::LeaseLost,
-        reason: "renewal refused: the lease now belongs to another owner".to_string(),
+        reason: LossReason::RenewRefused.into(),
         resource: r.to_string(),
         key: None,
         owner_id: Some(owner),
@@ -1147,7 +1149,7 @@ async fn case_record_stale_lease_lost(store: Arc<dyn Store>) {
         accepted_token: Some(l.token + 1),
         node: "node-b".to_string(),
         job: Some("job-x".to_string()),
-        stage: "renew".to_string(),
+        stage: Stage::Renew,
         operation_id: op,
     };
     assert_eq!(rec, expected);
@@ -2722,11 +2724,11 @@ async fn runs_of(s: &dyn Store, job: &str) -> Vec<RunInfo> {
     .expect("runs reaches the store")
 }
 
-fn end(l: &Lease, outcome: &'static str, output: &'static str) -> RunEnd<'static> {
+fn end(l: &Lease, outcome: &str, output: &'static str) -> RunEnd<'static> {
     RunEnd {
         resource: Box::leak(l.resource.clone().into_boxed_str()),
         token: l.token,
-        outcome,
+        outcome: outcome.parse().expect("a run outcome"),
         exit_code: Some(3),
         signal: None,
         duration_ms: 1_500,
@@ -2877,7 +2879,7 @@ async fn case_run_history_records_winners_only(store: Arc<dyn Store>) {
         acquire_run(s, &r, &job, OwnerId::fresh(), None, StartedBy::Manual).await,
         "manual",
     );
-    assert_eq!(runs_of(s, &job).await[0].outcome, "running");
+    assert_eq!(runs_of(s, &job).await[0].outcome.as_str(), "running");
     must_release(s, &m).await;
     let newest = &runs_of(s, &job).await[0];
     assert_eq!(
@@ -2912,7 +2914,7 @@ async fn case_run_history_records_winners_only(store: Arc<dyn Store>) {
     let failed = s
         .runs(&RunQuery {
             job: Some(&job),
-            outcome: Some("failed"),
+            outcome: Some(RunOutcome::Failed),
             limit: 10,
             ..RunQuery::default()
         })
@@ -3191,7 +3193,7 @@ async fn case_triggers_are_claimed_once(store: Arc<dyn Store>) {
         job: "job".into(),
         requested_at: now,
         requested_by: "ops@host".into(),
-        state: "pending".into(),
+        state: TriggerState::Pending,
         node: None,
         token: None,
         detail: None,
@@ -3210,7 +3212,7 @@ async fn case_triggers_are_claimed_once(store: Arc<dyn Store>) {
         !s.cancel_trigger(&a).await.unwrap(),
         "claimed: not withdrawn"
     );
-    s.settle_trigger(&a, "started", Some(7), None)
+    s.settle_trigger(&a, TriggerState::Started, Some(7), None)
         .await
         .unwrap();
     let t = s.trigger(&a).await.unwrap().unwrap();
@@ -3263,7 +3265,7 @@ fn refused(out: AdmitOutcome, what: &str) -> (String, Option<Token>) {
                 (StaleKind::WriteRejected, "proxy", None),
                 "{what}: {rec:?}"
             );
-            (rec.reason, rec.accepted_token)
+            (rec.reason.to_string(), rec.accepted_token)
         }
         other => panic!("{what}: expected a refusal, got {other:?}"),
     }
