@@ -646,7 +646,7 @@ pub fn stale_write_rejected(rec: &StaleRecord) {
         event = "stale_write_rejected",
         resource = %rec.resource,
         key = rec.key.as_deref(),
-        owner_id = rec.owner_id.as_deref(),
+        owner_id = rec.owner_id.as_ref().map(OwnerId::as_str),
         token = rec.token,
         accepted_token = rec.accepted_token,
         node = %rec.node,

@@ -13,7 +13,8 @@ use tokio::task::JoinHandle;
 use crate::domain::{self, Stage, StaleReason};
 use crate::events;
 use crate::store::{
-    Lease, NewStaleRecord, PutOutcome, PutRequest, StaleKind, StaleRecord, Store, StoreError, Token,
+    Lease, NewStaleRecord, OwnerId, PutOutcome, PutRequest, StaleKind, StaleRecord, Store,
+    StoreError, Token,
 };
 
 /// The largest value `fencecron put` stores under one key: 8 MiB. A fenced
@@ -63,7 +64,8 @@ pub fn parse_job_report(line: &str, job: &str) -> Option<StaleRecord> {
         reason: domain::stored(&text("reason")?),
         resource: text("resource")?,
         key: text("key"),
-        owner_id: text("owner_id"),
+        // A job's line: an owner id that is not one is not shown as one.
+        owner_id: text("owner_id").and_then(|o| o.parse().ok()),
         token: v.get("token")?.as_i64()?,
         accepted_token: v.get("accepted_token").and_then(|t| t.as_i64()),
         node: text("node")?,
@@ -94,7 +96,7 @@ pub struct PendingRecord {
     pub kind: StaleKind,
     pub reason: StaleReason,
     pub resource: String,
-    pub owner_id: Option<String>,
+    pub owner_id: OwnerId,
     pub token: Token,
     pub accepted_token: Option<Token>,
     pub node: String,
@@ -129,7 +131,7 @@ pub fn record_in_background(store: Arc<dyn Store>, rec: PendingRecord) -> JoinHa
             reason: rec.reason.clone(),
             resource: &rec.resource,
             key: None,
-            owner_id: rec.owner_id.as_deref(),
+            owner_id: Some(rec.owner_id),
             token: rec.token,
             accepted_token: rec.accepted_token,
             node: &rec.node,
@@ -195,7 +197,7 @@ pub fn taken_over(
             kind: StaleKind::LeaseTakenOver,
             reason: StaleReason::ExpiredUnreleased,
             resource: lease.resource.clone(),
-            owner_id: Some(previous.owner_id.clone()),
+            owner_id: previous.owner_id,
             token: previous.token,
             accepted_token: Some(lease.token),
             node: previous.node.clone(),
@@ -231,7 +233,7 @@ mod tests {
             reason: crate::store::RejectReason::Stale.into(),
             resource: "r".into(),
             key: Some("k".into()),
-            owner_id: Some("o".into()),
+            owner_id: Some(OwnerId::fresh()),
             token: 4,
             accepted_token: Some(5),
             node: "n".into(),

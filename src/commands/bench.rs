@@ -250,7 +250,7 @@ async fn client_loop(
             (Path::Fencecron, RawOp::AcquireHeld) => {
                 let (outcome, d) = timed(store.acquire(&request(resource, holder_lease))).await?;
                 match outcome {
-                    AcquireOutcome::Held { .. } => Some(d),
+                    AcquireOutcome::Held { .. } | AcquireOutcome::LostRace => Some(d),
                     AcquireOutcome::Acquired(l) => {
                         // The holder's lease ran out: this call is the holder now.
                         owner = l.owner_id;

@@ -116,10 +116,9 @@ async fn show_run(store: &dyn Store, run: &str, json: bool) -> Result<Exit> {
             "`{run}` is not a run's owner id (a UUID); `fencecron runs --json` lists them"
         ))
     })?;
-    let owner = owner.to_string();
     let found = store
         .runs(&RunQuery {
-            owner_id: Some(&owner),
+            owner_id: Some(owner),
             limit: 1,
             ..RunQuery::default()
         })

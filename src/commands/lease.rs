@@ -8,7 +8,7 @@ use crate::fence;
 use crate::names::Name;
 use crate::output::{self, Align, Out, Table};
 use crate::store::{
-    AcquireOutcome, AcquireRequest, Lease, OpenOptions, ReleaseOutcome, RenewOutcome, StoreTime,
+    AcquireOutcome, AcquireRequest, Lease, OpenOptions, ReleaseOutcome, RenewOutcome,
 };
 use crate::supervise::DEFAULT_LEASE;
 
@@ -141,7 +141,7 @@ pub async fn run(cli: &Cli, cmd: &LeaseCommand) -> Result<Exit> {
                         if l.held { "yes" } else { "no" }.to_string(),
                         l.expires_at.to_string(),
                         output::relative(now, l.expires_at.to_utc()),
-                        l.owner_id,
+                        l.owner_id.to_string(),
                         l.node,
                     ]);
                 }
@@ -162,7 +162,7 @@ fn print_lease(l: &Lease) -> Result<()> {
     output::assignment(&mut out, "token", l.token)?;
     output::assignment(&mut out, "expires_at", l.expires_at)?;
     if let Some(prev) = &l.taken_over {
-        output::assignment(&mut out, "previous_owner_id", &prev.owner_id)?;
+        output::assignment(&mut out, "previous_owner_id", prev.owner_id)?;
         output::assignment(&mut out, "previous_node", &prev.node)?;
         output::assignment(&mut out, "previous_token", prev.token)?;
         output::assignment(&mut out, "previous_expired_at", prev.expired_at)?;
@@ -185,9 +185,7 @@ fn checked_lease(flag: Option<std::time::Duration>) -> Result<std::time::Duratio
 /// The exit-75 error for a lease someone else holds.
 pub(crate) fn held_error(resource: &Name, outcome: &AcquireOutcome) -> Error {
     match outcome {
-        AcquireOutcome::Held {
-            owner_id: None, ..
-        } => Error::Held(format!(
+        AcquireOutcome::LostRace => Error::Held(format!(
             "lease {resource} was just taken by a concurrent acquirer; retry after it expires or is released"
         )),
         AcquireOutcome::Held {
@@ -196,10 +194,7 @@ pub(crate) fn held_error(resource: &Name, outcome: &AcquireOutcome) -> Error {
             token,
             expires_at,
         } => Error::Held(format!(
-            "lease {resource} is held by {} on {} with token {token} until {}; retry after it expires or is released",
-            owner_id.as_deref().unwrap_or("another owner"),
-            node.as_deref().unwrap_or("another node"),
-            expires_at.map_or_else(|| "its expiry".to_string(), StoreTime::rfc3339),
+            "lease {resource} is held by {owner_id} on {node} with token {token} until {expires_at}; retry after it expires or is released",
         )),
         AcquireOutcome::OccurrenceTaken { last_occurrence } => Error::Held(format!(
             "occurrence of {resource} was already taken (last occurrence {last_occurrence})"

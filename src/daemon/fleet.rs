@@ -244,16 +244,14 @@ async fn retry_manual(
 fn refusal(outcome: &AcquireOutcome) -> String {
     match outcome {
         AcquireOutcome::Held {
-            owner_id: Some(owner),
+            owner_id,
             node,
             token,
             expires_at,
         } => format!(
-            "the job is running: its lease is held by {owner} on {} with token {token} until {}",
-            node.as_deref().unwrap_or("an unknown node"),
-            expires_at.map_or_else(|| "its expiry".to_string(), StoreTime::rfc3339)
+            "the job is running: its lease is held by {owner_id} on {node} with token {token} until {expires_at}"
         ),
-        AcquireOutcome::Held { .. } => {
+        AcquireOutcome::LostRace => {
             "the job's lease was just taken by another acquirer".to_string()
         }
         other => format!("the lease was not granted ({other:?})"),

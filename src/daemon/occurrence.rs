@@ -563,19 +563,16 @@ impl Occurrence {
                 Ending::Skipped(SkipReason::Paused)
             }
             AcquireOutcome::Held {
-                owner_id: Some(owner),
+                owner_id: owner,
                 node,
                 token,
                 ..
             } => {
-                let detail = format!(
-                    "lease held by {owner} on {} with token {token}",
-                    node.as_deref().unwrap_or("an unknown node")
-                );
+                let detail = format!("lease held by {owner} on {node} with token {token}");
                 events::occurrence_skipped(name, &at, SkipReason::Held, &detail);
                 Ending::Skipped(SkipReason::Held)
             }
-            // Held with no owner: another node's acquire won while ours
+            // LostRace: another node's acquire won while ours
             // waited for the row (the store could only see the row as it
             // was before the winner committed): in a fleet that is this
             // very occurrence, taken elsewhere.
@@ -723,7 +720,7 @@ async fn acquire_attempt(
     // it through the lease-loss path on whichever node it runs. Once per
     // attempt: whatever the second acquire answers stands.
     let AcquireOutcome::Held {
-        owner_id: Some(held_by),
+        owner_id: held_by,
         node: held_on,
         token,
         ..
@@ -736,8 +733,8 @@ async fn acquire_attempt(
             job.name.as_str(),
             &rfc3339(at),
             &node,
-            held_by,
-            held_on.as_deref(),
+            held_by.as_str(),
+            Some(held_on),
             *token,
         );
     }

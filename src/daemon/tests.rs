@@ -256,7 +256,7 @@ async fn a_timed_out_acquire_that_committed_is_adopted_by_the_retry() {
     assert_eq!(rig.runs(), [(ms(5_100), 1)]);
     let job = &rig.launcher.started()[0];
     assert_eq!(
-        job.owner_id.to_string(),
+        job.owner_id,
         rig.store.row("job").unwrap().owner_id,
         "the job runs as the owner the store recorded"
     );

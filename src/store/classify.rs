@@ -32,21 +32,16 @@ pub(crate) fn classify_loss(row: LossRow, req: &AcquireRequest<'_>) -> AcquireOu
     }
     if row.expires_at > row.now {
         AcquireOutcome::Held {
-            owner_id: Some(row.owner_id),
-            node: Some(row.node),
+            owner_id: row.owner_id,
+            node: row.node,
             token: row.fence,
-            expires_at: Some(StoreTime(row.expires_at)),
+            expires_at: StoreTime(row.expires_at),
         }
     } else {
         // The snapshot shows a free lease, yet the update did not take it: a
         // concurrent acquirer won between our snapshot and our update. Its
         // owner and token are not known to this caller.
-        AcquireOutcome::Held {
-            owner_id: None,
-            node: None,
-            token: row.fence,
-            expires_at: None,
-        }
+        AcquireOutcome::LostRace
     }
 }
 
@@ -94,7 +89,7 @@ pub(crate) fn run_binds<'a>(
 /// The lease row as a losing acquirer saw it.
 pub(crate) struct LossRow {
     pub fence: Token,
-    pub owner_id: String,
+    pub owner_id: OwnerId,
     pub node: String,
     pub expires_at: i64,
     pub last_occurrence: Option<i64>,
@@ -103,7 +98,7 @@ pub(crate) struct LossRow {
 
 /// The lease row as a refused renew or release finds it.
 pub(crate) struct LeaseRow {
-    pub owner_id: String,
+    pub owner_id: OwnerId,
     pub fence: Token,
     pub expires_at: i64,
 }
@@ -144,7 +139,7 @@ impl Rejection {
             reason: self.reason.into(),
             resource: req.resource.as_str(),
             key: Some(req.key.as_str()),
-            owner_id: Some(req.owner_id.as_str()),
+            owner_id: Some(req.owner_id),
             token: req.token,
             accepted_token: self.accepted_token,
             node: req.node,

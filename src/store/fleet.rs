@@ -15,8 +15,8 @@ use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Pool,
 
 use super::sql::Affected;
 use super::{
-    Backend, NodeBeat, NodeInfo, PauseInfo, PublishedJob, RunEnd, RunInfo, RunQuery, StoreTime,
-    TriggerInfo,
+    Backend, NodeBeat, NodeInfo, OwnerId, PauseInfo, PublishedJob, RunEnd, RunInfo, RunQuery,
+    StoreTime, TriggerInfo,
 };
 use crate::domain::{self, RunOutcome, RunState, TriggerState};
 
@@ -300,8 +300,8 @@ fn placeholders(backend: Backend, text: &str) -> String {
 pub(super) fn run_state(
     outcome: Option<String>,
     token: i64,
-    owner_id: &str,
-    lease: Option<(i64, &str, i64)>,
+    owner_id: OwnerId,
+    lease: Option<(i64, OwnerId, i64)>,
     now: i64,
 ) -> RunState {
     if let Some(outcome) = outcome {
@@ -529,7 +529,7 @@ where
         let job = q.job.unwrap_or("");
         let outcome = q.outcome.map_or("", RunOutcome::as_str);
         let node = q.node.unwrap_or("");
-        let owner_id = q.owner_id.unwrap_or("");
+        let owner_id = q.owner_id.as_ref().map_or("", OwnerId::as_str);
         let found = sqlx::query(&sql.runs)
             .bind(job)
             .bind(job)
@@ -547,15 +547,15 @@ where
             .iter()
             .map(|r| {
                 let token: i64 = r.try_get("token")?;
-                let owner_id: String = r.try_get("owner_id")?;
+                let owner_id: OwnerId = r.try_get("owner_id")?;
                 let lease_fence: Option<i64> = r.try_get("lease_fence")?;
-                let lease_owner: Option<String> = r.try_get("lease_owner_id")?;
+                let lease_owner: Option<OwnerId> = r.try_get("lease_owner_id")?;
                 let lease_expires: Option<i64> = r.try_get("lease_expires_at_ms")?;
-                let lease = match (lease_fence, &lease_owner, lease_expires) {
-                    (Some(f), Some(o), Some(e)) => Some((f, o.as_str(), e)),
+                let lease = match (lease_fence, lease_owner, lease_expires) {
+                    (Some(f), Some(o), Some(e)) => Some((f, o, e)),
                     _ => None,
                 };
-                let outcome = run_state(r.try_get("outcome")?, token, &owner_id, lease, now.0);
+                let outcome = run_state(r.try_get("outcome")?, token, owner_id, lease, now.0);
                 Ok(RunInfo {
                     job: r.try_get("job")?,
                     resource: r.try_get("resource")?,
@@ -1030,13 +1030,15 @@ mod tests {
 
     #[test]
     fn an_unfinished_run_is_running_only_under_its_own_held_lease() {
-        let state = |lease| run_state(None, 7, "me", lease, 1000);
-        assert_eq!(state(Some((7, "me", 2000))), RunState::Running);
-        assert_eq!(state(Some((7, "me", 1000))), RunState::Unknown);
-        assert_eq!(state(Some((8, "other", 2000))), RunState::Unknown);
+        let (me, other) = (OwnerId::fresh(), OwnerId::fresh());
+        let state = |lease| run_state(None, 7, me, lease, 1000);
+        assert_eq!(state(Some((7, me, 2000))), RunState::Running);
+        assert_eq!(state(Some((7, me, 1000))), RunState::Unknown);
+        assert_eq!(state(Some((7, other, 2000))), RunState::Unknown);
+        assert_eq!(state(Some((8, other, 2000))), RunState::Unknown);
         assert_eq!(state(None), RunState::Unknown);
         assert_eq!(
-            run_state(Some("failed".into()), 7, "me", Some((7, "me", 2000)), 1000),
+            run_state(Some("failed".into()), 7, me, Some((7, me, 2000)), 1000),
             RunState::Ended(RunOutcome::Failed)
         );
     }

@@ -736,7 +736,9 @@ fn rejection(r: RejectionRow) -> StaleRecord {
         reason: RejectReason::Stale.into(),
         resource: r.resource,
         key: None,
-        owner_id: r.owner_id,
+        // The job's own database, which the job (or anyone with access)
+        // writes: a value that is not an owner id is not shown as one.
+        owner_id: r.owner_id.and_then(|o| o.parse().ok()),
         token: r.token,
         accepted_token: Some(r.accepted_token),
         node: r

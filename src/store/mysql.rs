@@ -299,7 +299,7 @@ impl Dialect for My {
         // column names.
         let won: i64 = row.try_get(0)?;
         let fence: Option<i64> = row.try_get(1)?;
-        let owner_id: Option<String> = row.try_get(2)?;
+        let owner_id: Option<OwnerId> = row.try_get(2)?;
         let node: Option<String> = row.try_get(3)?;
         let expires_at: Option<i64> = row.try_get(4)?;
         let last_occurrence: Option<i64> = row.try_get(5)?;

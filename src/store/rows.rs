@@ -5,8 +5,8 @@ use sqlx::{ColumnIndex, Database, Decode, Row, Type};
 
 use super::{
     classify_loss, classify_rejection, ClaimOutcome, ClaimRequest, Claimed, Lease, LeaseInfo,
-    LossRow, PutRequest, Rejection, StaleKind, StaleRecord, StoreError, StoreTime, StoredValue,
-    Takeover,
+    LossRow, OwnerId, PutRequest, Rejection, StaleKind, StaleRecord, StoreError, StoreTime,
+    StoredValue, Takeover,
 };
 
 fn get<'r, R, T>(r: &'r R, col: &'static str) -> Result<T, sqlx::Error>
@@ -83,6 +83,7 @@ where
     i64: Decode<'r, DB> + Type<DB>,
     Vec<u8>: Decode<'r, DB> + Type<DB>,
     Option<String>: Decode<'r, DB> + Type<DB>,
+    String: Decode<'r, DB> + Type<DB>,
 {
     Ok(StoredValue {
         resource: resource.to_string(),
@@ -128,6 +129,7 @@ where
     &'static str: ColumnIndex<R>,
     Option<i64>: Decode<'r, DB> + Type<DB>,
     Option<String>: Decode<'r, DB> + Type<DB>,
+    String: Decode<'r, DB> + Type<DB>,
 {
     let issued: Option<i64> = get(r, "issued")?;
     let issued_to: Option<String> = get(r, "issued_to")?;
@@ -149,6 +151,7 @@ where
     I: ColumnIndex<R>,
     Option<i64>: Decode<'r, DB> + Type<DB>,
     Option<String>: Decode<'r, DB> + Type<DB>,
+    String: Decode<'r, DB> + Type<DB>,
 {
     let [owner_id, node, fence, expired_at] = cols;
     Ok(Takeover::from_columns(
@@ -185,6 +188,7 @@ where
     i64: Decode<'r, DB> + Type<DB>,
     Option<i64>: Decode<'r, DB> + Type<DB>,
     Option<String>: Decode<'r, DB> + Type<DB>,
+    String: Decode<'r, DB> + Type<DB>,
 {
     let items = req.items;
     if rows.len() != items.len() {
@@ -219,7 +223,7 @@ where
         let (fence, expires_at, owner_id, node) = (
             row.try_get::<Option<i64>, _>(8)?,
             row.try_get::<Option<i64>, _>(9)?,
-            row.try_get::<Option<String>, _>(10)?,
+            row.try_get::<Option<OwnerId>, _>(10)?,
             row.try_get::<Option<String>, _>(11)?,
         );
         let (1, 0, Some(fence), Some(expires_at), Some(owner_id), Some(node)) =

@@ -300,7 +300,7 @@ where
             .bind(rec.reason.as_str())
             .bind(rec.resource)
             .bind(rec.key)
-            .bind(rec.owner_id)
+            .bind(rec.owner_id.as_ref().map(OwnerId::as_str))
             .bind(rec.token)
             .bind(rec.accepted_token)
             .bind(rec.node)

@@ -196,7 +196,7 @@ impl Claimed {
         match outcome {
             // The snapshot showed the lease free: locked by another caller,
             // taken meanwhile, or past the claim's limit.
-            AcquireOutcome::Held { owner_id: None, .. } => Claimed::Skipped,
+            AcquireOutcome::LostRace => Claimed::Skipped,
             AcquireOutcome::NotYetDue { .. } | AcquireOutcome::Superseded { .. } => Claimed::Ask,
             AcquireOutcome::Paused { .. } => Claimed::Ask,
             lost => Claimed::Lost(lost),
@@ -374,7 +374,7 @@ pub struct Lease {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Takeover {
     /// The vanished owner's id.
-    pub owner_id: String,
+    pub owner_id: OwnerId,
     /// The node it ran on.
     pub node: String,
     /// Its token.
@@ -387,7 +387,7 @@ impl Takeover {
     /// From the `prev_*` columns a winning acquire returns: all set after a
     /// takeover, all NULL after a clean hand-over or a first acquisition.
     pub(crate) fn from_columns(
-        owner_id: Option<String>,
+        owner_id: Option<OwnerId>,
         node: Option<String>,
         token: Option<Token>,
         expired_at: Option<i64>,
@@ -442,14 +442,18 @@ impl EpochInfo {
 pub enum AcquireOutcome {
     /// The caller owns the lease with a fresh, larger token.
     Acquired(Lease),
-    /// Another owner holds an unexpired lease. Owner and node are unknown when
-    /// a concurrent acquirer took it during this very call.
+    /// Another owner holds an unexpired lease.
     Held {
-        owner_id: Option<String>,
-        node: Option<String>,
+        owner_id: OwnerId,
+        node: String,
         token: Token,
-        expires_at: Option<StoreTime>,
+        expires_at: StoreTime,
     },
+    /// The lease was free as this call saw it, yet a concurrent acquirer
+    /// took it between that snapshot and this call's update: held, by an
+    /// owner (and node and token) this caller cannot know. For a scheduled
+    /// occurrence in a fleet, this very occurrence was taken elsewhere.
+    LostRace,
     /// The occurrence was already taken (by this or another instance).
     OccurrenceTaken { last_occurrence: StoreTime },
     /// The occurrence is still in the future by the store's clock: this
@@ -487,7 +491,7 @@ pub enum Refusal {
     Missing,
     /// Another acquisition (owner id and/or token) holds the row now.
     NotOwner {
-        current_owner: String,
+        current_owner: OwnerId,
         current_token: Token,
     },
     /// Still ours by owner and token, but expired by the store's clock
@@ -531,7 +535,7 @@ pub enum ReleaseOutcome {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct LeaseInfo {
     pub resource: String,
-    pub owner_id: String,
+    pub owner_id: OwnerId,
     pub node: String,
     pub token: Token,
     pub expires_at: StoreTime,
@@ -658,7 +662,8 @@ pub struct StoredValue {
     pub key: String,
     pub value: Vec<u8>,
     pub token: Token,
-    pub owner_id: Option<String>,
+    /// `None` for a value written before owners were recorded with it.
+    pub owner_id: Option<OwnerId>,
     pub written_at: StoreTime,
 }
 
@@ -700,7 +705,9 @@ pub struct StaleRecord {
     pub reason: StaleReason,
     pub resource: String,
     pub key: Option<String>,
-    pub owner_id: Option<String>,
+    /// The owner the token was issued to, when known: not for a request
+    /// at the fencing proxy, which carries a token only.
+    pub owner_id: Option<OwnerId>,
     pub token: Token,
     pub accepted_token: Option<Token>,
     pub node: String,
@@ -716,7 +723,7 @@ pub struct NewStaleRecord<'a> {
     pub reason: StaleReason,
     pub resource: &'a str,
     pub key: Option<&'a str>,
-    pub owner_id: Option<&'a str>,
+    pub owner_id: Option<OwnerId>,
     pub token: Token,
     pub accepted_token: Option<Token>,
     pub node: &'a str,
@@ -734,7 +741,7 @@ impl NewStaleRecord<'_> {
             reason: self.reason.clone(),
             resource: self.resource.to_string(),
             key: self.key.map(str::to_string),
-            owner_id: self.owner_id.map(str::to_string),
+            owner_id: self.owner_id,
             token: self.token,
             accepted_token: self.accepted_token,
             node: self.node.to_string(),
@@ -776,7 +783,7 @@ pub struct RunQuery<'a> {
     /// Only runs of this node.
     pub node: Option<&'a str>,
     /// Only the run of this acquisition (`runs show`).
-    pub owner_id: Option<&'a str>,
+    pub owner_id: Option<OwnerId>,
     pub limit: u32,
 }
 
@@ -789,7 +796,7 @@ pub struct RunInfo {
     pub scheduled_at: Option<StoreTime>,
     pub trigger: String,
     pub node: String,
-    pub owner_id: String,
+    pub owner_id: OwnerId,
     pub token: Token,
     pub started_at: StoreTime,
     pub finished_at: Option<StoreTime>,
@@ -892,6 +899,34 @@ impl PartialEq<String> for OwnerId {
     }
 }
 
+/// An owner id column reads as an `OwnerId` wherever it reads as text, so
+/// every row decodes straight into one; a stored value that is not a UUID
+/// (no fencecron ever wrote one) fails the row's decoding with an error
+/// that names it ([`BadOwnerId`]) instead of passing on as an owner that
+/// cannot exist.
+impl<DB: sqlx::Database> sqlx::Type<DB> for OwnerId
+where
+    String: sqlx::Type<DB>,
+{
+    fn type_info() -> DB::TypeInfo {
+        <String as sqlx::Type<DB>>::type_info()
+    }
+
+    fn compatible(ty: &DB::TypeInfo) -> bool {
+        <String as sqlx::Type<DB>>::compatible(ty)
+    }
+}
+
+impl<'r, DB: sqlx::Database> sqlx::Decode<'r, DB> for OwnerId
+where
+    String: sqlx::Decode<'r, DB>,
+{
+    fn decode(value: DB::ValueRef<'r>) -> Result<OwnerId, sqlx::error::BoxDynError> {
+        let text = <String as sqlx::Decode<'r, DB>>::decode(value)?;
+        Ok(text.parse::<OwnerId>()?)
+    }
+}
+
 /// An owner id that is not a UUID.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BadOwnerId(pub String);
@@ -911,5 +946,28 @@ impl std::str::FromStr for OwnerId {
         Uuid::parse_str(s.trim())
             .map(OwnerId::from_uuid)
             .map_err(|_| BadOwnerId(s.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sqlx::Row;
+
+    /// An owner id column decodes into an `OwnerId`; one that is not a UUID
+    /// fails its row by name instead of passing on as an owner.
+    #[tokio::test]
+    async fn an_owner_id_column_decodes_only_a_uuid_and_names_what_it_refuses() {
+        let db = sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap();
+        let id = OwnerId::fresh();
+        let row = sqlx::query("SELECT ?1 AS owner_id, NULL AS none, 'not-a-uuid' AS bad")
+            .bind(id.as_str())
+            .fetch_one(&db)
+            .await
+            .unwrap();
+        assert_eq!(row.try_get::<OwnerId, _>("owner_id").unwrap(), id);
+        assert_eq!(row.try_get::<Option<OwnerId>, _>("none").unwrap(), None);
+        let err = row.try_get::<OwnerId, _>("bad").unwrap_err().to_string();
+        assert!(err.contains("\"not-a-uuid\" is not a UUID"), "{err}");
     }
 }

@@ -302,10 +302,7 @@ async fn an_exit_during_a_hanging_renewal_releases_at_once() {
             .collect::<Vec<_>>(),
         [(ms(4_000), "released 1")]
     );
-    assert_eq!(
-        rig.job().owner_id.to_string(),
-        rig.store.row("job").unwrap().owner_id
-    );
+    assert_eq!(rig.job().owner_id, rig.store.row("job").unwrap().owner_id);
 }
 
 #[tokio::test(start_paused = true)]

@@ -117,7 +117,7 @@ impl Gate {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Row {
     pub fence: Token,
-    pub owner_id: String,
+    pub owner_id: OwnerId,
     pub node: String,
     pub acquired_at: i64,
     pub expires_at: i64,
@@ -131,7 +131,7 @@ impl Row {
     fn loss(&self, now: i64) -> LossRow {
         LossRow {
             fence: self.fence,
-            owner_id: self.owner_id.clone(),
+            owner_id: self.owner_id,
             node: self.node.clone(),
             expires_at: self.expires_at,
             last_occurrence: self.last_occurrence,
@@ -367,7 +367,7 @@ impl MemoryStore {
         let s = self.lock();
         let fence = s.leases.get(resource).map_or(0, |r| r.fence);
         RenewOutcome::Refused(crate::store::Refusal::NotOwner {
-            current_owner: "another-owner".to_string(),
+            current_owner: OwnerId::fresh(),
             current_token: fence + 1,
         })
     }
@@ -418,7 +418,7 @@ fn acquire(s: &mut State, now: i64, req: &OwnedAcquire) -> AcquireOutcome {
                 scheduled_at: *at,
                 trigger: by.as_str().to_string(),
                 node: req.node.clone(),
-                owner_id: req.owner_id.to_string(),
+                owner_id: req.owner_id,
                 token: lease.token,
                 started_at: StoreTime(started_at),
                 finished_at: None,
@@ -442,7 +442,7 @@ fn acquire_lease(
     floor: Token,
     due: bool,
 ) -> AcquireOutcome {
-    let owner = req.owner_id.to_string();
+    let owner = req.owner_id;
     let occ = req.occurrence.map(|o| o.0);
     let next = req.next_occurrence.map(|o| o.0);
     let lease = millis(req.lease);
@@ -482,7 +482,7 @@ fn acquire_lease(
         row.expires_at = row.expires_at.max(now + lease);
     } else {
         row.prev = (!row.released).then(|| Takeover {
-            owner_id: row.owner_id.clone(),
+            owner_id: row.owner_id,
             node: row.node.clone(),
             token: row.fence,
             expired_at: StoreTime(row.expires_at),
@@ -557,7 +557,7 @@ fn describe_acquire(out: &AcquireOutcome, adopted: bool) -> String {
     match out {
         AcquireOutcome::Acquired(l) if adopted => format!("adopted {}", l.token),
         AcquireOutcome::Acquired(l) => format!("acquired {}", l.token),
-        AcquireOutcome::Held { .. } => "held".to_string(),
+        AcquireOutcome::Held { .. } | AcquireOutcome::LostRace => "held".to_string(),
         AcquireOutcome::OccurrenceTaken { .. } => "taken".to_string(),
         AcquireOutcome::NotYetDue { .. } => "not_yet_due".to_string(),
         AcquireOutcome::Superseded { .. } => "superseded".to_string(),
@@ -568,7 +568,7 @@ fn describe_acquire(out: &AcquireOutcome, adopted: bool) -> String {
 
 fn refusal_row(s: &State, resource: &str) -> Option<LeaseRow> {
     s.leases.get(resource).map(|r| LeaseRow {
-        owner_id: r.owner_id.clone(),
+        owner_id: r.owner_id,
         fence: r.fence,
         expires_at: r.expires_at,
     })
@@ -858,7 +858,7 @@ impl Store for MemoryStore {
                 })
                 .map(|(resource, r)| LeaseInfo {
                     resource: resource.clone(),
-                    owner_id: r.owner_id.clone(),
+                    owner_id: r.owner_id,
                     node: r.node.clone(),
                     token: r.fence,
                     expires_at: StoreTime(r.expires_at),
@@ -874,7 +874,7 @@ impl Store for MemoryStore {
         let key = req.key.to_string();
         let value = req.value.to_vec();
         let (token, once) = (req.token, req.once);
-        let owner_id = req.owner_id.to_string();
+        let owner_id = req.owner_id;
         let (node, job, stage) = (
             req.node.to_string(),
             req.job.map(str::to_string),
@@ -884,10 +884,7 @@ impl Store for MemoryStore {
         self.call(Op::Put, move |s, now| {
             // The SQL write boundary: the resource's current token from the
             // owner it was issued to, and the key's rule.
-            let lease = s
-                .leases
-                .get(&resource)
-                .map(|r| (r.fence, r.owner_id.clone()));
+            let lease = s.leases.get(&resource).map(|r| (r.fence, r.owner_id));
             let slot = (resource.clone(), key.clone());
             let accepted = s.values.get(&slot).map(|v| v.token);
             let writes = lease
@@ -913,7 +910,8 @@ impl Store for MemoryStore {
             let lease = lease
                 .as_ref()
                 .map(|(fence, owner)| (*fence, owner.as_str()));
-            let Some(rejection) = classify_rejection(token, &owner_id, once, accepted, lease)
+            let Some(rejection) =
+                classify_rejection(token, owner_id.as_str(), once, accepted, lease)
             else {
                 return PutOutcome::AlreadyApplied;
             };
@@ -922,7 +920,7 @@ impl Store for MemoryStore {
                 reason: rejection.reason.into(),
                 resource: &resource,
                 key: Some(&key),
-                owner_id: Some(&owner_id),
+                owner_id: Some(owner_id),
                 token,
                 accepted_token: rejection.accepted_token,
                 node: &node,
@@ -1046,7 +1044,7 @@ impl Store for MemoryStore {
         let job = q.job.map(str::to_string);
         let outcome = q.outcome.map(RunState::Ended);
         let node = q.node.map(str::to_string);
-        let owner_id = q.owner_id.map(str::to_string);
+        let owner_id = q.owner_id;
         let (since, limit) = (q.since.map_or(i64::MIN, |t| t.0), q.limit as usize);
         self.call(Op::Fleet, move |s, now| {
             let mut found: Vec<RunInfo> = s

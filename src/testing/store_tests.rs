@@ -89,7 +89,7 @@ async fn tokens_grow_across_release_and_expiry_and_refusals_say_why() {
     match adhoc(&s, &r).await {
         AcquireOutcome::Held {
             owner_id, token, ..
-        } => assert_eq!((owner_id, token), (Some(a.owner_id.to_string()), 1)),
+        } => assert_eq!((owner_id, token), (a.owner_id, 1)),
         other => panic!("{other:?}"),
     }
     assert_eq!(release(&s, &a).await, ReleaseOutcome::Released);
@@ -114,7 +114,7 @@ async fn tokens_grow_across_release_and_expiry_and_refusals_say_why() {
     assert_eq!(
         c.taken_over,
         Some(Takeover {
-            owner_id: owner_b.clone(),
+            owner_id: b.owner_id,
             node: "node-a".into(),
             token: 2,
             expired_at: b.expires_at
@@ -122,7 +122,7 @@ async fn tokens_grow_across_release_and_expiry_and_refusals_say_why() {
         "an expired, unreleased lease is a takeover"
     );
     let not_owner = Refusal::NotOwner {
-        current_owner: c.owner_id.to_string(),
+        current_owner: c.owner_id,
         current_token: 3,
     };
     assert_eq!(

@@ -251,10 +251,10 @@ async fn case_token_increases_across_release(store: Arc<dyn Store>) {
             expires_at,
             node,
         } => {
-            assert_eq!(owner_id.as_deref(), Some(a.owner_id.to_string().as_str()));
-            assert_eq!(node.as_deref(), Some(NODE));
+            assert_eq!(owner_id, a.owner_id);
+            assert_eq!(node, NODE);
             assert_eq!(token, a.token);
-            assert_eq!(expires_at, Some(a.expires_at));
+            assert_eq!(expires_at, a.expires_at);
         }
         other => panic!("second acquire while held: {other:?}"),
     }
@@ -321,7 +321,7 @@ async fn case_token_increases_across_expiry(store: Arc<dyn Store>) {
     let b_owner = b.owner_id.to_string();
 
     let not_owner = Refusal::NotOwner {
-        current_owner: b_owner.clone(),
+        current_owner: oid(&b_owner),
         current_token: b.token,
     };
     assert_eq!(
@@ -386,14 +386,14 @@ async fn case_renew_keeps_token(store: Arc<dyn Store>) {
     assert_eq!(
         s.renew(&r, oid(&owner), a.token + 1, LEASE).await.unwrap(),
         RenewOutcome::Refused(Refusal::NotOwner {
-            current_owner: owner.clone(),
+            current_owner: oid(&owner),
             current_token: a.token,
         })
     );
     assert_eq!(
         s.release(&r, oid(&owner), a.token + 1).await.unwrap(),
         ReleaseOutcome::Refused(Refusal::NotOwner {
-            current_owner: owner.clone(),
+            current_owner: oid(&owner),
             current_token: a.token,
         })
     );
@@ -431,7 +431,7 @@ async fn case_old_owner_refused(store: Arc<dyn Store>) {
     let b = must_acquire(s, &r).await;
     let (a_owner, b_owner) = (a.owner_id.to_string(), b.owner_id.to_string());
     let not_owner = Refusal::NotOwner {
-        current_owner: b_owner.clone(),
+        current_owner: oid(&b_owner),
         current_token: b.token,
     };
     for (owner, token) in [
@@ -664,7 +664,10 @@ async fn case_put_accepts_equal_token(store: Arc<dyn Store>) {
     }
     let v = s.get(&r, &k).await.unwrap().expect("value");
     assert_eq!((v.value.as_slice(), v.token), (&b"c"[..], 1));
-    assert_eq!(v.owner_id.as_deref(), Some(owner1.as_str()));
+    assert_eq!(
+        v.owner_id.as_ref().map(OwnerId::as_str),
+        Some(owner1.as_str())
+    );
     assert_eq!(
         (v.resource.as_str(), v.key.as_str()),
         (r.as_str(), "result")
@@ -852,7 +855,7 @@ async fn case_put_wrong_owner(store: Arc<dyn Store>) {
         (
             rec.kind,
             rec.reason.as_str(),
-            rec.owner_id.as_deref(),
+            rec.owner_id.as_ref().map(OwnerId::as_str),
             rec.token,
             rec.accepted_token
         ),
@@ -896,7 +899,11 @@ async fn case_put_wrong_owner(store: Arc<dyn Store>) {
     assert_eq!(recs[0], rec);
     for x in &recs {
         assert_eq!(
-            (x.reason.as_str(), x.owner_id.as_deref(), x.key.as_deref()),
+            (
+                x.reason.as_str(),
+                x.owner_id.as_ref().map(OwnerId::as_str),
+                x.key.as_deref()
+            ),
             ("wrong_owner", Some(foreign.as_str()), Some("k")),
             "{x:?}"
         );
@@ -936,7 +943,7 @@ async fn case_put_other_resources_token(store: Arc<dyn Store>) {
         (
             rec.reason.as_str(),
             rec.resource.as_str(),
-            rec.owner_id.as_deref(),
+            rec.owner_id.as_ref().map(OwnerId::as_str),
             rec.token,
             rec.accepted_token
         ),
@@ -960,7 +967,7 @@ async fn case_put_other_resources_token(store: Arc<dyn Store>) {
         (
             rec.reason.as_str(),
             rec.resource.as_str(),
-            rec.owner_id.as_deref(),
+            rec.owner_id.as_ref().map(OwnerId::as_str),
             rec.token,
             rec.accepted_token
         ),
@@ -1074,7 +1081,7 @@ async fn case_stale_rejection_recorded(store: Arc<dyn Store>) {
         reason: RejectReason::Stale.into(),
         resource: r.to_string(),
         key: Some("report.csv".to_string()),
-        owner_id: Some(old_owner.clone()),
+        owner_id: Some(oid(&old_owner)),
         token: 1,
         accepted_token: Some(2),
         node: NODE.to_string(),
@@ -1128,7 +1135,7 @@ async fn case_record_stale_lease_lost(store: Arc<dyn Store>) {
             reason: LossReason::RenewRefused.into(),
             resource: r.as_str(),
             key: None,
-            owner_id: Some(&owner),
+            owner_id: Some(oid(&owner)),
             token: l.token,
             accepted_token: Some(l.token + 1),
             node: "node-b",
@@ -1144,7 +1151,7 @@ async fn case_record_stale_lease_lost(store: Arc<dyn Store>) {
         reason: LossReason::RenewRefused.into(),
         resource: r.to_string(),
         key: None,
-        owner_id: Some(owner),
+        owner_id: Some(oid(&owner)),
         token: l.token,
         accepted_token: Some(l.token + 1),
         node: "node-b".to_string(),
@@ -1955,7 +1962,7 @@ async fn case_expiry_is_a_takeover(store: Arc<dyn Store>) {
         "b after a expired",
     );
     let expected = Takeover {
-        owner_id: a.owner_id.to_string(),
+        owner_id: a.owner_id,
         node: "node-a".to_string(),
         token: a.token,
         expired_at: renewed,
@@ -1977,7 +1984,7 @@ async fn case_expiry_is_a_takeover(store: Arc<dyn Store>) {
     assert_eq!(
         c.taken_over,
         Some(Takeover {
-            owner_id: b.owner_id.to_string(),
+            owner_id: b.owner_id,
             node: "node-b".to_string(),
             token: b.token,
             expired_at: b.expires_at,
@@ -2204,8 +2211,8 @@ async fn case_claim_wins_like_the_acquire(store: Arc<dyn Store>) {
         (gone.owner_id.as_str(), gone.token)
     );
     assert!(
-        matches!(&out.items[4], Claimed::Lost(AcquireOutcome::Held { owner_id: Some(o), token, .. })
-            if o == holder.owner_id.as_str() && *token == holder.token),
+        matches!(&out.items[4], Claimed::Lost(AcquireOutcome::Held { owner_id: o, token, .. })
+            if *o == holder.owner_id && *token == holder.token),
         "held: {:?}",
         out.items[4]
     );
@@ -2564,7 +2571,7 @@ async fn case_losing_acquire_changes_nothing(store: Arc<dyn Store>) {
     let b = acquired(acquire_as(s, &r, "node-b", None).await, "b");
     assert_eq!(
         b.taken_over.map(|p| (p.owner_id, p.node, p.token)),
-        Some((a.owner_id.to_string(), "node-a".to_string(), a.token))
+        Some((a.owner_id, "node-a".to_string(), a.token))
     );
 }
 
