@@ -108,7 +108,9 @@ async fn record(db: &str, resource: Option<&str>, token: Option<i64>, json: bool
     let (node, job, owner) = (
         env("FENCECRON_NODE").unwrap_or_else(super::hostname),
         env("FENCECRON_JOB"),
-        env("FENCECRON_OWNER_ID"),
+        // Set by fencecron for its jobs; anything else is not an owner id
+        // it issued and is not recorded as one.
+        env("FENCECRON_OWNER_ID").and_then(|o| o.parse().ok()),
     );
     let guard = GuardDb::open(&url)?;
     let found = guard
@@ -117,7 +119,7 @@ async fn record(db: &str, resource: Option<&str>, token: Option<i64>, json: bool
             token,
             node: Some(&node),
             job: job.as_deref(),
-            owner_id: owner.as_deref(),
+            owner_id: owner,
         })
         .await;
     guard.close().await;

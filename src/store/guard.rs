@@ -351,7 +351,7 @@ pub struct GuardReport<'a> {
     pub token: i64,
     pub node: Option<&'a str>,
     pub job: Option<&'a str>,
-    pub owner_id: Option<&'a str>,
+    pub owner_id: Option<super::OwnerId>,
 }
 
 /// What [`GuardDb::record`] found.
@@ -547,7 +547,7 @@ impl GuardDb {
                             .bind(accepted)
                             .bind(rep.node)
                             .bind(rep.job)
-                            .bind(rep.owner_id)
+                            .bind(rep.owner_id.as_ref().map(super::OwnerId::as_str))
                             .bind(&op)
                             .execute($pool)
                             .await?;
@@ -556,7 +556,7 @@ impl GuardDb {
                         sqlx::query($fill)
                             .bind(rep.node)
                             .bind(rep.job)
-                            .bind(rep.owner_id)
+                            .bind(rep.owner_id.as_ref().map(super::OwnerId::as_str))
                             .bind(res)
                             .bind(rep.token)
                             .execute($pool)
