@@ -14,6 +14,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use toml::Spanned;
 
+use crate::domain::NodeId;
 use crate::names::Name;
 use crate::schedule::Schedule;
 use crate::store::StoreUrl;
@@ -62,7 +63,7 @@ pub struct Config {
     /// `store.max_connections`: the daemon's pool size, when set.
     pub store_max_connections: Option<u32>,
     /// The node id, when the file sets one.
-    pub node_id: Option<String>,
+    pub node_id: Option<NodeId>,
     /// `node.max_running`: how many runs this daemon holds at once; `None`
     /// (the default) for no limit.
     pub node_max_running: Option<u32>,
@@ -519,8 +520,7 @@ impl Parser<'_> {
         };
         let node_id = match raw.node.as_ref().and_then(|n| n.id.as_ref()) {
             Some(id) => {
-                Name::parse("node", id.get_ref()).map_err(|m| self.at(id.span(), "node.id", m))?;
-                Some(id.get_ref().clone())
+                Some(NodeId::parse(id.get_ref()).map_err(|m| self.at(id.span(), "node.id", m))?)
             }
             None => None,
         };

@@ -23,6 +23,7 @@ use std::str::FromStr;
 
 use serde::Serialize;
 
+use crate::names::Name;
 use crate::store::RejectReason;
 
 /// A word that is not one of its vocabulary's (`RunOutcome::from_str`).
@@ -360,6 +361,30 @@ impl FromStr for Stage {
 
 shown_as_str!(RunState, TriggerState, StaleReason, Stage);
 
+/// A daemon's node id, validated once where it enters (`node.id` when the
+/// config is loaded, else `--node-id`, `$FENCECRON_NODE` or the host name
+/// when `fencecron run` starts) and kept as this type up to the daemon: a
+/// name (1..=200 characters, no control characters), never parsed again.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct NodeId(Name);
+
+impl NodeId {
+    /// Validates `text` as a node id; the error is one sentence.
+    pub fn parse(text: &str) -> Result<NodeId, String> {
+        Name::parse("node", text).map(NodeId)
+    }
+
+    pub fn as_str(&self) -> &str {
+        self.0.as_str()
+    }
+}
+
+impl fmt::Display for NodeId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// Reads a stored word into its type. Every type here reads any text
 /// (an unknown word is kept as `Other`/`Label`), so this cannot fail.
 pub fn stored<T: FromStr<Err = Infallible>>(text: &str) -> T {
@@ -470,6 +495,16 @@ mod tests {
         let err = "cancelled".parse::<RunOutcome>().unwrap_err();
         assert_eq!(err.to_string(), "\"cancelled\" is not a known run outcome");
         assert!("x".parse::<LossReason>().is_err());
+    }
+
+    #[test]
+    fn a_node_id_is_a_name() {
+        assert_eq!(NodeId::parse("node-a").unwrap().as_str(), "node-a");
+        assert!(NodeId::parse("").is_err());
+        assert!(NodeId::parse("a\nb")
+            .unwrap_err()
+            .contains("control character"));
+        assert!(NodeId::parse(&"n".repeat(201)).is_err());
     }
 
     #[test]

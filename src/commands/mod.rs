@@ -21,6 +21,7 @@ pub use generate::{complete, COMPLETE_ARG};
 
 use crate::cli::{Cli, Command};
 use crate::config::{self, Config};
+use crate::domain::NodeId;
 use crate::error::{Error, Exit, Result};
 use crate::events;
 use crate::job_env::{self, ChildEnv, JobStore};
@@ -40,7 +41,13 @@ pub struct Context {
     /// Whether the store was given outside the config file: `--store`,
     /// `$FENCECRON_STORE` or `$FENCECRON_STORE_FILE`.
     pub store_from_flag: bool,
+    /// This host's node id as commands record it (`put`'s rejections, the
+    /// proxy's refusals): the text as given.
     pub node: String,
+    /// The same id as a daemon needs it, validated once: the config's
+    /// `node.id` as loaded, else `node` checked here (an invalid
+    /// `$FENCECRON_NODE` or host name is refused only by `run`).
+    node_id: std::result::Result<NodeId, String>,
 }
 
 impl Context {
@@ -78,11 +85,22 @@ impl Context {
                 .and_then(|c| c.store.clone())
                 .unwrap_or_else(StoreUrl::default_sqlite),
         };
-        let node = std::env::var("FENCECRON_NODE")
+        // `$FENCECRON_NODE`, else the config's `node.id` (validated when
+        // it was loaded), else the host name. Commands record the text as
+        // given; `run` needs a valid id ([`Context::node_id`]).
+        let (node, node_id) = match std::env::var("FENCECRON_NODE")
             .ok()
             .filter(|n| !n.is_empty())
-            .or_else(|| config.as_ref().and_then(|c| c.node_id.clone()))
-            .unwrap_or_else(hostname);
+        {
+            Some(n) => (n.clone(), NodeId::parse(&n)),
+            None => match config.as_ref().and_then(|c| c.node_id.clone()) {
+                Some(id) => (id.to_string(), Ok(id)),
+                None => {
+                    let h = hostname();
+                    (h.clone(), NodeId::parse(&h))
+                }
+            },
+        };
         let store_url = store_url.absolutize();
         Ok(Context {
             config,
@@ -90,7 +108,13 @@ impl Context {
             store_url,
             store_from_flag,
             node,
+            node_id,
         })
+    }
+
+    /// This node's id for a daemon (see `node_id`), or why it is not one.
+    pub fn node_id(&self) -> std::result::Result<NodeId, String> {
+        self.node_id.clone()
     }
 
     /// Reads the config file again (SIGHUP), the way [`Context::load`] did:

@@ -11,10 +11,10 @@ use tokio::sync::mpsc;
 use crate::cli::Cli;
 use crate::config::Job;
 use crate::daemon::{self, Control, Settings};
+use crate::domain::NodeId;
 use crate::error::{Error, Exit, Result};
 use crate::events;
 use crate::metrics;
-use crate::names::Name;
 use crate::runs::RunRecords;
 use crate::signals::{Received, Signals};
 use crate::store::{self, StoreUrl};
@@ -41,8 +41,13 @@ pub async fn run(cli: &Cli, node_flag: Option<String>) -> Result<Exit> {
         node_shutdown_grace: config.node_shutdown_grace,
         http_listen: config.http_listen,
     };
-    let node = node_flag.unwrap_or_else(|| ctx.node.clone());
-    Name::parse("node", &node).map_err(|m| Error::Usage(format!("--node-id: {m}")))?;
+    // Validated once: the flag here, the others when the context was
+    // resolved; the daemon keeps this `NodeId`.
+    let node = match node_flag {
+        Some(flag) => NodeId::parse(&flag),
+        None => ctx.node_id(),
+    }
+    .map_err(|m| Error::Usage(format!("--node-id: {m}")))?;
 
     let signals = Signals::stop_and_hangup()?;
     let mut store = store::open(
@@ -56,7 +61,7 @@ pub async fn run(cli: &Cli, node_flag: Option<String>) -> Result<Exit> {
         store = metrics::Observed::wrap(store);
         tokio::spawn(metrics::serve(listener, http_stop.clone()));
     }
-    let records = match RunRecords::open(&node, &ctx.store_url) {
+    let records = match RunRecords::open(node.as_str(), &ctx.store_url) {
         Ok(records) => Some(Arc::new(records)),
         Err(e) => {
             events::run_record_failed(
@@ -105,7 +110,7 @@ fn systemd_watchdog() -> Option<std::time::Duration> {
 struct StartedWith {
     store: Option<StoreUrl>,
     store_max_connections: Option<u32>,
-    node_id: Option<String>,
+    node_id: Option<NodeId>,
     node_max_running: Option<u32>,
     node_shutdown_grace: std::time::Duration,
     http_listen: Option<std::net::SocketAddr>,

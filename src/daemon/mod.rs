@@ -48,6 +48,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::clock::Clock;
 use crate::config::{History, Job};
+use crate::domain::NodeId;
 use crate::events;
 use crate::job_env::ChildEnv;
 use crate::runs::{self, RunRecords};
@@ -79,8 +80,8 @@ pub fn store_options(max_connections: Option<u32>) -> OpenOptions {
 
 /// What the daemon runs with.
 pub struct Settings {
-    /// This node's id (validated).
-    pub node: String,
+    /// This node's id.
+    pub node: NodeId,
     /// `node.max_running`: how many runs this daemon holds at once; `None`
     /// for no limit.
     pub max_running: Option<u32>,
@@ -137,7 +138,8 @@ pub async fn run(settings: Settings, control: mpsc::Receiver<Control>) {
     // Jobs get it through the supervisor; `on_failure` hooks through
     // `Shared`.
     let child_env = settings.child_env.clone();
-    let mut supervisor = Supervisor::new(settings.store.clone(), settings.node.clone(), child_env);
+    let mut supervisor =
+        Supervisor::new(settings.store.clone(), settings.node.to_string(), child_env);
     if let Some(records) = &settings.records {
         supervisor = supervisor.with_records(records.clone());
     }
@@ -166,6 +168,8 @@ async fn serve(
         history,
         shutdown_grace,
     } = settings;
+    // Validated once, before the daemon; what it shares takes it as text.
+    let node = node.to_string();
     let shutdown = CancellationToken::new();
     let draining = CancellationToken::new();
     let tracker = TaskTracker::new();

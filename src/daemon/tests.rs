@@ -557,7 +557,7 @@ async fn the_daemon_runs_in_process_from_settings_and_a_control_stream() {
         ..(*rig.job).clone()
     };
     let settings = super::Settings {
-        node: "node-a".into(),
+        node: crate::domain::NodeId::parse("node-a").unwrap(),
         max_running: None,
         jobs: vec![every_10s("a")],
         store: Arc::new(rig.store.clone()),
@@ -1070,7 +1070,7 @@ async fn the_daemon_prunes_the_history_to_the_newest_runs() {
         ..(*rig.job).clone()
     };
     let settings = super::Settings {
-        node: "node-a".into(),
+        node: crate::domain::NodeId::parse("node-a").unwrap(),
         max_running: None,
         jobs: vec![job],
         store: Arc::new(rig.store.clone()),
@@ -1500,7 +1500,7 @@ fn start_daemon(
     tokio::task::JoinHandle<()>,
 ) {
     let settings = super::Settings {
-        node: "node-a".into(),
+        node: crate::domain::NodeId::parse("node-a").unwrap(),
         max_running: None,
         jobs,
         store: Arc::new(rig.store.clone()),
