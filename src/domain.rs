@@ -359,7 +359,49 @@ impl FromStr for Stage {
     }
 }
 
-shown_as_str!(RunState, TriggerState, StaleReason, Stage);
+shown_as_str!(RunState, TriggerState, StaleReason, Stage, NodeState);
+
+/// A daemon's state as its heartbeat stores it in `fencecron_nodes.state`
+/// (`fencecron nodes`, `status`): scheduling, draining for a stop, stopped.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum NodeState {
+    /// Scheduling.
+    Running,
+    /// Stopping: hands new instants to the others, lets its runs end.
+    Draining,
+    /// Stored by a clean exit; shown as [`NodeState::GONE`].
+    Stopped,
+    /// A state a later release wrote, shown as stored (see the module).
+    Other(String),
+}
+
+impl NodeState {
+    /// Shown (never stored) for a node that stopped or missed its
+    /// heartbeats.
+    pub const GONE: &'static str = "gone";
+
+    pub fn as_str(&self) -> &str {
+        match self {
+            NodeState::Running => "running",
+            NodeState::Draining => "draining",
+            NodeState::Stopped => "stopped",
+            NodeState::Other(text) => text,
+        }
+    }
+}
+
+impl FromStr for NodeState {
+    type Err = Infallible;
+
+    fn from_str(s: &str) -> Result<NodeState, Infallible> {
+        Ok(match s {
+            "running" => NodeState::Running,
+            "draining" => NodeState::Draining,
+            "stopped" => NodeState::Stopped,
+            other => NodeState::Other(other.to_string()),
+        })
+    }
+}
 
 /// A daemon's node id, validated once where it enters (`node.id` when the
 /// config is loaded, else `--node-id`, `$FENCECRON_NODE` or the host name
@@ -454,6 +496,14 @@ mod tests {
         for (reason, word) in reasons {
             assert_eq!(reason.as_str(), word);
             assert_eq!(stored::<StaleReason>(word), reason);
+        }
+        for (state, word) in [
+            (NodeState::Running, "running"),
+            (NodeState::Draining, "draining"),
+            (NodeState::Stopped, "stopped"),
+        ] {
+            assert_eq!(state.as_str(), word);
+            assert_eq!(stored::<NodeState>(word), state);
         }
         let stages: Vec<&str> = Stage::NAMED.iter().map(Stage::as_str).collect();
         assert_eq!(

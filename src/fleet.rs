@@ -296,7 +296,7 @@ pub fn overdue(schedule: &Schedule, now: DateTime<Utc>, facts: &JobFacts) -> Opt
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::node_state;
+    use crate::domain::NodeState;
 
     fn job_def() -> JobDef {
         JobDef {
@@ -340,7 +340,7 @@ mod tests {
         assert_eq!(back, def);
     }
 
-    fn node(name: &str, digest: &str, seen: i64, state: &str) -> NodeInfo {
+    fn node(name: &str, digest: &str, seen: i64, state: NodeState) -> NodeInfo {
         NodeInfo {
             node: name.into(),
             hostname: "h".into(),
@@ -349,7 +349,7 @@ mod tests {
             config_digest: digest.into(),
             started_at: StoreTime(0),
             last_seen: StoreTime(seen),
-            state: state.into(),
+            state,
             running: 0,
         }
     }
@@ -386,16 +386,16 @@ mod tests {
     fn only_live_nodes_with_a_job_set_take_part() {
         let now = StoreTime(100_000);
         let nodes = [
-            node("a", "x", 99_000, node_state::RUNNING),
-            node("b", "y", 99_000, node_state::DRAINING),
-            node("old", "", 99_000, node_state::RUNNING),
+            node("a", "x", 99_000, NodeState::Running),
+            node("b", "y", 99_000, NodeState::Draining),
+            node("old", "", 99_000, NodeState::Running),
             node(
                 "dead",
                 "z",
                 100_000 - millis(crate::store::NODE_LIVE),
-                "running",
+                NodeState::Running,
             ),
-            node("stopped", "z", 99_000, node_state::STOPPED),
+            node("stopped", "z", 99_000, NodeState::Stopped),
         ];
         let live = drift_nodes(&nodes, now);
         assert_eq!(
@@ -404,9 +404,9 @@ mod tests {
         );
         assert!(may_drift(&live));
         assert!(!may_drift(&live[..1]));
-        assert_eq!(nodes[3].shown_state(now), node_state::GONE);
-        assert_eq!(nodes[4].shown_state(now), node_state::GONE);
-        assert_eq!(nodes[1].shown_state(now), node_state::DRAINING);
+        assert_eq!(nodes[3].shown_state(now), NodeState::GONE);
+        assert_eq!(nodes[4].shown_state(now), NodeState::GONE);
+        assert_eq!(nodes[1].shown_state(now), NodeState::Draining.as_str());
     }
 
     #[test]

@@ -22,11 +22,10 @@ use tokio_util::sync::CancellationToken;
 
 use super::occurrence::Running;
 use crate::clock::Clock;
+use crate::domain::NodeState;
 use crate::events;
 use crate::fleet::{self, Drift};
-use crate::store::{
-    millis, node_state, NodeBeat, NodeInfo, PublishedJob, Store, StoreTime, HEARTBEAT,
-};
+use crate::store::{millis, NodeBeat, NodeInfo, PublishedJob, Store, StoreTime, HEARTBEAT};
 
 /// How long the exit waits for the beat that marks the node stopped.
 const LAST_BEAT: Duration = Duration::from_secs(2);
@@ -145,7 +144,7 @@ impl Heartbeat {
         }
         if b.started_at.is_some() {
             let set = self.jobs.borrow().clone();
-            let row = self.row(&b, &set, node_state::STOPPED);
+            let row = self.row(&b, &set, NodeState::Stopped);
             match tokio::time::timeout(LAST_BEAT, self.store.beat(&row)).await {
                 Ok(Ok(_)) => {}
                 Ok(Err(e)) => events::store_unavailable(
@@ -163,7 +162,7 @@ impl Heartbeat {
         }
     }
 
-    fn row<'a>(&'a self, b: &Beats, set: &'a JobSet, state: &'a str) -> NodeBeat<'a> {
+    fn row<'a>(&'a self, b: &Beats, set: &'a JobSet, state: NodeState) -> NodeBeat<'a> {
         NodeBeat {
             node: &self.node,
             hostname: hostname(),
@@ -199,9 +198,9 @@ impl Heartbeat {
             return;
         }
         let state = if self.draining.is_cancelled() {
-            node_state::DRAINING
+            NodeState::Draining
         } else {
-            node_state::RUNNING
+            NodeState::Running
         };
         let now = match self.store.beat(&self.row(b, &set, state)).await {
             Ok(now) => {
@@ -340,6 +339,7 @@ mod tests {
 
     use super::*;
     use crate::clock::Clock;
+    use crate::domain::NodeState;
 
     #[test]
     fn beats_fall_half_way_between_the_five_second_marks() {
@@ -464,7 +464,7 @@ mod tests {
         tokio::time::sleep(ms(1)).await;
         let first = row(&store, "node-a").await;
         let t0 = store.now().await.unwrap();
-        assert_eq!(first.state, node_state::RUNNING);
+        assert_eq!(first.state, NodeState::Running);
         assert_eq!(first.pid, i64::from(std::process::id()));
         assert_eq!(first.started_at, first.last_seen);
         assert!(t0.0 - first.last_seen.0 <= 1, "the store's clock");
@@ -494,15 +494,15 @@ mod tests {
 
         draining.cancel();
         tokio::time::sleep(ms(1)).await;
-        assert_eq!(row(&store, "node-a").await.state, node_state::DRAINING);
+        assert_eq!(row(&store, "node-a").await.state, NodeState::Draining);
 
         stopped.cancel();
         beats.await.unwrap();
         let last = row(&store, "node-a").await;
-        assert_eq!(last.state, node_state::STOPPED);
+        assert_eq!(last.state, NodeState::Stopped);
         let now = store.now().await.unwrap();
         assert!(!last.live(now));
-        assert_eq!(last.shown_state(now), node_state::GONE);
+        assert_eq!(last.shown_state(now), NodeState::GONE);
     }
 
     /// A stop does not wait for a store that does not answer: a beat in
@@ -525,7 +525,7 @@ mod tests {
             .run(),
         );
         tokio::time::sleep(ms(1)).await;
-        assert_eq!(row(&store, "node-a").await.state, node_state::RUNNING);
+        assert_eq!(row(&store, "node-a").await.state, NodeState::Running);
         store.fault(Op::Nodes, Fault::Hang(Gate::new(), Commit::After), 10);
         tokio::time::sleep(ms(6_000)).await;
         let t0 = tokio::time::Instant::now();
@@ -546,7 +546,7 @@ mod tests {
             version: "v",
             config_digest: "d",
             started_at: None,
-            state: node_state::RUNNING,
+            state: NodeState::Running,
             running: 0,
         };
         let seen = store.beat(&beat).await.unwrap();
@@ -556,7 +556,7 @@ mod tests {
         tokio::time::sleep(ms(1)).await;
         let now = store.now().await.unwrap();
         assert_eq!(now.0 - seen.0, millis(crate::store::NODE_LIVE));
-        assert_eq!(row.shown_state(now), node_state::GONE);
+        assert_eq!(row.shown_state(now), NodeState::GONE);
         // Forgotten after the retention.
         assert_eq!(store.prune_nodes(StoreTime(seen.0)).await.unwrap(), 0);
         assert_eq!(store.prune_nodes(StoreTime(seen.0 + 1)).await.unwrap(), 1);
@@ -576,7 +576,7 @@ mod tests {
                 version: "v",
                 config_digest: "d",
                 started_at: None,
-                state: node_state::RUNNING,
+                state: NodeState::Running,
                 running: 0,
             })
             .await

@@ -826,7 +826,7 @@ where
             .bind(beat.version)
             .bind(beat.config_digest)
             .bind(beat.started_at.unwrap_or(now).0)
-            .bind(beat.state)
+            .bind(beat.state.as_str())
             .bind(i64::from(beat.running))
             .execute(pool)
             .await?;
@@ -846,7 +846,7 @@ where
                     config_digest: r.try_get("config_digest")?,
                     started_at: StoreTime(r.try_get("started_at_ms")?),
                     last_seen: StoreTime(r.try_get("seen_ms")?),
-                    state: r.try_get("state")?,
+                    state: domain::stored(&r.try_get::<String, _>("state")?),
                     running: r.try_get("running")?,
                 })
             })

@@ -8,7 +8,7 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use serde::Serialize;
 use uuid::Uuid;
 
-use crate::domain::{RunOutcome, RunState, Stage, StaleReason, TriggerState};
+use crate::domain::{NodeState, RunOutcome, RunState, Stage, StaleReason, TriggerState};
 use crate::names::Name;
 
 /// Shortest lease the store accepts.
@@ -244,18 +244,6 @@ pub const HEARTBEAT: Duration = Duration::from_secs(5);
 /// was last seen this long ago.
 pub const NODE_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
 
-/// A node's state as stored in `fencecron_nodes.state`, and as shown.
-pub mod node_state {
-    /// Scheduling.
-    pub const RUNNING: &str = "running";
-    /// Stopping: hands new instants to the others, lets its runs end.
-    pub const DRAINING: &str = "draining";
-    /// Stored by a clean exit; shown as [`GONE`].
-    pub const STOPPED: &str = "stopped";
-    /// Shown for a node that stopped or missed its heartbeats.
-    pub const GONE: &str = "gone";
-}
-
 /// What a daemon's heartbeat writes into its row of `fencecron_nodes`.
 #[derive(Debug, Clone)]
 pub struct NodeBeat<'a> {
@@ -268,9 +256,7 @@ pub struct NodeBeat<'a> {
     /// When this process registered (store time); `None` on its first
     /// beat: the beat's own time.
     pub started_at: Option<StoreTime>,
-    /// [`node_state::RUNNING`], [`node_state::DRAINING`] or
-    /// [`node_state::STOPPED`].
-    pub state: &'a str,
+    pub state: NodeState,
     /// Runs it holds now.
     pub running: u32,
 }
@@ -286,8 +272,8 @@ pub struct NodeInfo {
     pub config_digest: String,
     pub started_at: StoreTime,
     pub last_seen: StoreTime,
-    /// As stored ([`node_state`]).
-    pub state: String,
+    /// As stored.
+    pub state: NodeState,
     pub running: i64,
 }
 
@@ -295,15 +281,15 @@ impl NodeInfo {
     /// Live at `now` (store time): seen within [`NODE_LIVE`] and not
     /// stopped.
     pub fn live(&self, now: StoreTime) -> bool {
-        self.state != node_state::STOPPED && self.last_seen.0 > now.0 - millis(NODE_LIVE)
+        self.state != NodeState::Stopped && self.last_seen.0 > now.0 - millis(NODE_LIVE)
     }
 
     /// The state shown: the stored one while live, else `gone`.
     pub fn shown_state(&self, now: StoreTime) -> &str {
         if self.live(now) {
-            &self.state
+            self.state.as_str()
         } else {
-            node_state::GONE
+            NodeState::GONE
         }
     }
 }

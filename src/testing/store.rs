@@ -30,7 +30,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::clock::Clock;
-use crate::domain::{RunState, TriggerState};
+use crate::domain::{NodeState, RunState, TriggerState};
 use crate::names::Name;
 use crate::store::{
     classify_admission, classify_loss, classify_paused, classify_refusal, classify_rejection,
@@ -41,7 +41,7 @@ use crate::store::{
     StoreError, StoreTime, StoreUrl, StoredValue, Takeover, Token, TriggerInfo, Unseen,
     EPOCH_SHIFT,
 };
-use crate::store::{node_state, NodeBeat, NodeInfo, PublishedJob};
+use crate::store::{NodeBeat, NodeInfo, PublishedJob};
 
 /// The operations faults can be aimed at.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -1226,7 +1226,7 @@ impl Store for MemoryStore {
             config_digest: beat.config_digest.to_string(),
             started_at: beat.started_at.unwrap_or(StoreTime(0)),
             last_seen: StoreTime(0),
-            state: beat.state.to_string(),
+            state: beat.state.clone(),
             running: i64::from(beat.running),
         };
         let started = beat.started_at;
@@ -1349,7 +1349,7 @@ fn mark(s: &mut State, node: &str, now: i64) {
             config_digest: String::new(),
             started_at: StoreTime(0),
             last_seen: StoreTime(now),
-            state: node_state::RUNNING.to_string(),
+            state: NodeState::Running,
             running: 0,
         })
         .last_seen = StoreTime(now);

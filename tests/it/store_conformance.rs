@@ -13,6 +13,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use fencecron::domain::NodeState;
 use fencecron::domain::{LossReason, RunOutcome, Stage, TriggerState};
 use fencecron::names::Name;
 use fencecron::store::RejectReason;
@@ -23,7 +24,7 @@ use fencecron::store::{
     RenewOutcome, RunEnd, RunInfo, RunQuery, RunStart, StaleKind, StaleRecord, StartedBy, Store,
     StoreTime, Takeover, Token, TriggerInfo, Unseen,
 };
-use fencecron::store::{node_state, NodeBeat, NodeInfo};
+use fencecron::store::{NodeBeat, NodeInfo};
 use tokio::sync::Barrier;
 use uuid::Uuid;
 
@@ -2426,7 +2427,7 @@ async fn case_claim_takes_its_share_of_the_live_nodes(store: Arc<dyn Store>) {
 async fn case_nodes_register_publish_and_are_forgotten(store: Arc<dyn Store>) {
     let s = store.as_ref();
     let before = s.now().await.unwrap();
-    let beat = |state: &'static str, started_at: Option<StoreTime>, running: u32| NodeBeat {
+    let beat = |state: NodeState, started_at: Option<StoreTime>, running: u32| NodeBeat {
         node: "node-x",
         hostname: "host-x",
         pid: 4242,
@@ -2436,7 +2437,7 @@ async fn case_nodes_register_publish_and_are_forgotten(store: Arc<dyn Store>) {
         state,
         running,
     };
-    let t1 = s.beat(&beat(node_state::RUNNING, None, 0)).await.unwrap();
+    let t1 = s.beat(&beat(NodeState::Running, None, 0)).await.unwrap();
     assert!(t1 >= before, "the store's clock");
     let row = |nodes: Vec<NodeInfo>, node: &str| nodes.into_iter().find(|n| n.node == node);
     let x = row(s.nodes().await.unwrap(), "node-x").expect("registered");
@@ -2455,7 +2456,7 @@ async fn case_nodes_register_publish_and_are_forgotten(store: Arc<dyn Store>) {
     );
     assert!(x.live(t1));
     let t2 = s
-        .beat(&beat(node_state::DRAINING, Some(t1), 2))
+        .beat(&beat(NodeState::Draining, Some(t1), 2))
         .await
         .unwrap();
     let x = row(s.nodes().await.unwrap(), "node-x").unwrap();
@@ -2500,14 +2501,14 @@ async fn case_nodes_register_publish_and_are_forgotten(store: Arc<dyn Store>) {
     if s.backend() != StoreBackend::Sqlite {
         // The claim share counts the same live nodes: stopped, node-x does
         // not count; running, it does.
-        s.beat(&beat(node_state::STOPPED, Some(t1), 0))
+        s.beat(&beat(NodeState::Stopped, Some(t1), 0))
             .await
             .unwrap();
         let t = StoreTime(s.now().await.unwrap().0 / 1000 * 1000 - 60_000);
         let rs = released_rows(s, "nodes-share", 8).await;
         let out = claim(s, "claimer", &claim_items(&rs[..4], t), 100, true).await;
         assert_eq!(out.limit, 5, "alone: a stopped node does not count");
-        s.beat(&beat(node_state::RUNNING, Some(t1), 0))
+        s.beat(&beat(NodeState::Running, Some(t1), 0))
             .await
             .unwrap();
         let out = claim(s, "claimer", &claim_items(&rs[4..], t), 100, true).await;
