@@ -24,7 +24,6 @@ use std::str::FromStr;
 use serde::Serialize;
 
 use crate::names::Name;
-use crate::store::RejectReason;
 
 /// A word that is not one of its vocabulary's (`RunOutcome::from_str`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -126,6 +125,39 @@ impl RunOutcome {
             self,
             RunOutcome::Failed | RunOutcome::TimedOut | RunOutcome::SpawnFailed
         )
+    }
+}
+
+/// Why a write was rejected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RejectReason {
+    /// A newer token has been issued for the resource since (and may have
+    /// written this key): the caller's generation is over.
+    Stale,
+    /// The token is larger than any the lease store ever issued for the
+    /// resource, or the resource was never leased.
+    Forged,
+    /// The token is the resource's current one, but it was issued to
+    /// another owner id: someone else's token (often another resource's
+    /// lease: tokens count per resource, so their numbers overlap).
+    WrongOwner,
+}
+
+impl RejectReason {
+    /// Every reason, in declaration order.
+    pub const ALL: &'static [RejectReason] = &[
+        RejectReason::Stale,
+        RejectReason::Forged,
+        RejectReason::WrongOwner,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RejectReason::Stale => "stale",
+            RejectReason::Forged => "forged",
+            RejectReason::WrongOwner => "wrong_owner",
+        }
     }
 }
 

@@ -8,6 +8,8 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use serde::Serialize;
 use uuid::Uuid;
 
+// Why a write was refused is a stored word too: it lives with the others.
+pub use crate::domain::RejectReason;
 use crate::domain::{NodeState, RunOutcome, RunState, Stage, StaleReason, TriggerState};
 use crate::names::Name;
 
@@ -546,39 +548,6 @@ pub struct PutRequest<'a> {
     pub job: Option<&'a str>,
     pub stage: Stage,
     pub operation_id: Uuid,
-}
-
-/// Why a write was rejected.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum RejectReason {
-    /// A newer token has been issued for the resource since (and may have
-    /// written this key): the caller's generation is over.
-    Stale,
-    /// The token is larger than any the lease store ever issued for the
-    /// resource, or the resource was never leased.
-    Forged,
-    /// The token is the resource's current one, but it was issued to
-    /// another owner id: someone else's token (often another resource's
-    /// lease: tokens count per resource, so their numbers overlap).
-    WrongOwner,
-}
-
-impl RejectReason {
-    /// Every reason, in declaration order.
-    pub const ALL: &'static [RejectReason] = &[
-        RejectReason::Stale,
-        RejectReason::Forged,
-        RejectReason::WrongOwner,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RejectReason::Stale => "stale",
-            RejectReason::Forged => "forged",
-            RejectReason::WrongOwner => "wrong_owner",
-        }
-    }
 }
 
 /// The outcome of a fenced write.
