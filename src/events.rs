@@ -1,4 +1,5 @@
-//! The event catalogue: one function per event, and the log setup.
+//! The event catalogue: one function per event (the log set-up is
+//! [`crate::logging`]).
 //!
 //! Nothing else in the crate names an event. With `--log-format json` each
 //! line is one JSON object with top-level `timestamp`, `level`, `event`,
@@ -9,80 +10,9 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use tracing::{debug, error, info, warn};
-use tracing_subscriber::EnvFilter;
 
-use crate::cli::LogFormat;
+use crate::store::outages::{Ended, Outages};
 use crate::store::{rfc3339, EpochInfo, Lease, OwnerId, StaleRecord, StoreTime, Takeover, Token};
-
-/// Installs the global subscriber: logs go to stderr, `RUST_LOG` (or
-/// `FENCECRON_LOG`) filters, default `info` for fencecron's own events.
-/// sqlx's own lines (slow statements, slow pool checkouts) are off by
-/// default: they carry no `event` field, and every store failure that
-/// matters already reaches the log as a catalogue event.
-///
-/// Without a format asked for (`--log-format`, `FENCECRON_LOG_FORMAT`), and
-/// with stderr connected to the journal (`JOURNAL_STREAM` names it, as
-/// systemd sets it for a unit), events are sent as native journal entries
-/// instead: every field a journal field (`F_EVENT=lease_lost`), WARN and
-/// ERROR as journal priorities. Should the journal's socket not open, text
-/// on stderr it is. `quiet` (`exec --quiet`) lowers the default to WARN
-/// and above.
-pub fn init(format: Option<LogFormat>, quiet: bool) {
-    let default = if quiet {
-        "warn,sqlx=off"
-    } else {
-        "info,sqlx=off"
-    };
-    let filter = || {
-        EnvFilter::try_from_env("FENCECRON_LOG")
-            .or_else(|_| EnvFilter::try_from_default_env())
-            .unwrap_or_else(|_| EnvFilter::new(default))
-    };
-    if format.is_none() && stderr_is_the_journal() {
-        use tracing_subscriber::layer::SubscriberExt;
-        use tracing_subscriber::util::SubscriberInitExt;
-        if let Ok(journal) = tracing_journald::layer() {
-            let journal = journal.with_syslog_identifier("fencecron".to_string());
-            let _ = tracing_subscriber::registry()
-                .with(filter())
-                .with(journal)
-                .try_init();
-            return;
-        }
-    }
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter())
-        .with_writer(std::io::stderr)
-        // A log line that cannot be written (stderr a closed pipe) is
-        // dropped; the fallback would `eprintln!`, which panics then.
-        .log_internal_errors(false)
-        .with_target(false);
-    let _ = match format.unwrap_or(LogFormat::Text) {
-        LogFormat::Json => builder
-            .json()
-            .flatten_event(true)
-            .with_current_span(false)
-            .with_span_list(false)
-            .try_init(),
-        LogFormat::Text => builder.with_ansi(false).try_init(),
-    };
-}
-
-/// Whether stderr is the journal's stream: `JOURNAL_STREAM` is
-/// `DEVICE:INODE` of the stream systemd connected, and stderr is still it
-/// (not redirected since, e.g. by a shell in between).
-fn stderr_is_the_journal() -> bool {
-    let Ok(value) = std::env::var("JOURNAL_STREAM") else {
-        return false;
-    };
-    let Some((dev, ino)) = value.split_once(':') else {
-        return false;
-    };
-    let (Ok(dev), Ok(ino)) = (dev.parse::<u64>(), ino.parse::<u64>()) else {
-        return false;
-    };
-    nix::sys::stat::fstat(libc::STDERR_FILENO).is_ok_and(|st| st.st_dev == dev && st.st_ino == ino)
-}
 
 fn ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
@@ -237,7 +167,7 @@ pub enum Outcome {
 impl Outcome {
     pub fn as_str(self) -> &'static str {
         match self {
-            Outcome::Succeeded => "succeeded",
+            Outcome::Succeeded => crate::metrics::SUCCEEDED,
             Outcome::Failed => "failed",
             Outcome::TimedOut => "timed_out",
             Outcome::LeaseLost => "lease_lost",
@@ -373,7 +303,7 @@ pub fn job_finished(end: &JobEnd<'_>) {
         duration,
         ..
     } = *end;
-    crate::metrics::run_finished(job, outcome, duration);
+    crate::metrics::run_finished(job, outcome.as_str(), duration);
     let failed = !matches!(outcome, Outcome::Succeeded | Outcome::Shutdown);
     let outcome = outcome.as_str();
     let duration_ms = ms(duration);
@@ -743,84 +673,30 @@ pub fn store_unavailable(
 /// The store answered again for `job` (or for the `operation` of a call
 /// without a job) after `failures` failed calls over `took`: the outage
 /// [`store_unavailable`] began is over.
-fn store_available(job: Option<&str>, operation: Option<&str>, failures: u64, took: Duration) {
+fn store_available(ended: &Ended) {
     info!(
         event = "store_available",
-        job,
-        operation,
-        failures,
-        duration_ms = ms(took),
+        job = ended.job.as_deref(),
+        operation = ended.operation.as_deref(),
+        failures = ended.failures,
+        duration_ms = ms(ended.took),
         "store available again"
     );
 }
 
-/// The store outages in progress, as one store handle's users see them
-/// (each daemon, `exec` and the proxy open their own): one per job, and
-/// one per operation for calls made for no job. The first failure of an
-/// outage is logged at WARN, the rest at DEBUG and counted; the outage
-/// ends, with one `store_available`, when the store answers a call for
-/// that job ([`Outages::answered`]: an acquire, claim, renewal, finish or
-/// release) or any call that proves it reachable for all
-/// ([`Outages::answered_all`]: the node heartbeat, every 5 s, the trigger
-/// poll and the proxy's `admit`). Metrics are not affected: the store's
-/// failure counters count every call.
-#[derive(Debug, Default)]
-pub struct Outages(std::sync::Mutex<std::collections::HashMap<OutageKey, Outage>>);
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-enum OutageKey {
-    Job(String),
-    Operation(String),
+/// The store answered a call for `job`: logs the end of its outage, if it
+/// was in one ([`Outages::answered`]).
+pub fn store_answered(outages: &Outages, job: &str) {
+    if let Some(ended) = outages.answered(job) {
+        store_available(&ended);
+    }
 }
 
-#[derive(Debug)]
-struct Outage {
-    failures: u64,
-    since: tokio::time::Instant,
-}
-
-impl Outages {
-    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<OutageKey, Outage>> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Counts a failure; true if it begins an outage.
-    fn failed(&self, operation: &str, job: Option<&str>) -> bool {
-        let key = match job {
-            Some(job) => OutageKey::Job(job.to_string()),
-            None => OutageKey::Operation(operation.to_string()),
-        };
-        let mut open = self.lock();
-        let outage = open.entry(key).or_insert(Outage {
-            failures: 0,
-            since: tokio::time::Instant::now(),
-        });
-        outage.failures += 1;
-        outage.failures == 1
-    }
-
-    /// The store answered a call for `job`: its outage, if any, is over.
-    pub fn answered(&self, job: &str) {
-        let ended = self.lock().remove(&OutageKey::Job(job.to_string()));
-        if let Some(o) = ended {
-            store_available(Some(job), None, o.failures, o.since.elapsed());
-        }
-    }
-
-    /// The store answered a call that shows it reachable: every outage is
-    /// over.
-    pub fn answered_all(&self) {
-        let ended: Vec<_> = self.lock().drain().collect();
-        for (key, o) in ended {
-            match key {
-                OutageKey::Job(job) => {
-                    store_available(Some(&job), None, o.failures, o.since.elapsed())
-                }
-                OutageKey::Operation(op) => {
-                    store_available(None, Some(&op), o.failures, o.since.elapsed())
-                }
-            }
-        }
+/// The store answered a call that shows it reachable for all: logs the end
+/// of every outage ([`Outages::answered_all`]).
+pub fn store_answered_all(outages: &Outages) {
+    for ended in outages.answered_all() {
+        store_available(&ended);
     }
 }
 
@@ -978,18 +854,30 @@ pub fn config_ignored(key: &str, detail: &str) {
     );
 }
 
+/// A run an earlier daemon process on this node left behind, as
+/// [`run_recovered`] names it (`runs::RunRecord::left`).
+#[derive(Debug, Clone, Copy)]
+pub struct LeftRun<'a> {
+    pub job: &'a str,
+    pub resource: &'a str,
+    pub owner_id: OwnerId,
+    pub token: Token,
+    /// The job's process group.
+    pub pid: u32,
+}
+
 /// A run left behind by an earlier daemon process on this node was dealt
 /// with at start-up: `outcome` is `released` (provably dead; its lease given
 /// back), `already_ended` (the store no longer held it for that run) or
 /// `still_alive` (left to expire by itself).
-pub fn run_recovered(rec: &crate::runs::RunRecord, node: &str, outcome: &str, detail: &str) {
+pub fn run_recovered(rec: &LeftRun<'_>, node: &str, outcome: &str, detail: &str) {
     warn!(
         event = "run_recovered",
         job = %rec.job,
         resource = %rec.resource,
         owner_id = %rec.owner_id,
         token = rec.token,
-        pid = rec.pgid,
+        pid = rec.pid,
         node,
         outcome,
         detail,

@@ -20,6 +20,7 @@ pub mod events;
 pub mod fence;
 pub mod fleet;
 pub mod job_env;
+pub mod logging;
 pub mod metrics;
 pub mod names;
 pub mod output;

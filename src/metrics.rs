@@ -26,7 +26,6 @@ use prometheus_client::registry::{Registry, Unit};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::events::Outcome;
 use crate::names::Name;
 use crate::store::{
     AcquireOutcome, AcquireRequest, AdmitOutcome, AdmitRequest, Backend, ClaimOutcome,
@@ -224,18 +223,18 @@ impl Metrics {
         }
     }
 
-    fn run_finished(&self, name: &str, outcome: Outcome, took: Duration) {
+    fn run_finished(&self, name: &str, outcome: &str, took: Duration) {
         self.running.get_or_create(&job(name)).dec();
         self.runs
             .get_or_create(&JobOutcome {
                 job: name.to_string(),
-                outcome: outcome.as_str().to_string(),
+                outcome: outcome.to_string(),
             })
             .inc();
         self.duration
             .get_or_create(&job(name))
             .observe(took.as_secs_f64());
-        if outcome == Outcome::Succeeded {
+        if outcome == SUCCEEDED {
             let now = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .unwrap_or_default();
@@ -273,8 +272,12 @@ pub fn run_started(name: &str, lateness: Option<Duration>) {
     global().run_started(name, lateness);
 }
 
-/// A run ended with `outcome` after `took`.
-pub fn run_finished(name: &str, outcome: Outcome, took: Duration) {
+/// The outcome of a run that succeeded (`events::Outcome::Succeeded`):
+/// what moves `fencecron_job_last_success_timestamp_seconds`.
+pub const SUCCEEDED: &str = "succeeded";
+
+/// A run ended with `outcome` (as `job_finished` names it) after `took`.
+pub fn run_finished(name: &str, outcome: &str, took: Duration) {
     global().run_finished(name, outcome, took);
 }
 
@@ -325,7 +328,7 @@ pub fn cost_per_occurrence(rounds: u32) -> Duration {
         m.run_started(name, Some(Duration::from_millis(3)));
         m.store_call("renew", Duration::from_micros(200), true);
         m.store_call("renew", Duration::from_micros(200), true);
-        m.run_finished(name, Outcome::Succeeded, Duration::from_millis(40));
+        m.run_finished(name, SUCCEEDED, Duration::from_millis(40));
         m.store_call("release", Duration::from_micros(200), true);
         m.occurrence_skipped(name, "held");
     }
@@ -452,7 +455,7 @@ impl Store for Observed {
         self.inner.url()
     }
 
-    fn outages(&self) -> &crate::events::Outages {
+    fn outages(&self) -> &crate::store::Outages {
         self.inner.outages()
     }
 

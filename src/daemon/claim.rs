@@ -208,7 +208,7 @@ async fn round(
     let outcome = match answer {
         Ok(Some(outcome)) => {
             for (job, _, _) in &items {
-                store.outages().answered(job.name.as_str());
+                events::store_answered(store.outages(), job.name.as_str());
             }
             outcome
         }

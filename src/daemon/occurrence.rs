@@ -314,7 +314,7 @@ impl Occurrence {
             };
             if outcome.is_ok() {
                 // The store answered for this job: its outage, if any, ends.
-                self.store().outages().answered(name);
+                events::store_answered(self.store().outages(), name);
             }
             let wait = match outcome {
                 Ok(AcquireOutcome::Acquired(lease)) => return self.run_won(lease, sent).await,
@@ -762,11 +762,13 @@ pub(super) async fn give_back_unused(
         .await
     {
         Ok(ReleaseOutcome::Released) => {
-            store.outages().answered(job.name.as_str());
+            events::store_answered(store.outages(), job.name.as_str());
             events::lease_released(Some(job.name.as_str()), lease)
         }
         // Not ours any more (expired meanwhile): nothing to give back.
-        Ok(ReleaseOutcome::Refused(_)) => store.outages().answered(job.name.as_str()),
+        Ok(ReleaseOutcome::Refused(_)) => {
+            events::store_answered(store.outages(), job.name.as_str())
+        }
         Err(e) => events::store_unavailable(
             store.outages(),
             "release",

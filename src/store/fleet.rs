@@ -13,7 +13,7 @@ use async_trait::async_trait;
 use sqlx::query::Query;
 use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Pool, Row, Type};
 
-use super::sql::Affected;
+use super::rows::Affected;
 use super::{
     trigger_state, Backend, NodeBeat, NodeInfo, PauseInfo, PublishedJob, RunEnd, RunInfo, RunQuery,
     StoreTime, TriggerInfo, RUNNING, UNKNOWN,

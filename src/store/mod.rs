@@ -33,6 +33,7 @@ mod fleet;
 pub mod guard;
 mod migrator;
 mod mysql;
+pub mod outages;
 mod postgres;
 mod probe;
 pub(crate) mod rows;
@@ -56,6 +57,7 @@ pub(crate) use classify::{
 pub use error::StoreError;
 pub(crate) use error::{migrate_error, timed, unavailable};
 use mysql::MySqlStore;
+pub use outages::Outages;
 use postgres::PostgresStore;
 pub use probe::{probe, Clock, Migrations, Probe};
 use sqlite::SqliteStore;
@@ -78,7 +80,7 @@ pub trait Store: Send + Sync + 'static {
 
     /// The outages this handle's users are in: what decides whether a
     /// failure is logged at WARN (the first of an outage) or DEBUG.
-    fn outages(&self) -> &crate::events::Outages;
+    fn outages(&self) -> &Outages;
 
     /// Applies pending migrations. Safe when many processes start at once.
     async fn migrate(&self) -> Result<(), StoreError>;

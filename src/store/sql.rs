@@ -15,7 +15,10 @@ use sqlx::{
     Transaction, Type,
 };
 
+use super::error::Failure;
+pub(super) use super::error::Sql;
 use super::fleet::{FleetDb, FleetSql};
+use super::rows::Affected;
 use super::{
     classify_admission, rows, timed, unavailable, AcquireOutcome, AcquireRequest, Admission,
     AdmitOutcome, AdmitRequest, Backend, EpochInfo, LeaseInfo, LeaseRow, NewStaleRecord,
@@ -27,30 +30,6 @@ use super::{
     RunInfo, RunQuery, TriggerInfo, Unseen,
 };
 use crate::names::Name;
-
-/// How a store call failed before it was given its public form: a driver
-/// error (which the backend names, with its URL, at the end of the call:
-/// [`Dialect::error`]) or an error already named. `?` turns either into
-/// this, so backend code never maps errors itself.
-pub(super) enum Failure {
-    Sql(sqlx::Error),
-    Store(StoreError),
-}
-
-impl From<sqlx::Error> for Failure {
-    fn from(e: sqlx::Error) -> Self {
-        Failure::Sql(e)
-    }
-}
-
-impl From<StoreError> for Failure {
-    fn from(e: StoreError) -> Self {
-        Failure::Store(e)
-    }
-}
-
-/// The result of a backend operation before its error is named.
-pub(super) type Sql<T> = Result<T, Failure>;
 
 /// A backend's connection pool, URL and per-call time limit.
 pub(super) struct Db<DB: Database> {
@@ -386,30 +365,6 @@ where
     ))
 }
 
-/// How many rows a statement changed: each driver's result type has the
-/// method, but sqlx names it in no trait.
-pub(super) trait Affected {
-    fn rows_affected(&self) -> u64;
-}
-
-impl Affected for sqlx::postgres::PgQueryResult {
-    fn rows_affected(&self) -> u64 {
-        self.rows_affected()
-    }
-}
-
-impl Affected for sqlx::mysql::MySqlQueryResult {
-    fn rows_affected(&self) -> u64 {
-        self.rows_affected()
-    }
-}
-
-impl Affected for sqlx::sqlite::SqliteQueryResult {
-    fn rows_affected(&self) -> u64 {
-        self.rows_affected()
-    }
-}
-
 /// One backend: its SQL and the operations whose shape its database
 /// dictates. Each operation returns [`Sql`]: the shared code puts it under
 /// the call's time limit and names its driver error ([`Dialect::error`]).
@@ -553,7 +508,7 @@ pub(super) struct SqlStore<D: Dialect> {
     /// placeholders.
     fleet: FleetSql,
     /// The outages of this handle's users (`store_unavailable`).
-    outages: crate::events::Outages,
+    outages: crate::store::Outages,
 }
 
 impl<D: Dialect> SqlStore<D> {
@@ -602,7 +557,7 @@ impl<D: Dialect> Store for SqlStore<D> {
         &self.db.url
     }
 
-    fn outages(&self) -> &crate::events::Outages {
+    fn outages(&self) -> &crate::store::Outages {
         &self.outages
     }
 
@@ -962,6 +917,7 @@ impl<D: Dialect> Store for SqlStore<D> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::error::Failure;
     use super::super::SqliteStore;
     use super::*;
 

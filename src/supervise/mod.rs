@@ -394,7 +394,7 @@ impl Supervisor {
         }
         for attempt in 0..2 {
             match self.store.finish_run(end).await {
-                Ok(_) => return self.store.outages().answered(&spec.job),
+                Ok(_) => return events::store_answered(self.store.outages(), &spec.job),
                 Err(e) => {
                     let retry = (attempt == 0).then_some(Duration::from_millis(200));
                     events::store_unavailable(
@@ -426,11 +426,11 @@ impl Supervisor {
             .await
         {
             Ok((_, crate::store::ReleaseOutcome::Released)) => {
-                self.store.outages().answered(&spec.job);
+                events::store_answered(self.store.outages(), &spec.job);
                 events::lease_released(Some(&spec.job), lease)
             }
             Ok((_, crate::store::ReleaseOutcome::Refused(r))) => {
-                self.store.outages().answered(&spec.job);
+                events::store_answered(self.store.outages(), &spec.job);
                 self.release_refused(spec, lease, &r)
             }
             Err(e) => {
@@ -499,7 +499,7 @@ impl Supervisor {
                 }
             };
             if released.is_ok() {
-                self.store.outages().answered(&spec.job);
+                events::store_answered(self.store.outages(), &spec.job);
             }
             match released {
                 Ok(crate::store::ReleaseOutcome::Released) => {

@@ -198,7 +198,7 @@ pub(crate) struct MemoryStore {
     /// Answers `claim` (as the SQL backends do) instead of `None`.
     claims: bool,
     state: Arc<Mutex<State>>,
-    outages: Arc<crate::events::Outages>,
+    outages: Arc<crate::store::Outages>,
 }
 
 impl MemoryStore {
@@ -582,7 +582,7 @@ impl Store for MemoryStore {
         &self.url
     }
 
-    fn outages(&self) -> &crate::events::Outages {
+    fn outages(&self) -> &crate::store::Outages {
         &self.outages
     }
 
