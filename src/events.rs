@@ -6,13 +6,17 @@
 //! `message` and the event's fields; docs/events.md documents the catalogue and
 //! it is a stable interface for log-based monitoring.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use tracing::{debug, error, info, warn};
 
 use crate::store::outages::{Ended, Outages};
-use crate::store::{rfc3339, EpochInfo, Lease, OwnerId, StaleRecord, StoreTime, Takeover, Token};
+use crate::store::{
+    rfc3339, CallEnd, EpochInfo, Lease, Notice, OwnerId, StaleRecord, StoreHook, StoreTime,
+    Takeover, Token,
+};
 
 fn ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
@@ -638,7 +642,7 @@ pub fn stale_write_rejected(rec: &StaleRecord) {
 
 /// The trigger that keeps older fencecron binaries from applying their
 /// migrations again (on a kept `_sqlx_migrations`) could not be created.
-pub fn migration_guard_failed(guard: &str, error: &str) {
+fn migration_guard_failed(guard: &str, error: &str) {
     warn!(
         event = "migration_guard_failed",
         error,
@@ -703,13 +707,43 @@ pub fn store_answered_all(outages: &Outages) {
 /// A SQLite connection came back to the pool still inside a transaction
 /// (after an error in a write transaction) and was closed instead of being
 /// reused; the next call opens a fresh one.
-pub fn store_connection_discarded(sqlite_autocommit: bool, sqlx_in_transaction: bool) {
+fn store_connection_discarded(sqlite_autocommit: bool, sqlx_in_transaction: bool) {
     warn!(
         event = "store_connection_discarded",
         sqlite_autocommit,
         sqlx_in_transaction,
         "closed a SQLite connection left inside a failed transaction"
     );
+}
+
+/// The hook every store is opened with ([`crate::store::OpenOptions::hook`]):
+/// what the store noticed becomes its event, and with `metrics` (the daemon
+/// with `[http]`) every call moves the store metrics and `/readyz`.
+pub fn store_hook(metrics: bool) -> Arc<dyn StoreHook> {
+    Arc::new(StoreEvents { metrics })
+}
+
+/// See [`store_hook`].
+struct StoreEvents {
+    metrics: bool,
+}
+
+impl StoreHook for StoreEvents {
+    fn called(&self, operation: &'static str, took: Duration, end: CallEnd) {
+        if self.metrics {
+            crate::metrics::store_call(operation, took, end.answered());
+        }
+    }
+
+    fn noticed(&self, notice: Notice<'_>) {
+        match notice {
+            Notice::MigrationGuardFailed { guard, error } => migration_guard_failed(guard, error),
+            Notice::ConnectionDiscarded {
+                sqlite_autocommit,
+                sqlx_in_transaction,
+            } => store_connection_discarded(sqlite_autocommit, sqlx_in_transaction),
+        }
+    }
 }
 
 /// A stale-owner record could not be stored (it is still logged).

@@ -24,6 +24,7 @@ use std::time::Instant;
 use sqlx::migrate::{MigrateError, Migration, Migrator};
 use sqlx::{ColumnIndex, Connection, Database, Decode, Encode, Executor, IntoArguments, Type};
 
+use super::hook::{notice, Hook, Notice};
 use super::Backend;
 
 /// fencecron's migrations table.
@@ -205,11 +206,13 @@ fn placeholders(backend: Backend, sql: &str) -> String {
 /// Applies `migrator`'s pending migrations on `conn`, recording them in
 /// `fencecron_migrations`, after upgrading a database whose fencecron
 /// migrations are recorded in `_sqlx_migrations` (see the module docs). The
-/// caller holds the migration lock.
+/// caller holds the migration lock. A guard that could not be put on
+/// `_sqlx_migrations` is told to `hook` ([`Notice::MigrationGuardFailed`]).
 pub(crate) async fn run<DB>(
     conn: &mut DB::Connection,
     backend: Backend,
     migrator: &Migrator,
+    hook: &Hook,
 ) -> Result<(), MigrateError>
 where
     DB: Database,
@@ -238,7 +241,7 @@ where
     // `_sqlx_migrations`, an older binary migrating at the same time (it
     // does not take this lock) can no longer record them again.
     if has_legacy > 0 {
-        guard_legacy::<DB>(conn, backend, known).await;
+        guard_legacy::<DB>(conn, backend, known, hook).await;
     }
 
     if !plan.adopt.is_empty() || !plan.forget.is_empty() {
@@ -426,8 +429,12 @@ fn guard_exists(backend: Backend) -> &'static str {
 /// (docs/stores.md, "Upgrading"). Best effort: without the right to create a trigger on the
 /// table (an application's role may own it), fencecron warns and goes on;
 /// [`plan`] still removes any rows an older binary records.
-async fn guard_legacy<DB>(conn: &mut DB::Connection, backend: Backend, known: &[Migration])
-where
+async fn guard_legacy<DB>(
+    conn: &mut DB::Connection,
+    backend: Backend,
+    known: &[Migration],
+    hook: &Hook,
+) where
     DB: Database,
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
     for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
@@ -443,7 +450,14 @@ where
         Err(e) => Err(e),
     };
     if let Err(e) = result {
-        crate::events::migration_guard_failed(GUARD, &e.to_string());
+        let error = e.to_string();
+        notice(
+            hook,
+            Notice::MigrationGuardFailed {
+                guard: GUARD,
+                error: &error,
+            },
+        );
     }
 }
 

@@ -31,6 +31,7 @@ mod diagnose;
 mod error;
 mod fleet;
 pub mod guard;
+mod hook;
 mod migrator;
 mod mysql;
 pub mod outages;
@@ -56,6 +57,7 @@ pub(crate) use classify::{
 };
 pub use error::StoreError;
 pub(crate) use error::{migrate_error, timed, unavailable};
+pub use hook::{CallEnd, Notice, StoreHook};
 use mysql::MySqlStore;
 pub use outages::Outages;
 use postgres::PostgresStore;
@@ -352,12 +354,27 @@ pub trait Store: Send + Sync + 'static {
 pub const TRIGGER_POLL: Duration = Duration::from_secs(2);
 
 /// Options for opening a store.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct OpenOptions {
     /// Most connections the pool may open.
     pub max_connections: u32,
     /// Time limit for one store call, including waiting for a connection.
     pub call_timeout: Duration,
+    /// Told how every operation went and what the store noticed (the store
+    /// logs nothing itself): the opener logs the notices
+    /// (`events::store_hook`) and, with `[http]`, moves the store metrics.
+    /// Without one, notices go unheard.
+    pub hook: Option<Arc<dyn StoreHook>>,
+}
+
+impl std::fmt::Debug for OpenOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OpenOptions")
+            .field("max_connections", &self.max_connections)
+            .field("call_timeout", &self.call_timeout)
+            .field("hook", &self.hook.is_some())
+            .finish()
+    }
 }
 
 impl Default for OpenOptions {
@@ -365,6 +382,7 @@ impl Default for OpenOptions {
         OpenOptions {
             max_connections: 4,
             call_timeout: Duration::from_secs(10),
+            hook: None,
         }
     }
 }

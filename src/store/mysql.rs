@@ -228,6 +228,7 @@ impl Dialect for My {
                 &mut conn,
                 Backend::MySql,
                 &sqlx::migrate!("migrations/mysql"),
+                &db.hook,
             )
             .await
             .map_err(|source| migrate_error(Backend::MySql, &db.url, source));

@@ -600,6 +600,7 @@ impl Dialect for Pg {
                 &mut conn,
                 Backend::Postgres,
                 &sqlx::migrate!("migrations/postgres"),
+                &db.hook,
             )
             .await;
             if super::migrator::unlock_postgres(&mut conn, key)

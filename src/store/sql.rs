@@ -18,11 +18,12 @@ use sqlx::{
 use super::error::Failure;
 pub(super) use super::error::Sql;
 use super::fleet::{FleetDb, FleetSql};
+use super::hook::{self, Hook};
 use super::rows::Affected;
 use super::{
     classify_admission, rows, timed, unavailable, AcquireOutcome, AcquireRequest, Admission,
     AdmitOutcome, AdmitRequest, Backend, EpochInfo, LeaseInfo, LeaseRow, NewStaleRecord,
-    OpenOptions, PutOutcome, PutRequest, ReleaseOutcome, RenewOutcome, StaleRecord, Store,
+    OpenOptions, Outages, PutOutcome, PutRequest, ReleaseOutcome, RenewOutcome, StaleRecord, Store,
     StoreError, StoreTime, StoreUrl, StoredValue, Token,
 };
 use super::{
@@ -31,11 +32,13 @@ use super::{
 };
 use crate::names::Name;
 
-/// A backend's connection pool, URL and per-call time limit.
+/// A backend's connection pool, URL, per-call time limit, and its opener's
+/// hook.
 pub(super) struct Db<DB: Database> {
     pub url: StoreUrl,
     pub pool: Pool<DB>,
     pub call_timeout: Duration,
+    pub hook: Hook,
 }
 
 impl<DB: Database> Db<DB> {
@@ -61,6 +64,7 @@ impl<DB: Database> Db<DB> {
             url,
             pool: tune(pool).connect_lazy_with(connect),
             call_timeout: opts.call_timeout,
+            hook: opts.hook.clone(),
         }
     }
 }
@@ -508,7 +512,7 @@ pub(super) struct SqlStore<D: Dialect> {
     /// placeholders.
     fleet: FleetSql,
     /// The outages of this handle's users (`store_unavailable`).
-    outages: crate::store::Outages,
+    outages: Outages,
 }
 
 impl<D: Dialect> SqlStore<D> {
@@ -521,9 +525,20 @@ impl<D: Dialect> SqlStore<D> {
         }
     }
 
-    /// Runs one operation under the per-call time limit and names its
-    /// error.
+    /// Runs the store operation `operation` as one statement (or one
+    /// transaction) under the per-call time limit, names its error and
+    /// tells the hook ([`SqlStore::observe`]).
     pub(super) async fn call<T>(
+        &self,
+        operation: &'static str,
+        op: impl std::future::Future<Output = Sql<T>>,
+    ) -> Result<T, StoreError> {
+        self.observe(operation, self.limited(op)).await
+    }
+
+    /// One statement (or transaction) of an operation under the per-call
+    /// time limit, its error named; the operation as a whole is observed.
+    pub(super) async fn limited<T>(
         &self,
         op: impl std::future::Future<Output = Sql<T>>,
     ) -> Result<T, StoreError> {
@@ -531,6 +546,17 @@ impl<D: Dialect> SqlStore<D> {
             op.await.map_err(|f| self.failed(f))
         })
         .await
+    }
+
+    /// The one place every [`Store`] operation of a SQL store passes:
+    /// tells the opener's hook ([`OpenOptions::hook`]) its name, how long
+    /// it took, and how it ended.
+    async fn observe<T>(
+        &self,
+        operation: &'static str,
+        op: impl std::future::Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        hook::observe(&self.db.hook, operation, op).await
     }
 
     /// A failure as the caller sees it.
@@ -557,20 +583,22 @@ impl<D: Dialect> Store for SqlStore<D> {
         &self.db.url
     }
 
-    fn outages(&self) -> &crate::store::Outages {
+    fn outages(&self) -> &Outages {
         &self.outages
     }
 
     async fn migrate(&self) -> Result<(), StoreError> {
-        self.dialect.migrate(&self.db).await
+        self.observe("migrate", self.dialect.migrate(&self.db))
+            .await
     }
 
     async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<AcquireOutcome, StoreError> {
-        self.call(self.dialect.acquire(&self.db, req)).await
+        self.call("acquire", self.dialect.acquire(&self.db, req))
+            .await
     }
 
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<Option<ClaimOutcome>, StoreError> {
-        self.call(self.dialect.claim(&self.db, req)).await
+        self.call("claim", self.dialect.claim(&self.db, req)).await
     }
 
     fn claims(&self) -> bool {
@@ -585,6 +613,7 @@ impl<D: Dialect> Store for SqlStore<D> {
         lease: Duration,
     ) -> Result<RenewOutcome, StoreError> {
         self.call(
+            "renew",
             self.dialect
                 .renew(&self.db, resource, owner_id, token, lease),
         )
@@ -598,6 +627,7 @@ impl<D: Dialect> Store for SqlStore<D> {
         token: Token,
     ) -> Result<ReleaseOutcome, StoreError> {
         self.call(
+            "release",
             self.dialect
                 .release(&self.db, resource, owner_id, Some(token), None),
         )
@@ -611,66 +641,81 @@ impl<D: Dialect> Store for SqlStore<D> {
         token: Option<Token>,
         occurrence: StoreTime,
     ) -> Result<ReleaseOutcome, StoreError> {
-        let outcome = self
-            .call(
-                self.dialect
-                    .release(&self.db, resource, owner_id, token, Some(occurrence)),
-            )
-            .await?;
-        if outcome == ReleaseOutcome::Released {
-            // Nothing ran under the lease: its run row goes too. Rare (a win
-            // whose answer came too late), so a statement of its own.
-            self.call(async {
-                Ok(D::DB::forget_unrun(
-                    &self.db.pool,
-                    &self.fleet,
-                    resource.as_str(),
-                    owner_id.as_str(),
-                )
-                .await?)
-            })
-            .await?;
-        }
-        Ok(outcome)
+        self.observe("give_back", async {
+            let outcome = self
+                .limited(self.dialect.release(
+                    &self.db,
+                    resource,
+                    owner_id,
+                    token,
+                    Some(occurrence),
+                ))
+                .await?;
+            if outcome == ReleaseOutcome::Released {
+                // Nothing ran under the lease: its run row goes too. Rare (a
+                // win whose answer came too late), so a statement of its own.
+                self.limited(async {
+                    Ok(D::DB::forget_unrun(
+                        &self.db.pool,
+                        &self.fleet,
+                        resource.as_str(),
+                        owner_id.as_str(),
+                    )
+                    .await?)
+                })
+                .await?;
+            }
+            Ok(outcome)
+        })
+        .await
     }
 
     async fn give_back_unseen(&self, items: &[Unseen<'_>]) -> Result<Vec<bool>, StoreError> {
-        let given = self
-            .call(self.dialect.give_back_unseen(&self.db, items))
-            .await?;
-        for (item, _) in items.iter().zip(&given).filter(|(_, g)| **g) {
-            // Nothing ran under these leases: their run rows go too (rare).
-            self.call(async {
-                Ok(D::DB::forget_unrun(
-                    &self.db.pool,
-                    &self.fleet,
-                    item.resource.as_str(),
-                    item.owner_id.as_str(),
-                )
-                .await?)
-            })
-            .await?;
-        }
-        Ok(given)
+        self.observe("give_back_unseen", async {
+            let given = self
+                .limited(self.dialect.give_back_unseen(&self.db, items))
+                .await?;
+            for (item, _) in items.iter().zip(&given).filter(|(_, g)| **g) {
+                // Nothing ran under these leases: their run rows go too
+                // (rare).
+                self.limited(async {
+                    Ok(D::DB::forget_unrun(
+                        &self.db.pool,
+                        &self.fleet,
+                        item.resource.as_str(),
+                        item.owner_id.as_str(),
+                    )
+                    .await?)
+                })
+                .await?;
+            }
+            Ok(given)
+        })
+        .await
     }
 
     async fn list(&self) -> Result<Vec<LeaseInfo>, StoreError> {
-        self.call(self.dialect.list(&self.db)).await
+        self.call("list", self.dialect.list(&self.db)).await
     }
 
     async fn put(&self, req: &PutRequest<'_>) -> Result<PutOutcome, StoreError> {
-        match self.call(self.dialect.put(&self.db, req)).await {
-            Err(StoreError::Unavailable { source, .. }) => Err(self
-                .dialect
-                .put_failed(&self.db, source, req.value.len())
-                .await),
-            other => other,
-        }
+        self.observe("put", async {
+            match self.limited(self.dialect.put(&self.db, req)).await {
+                Err(StoreError::Unavailable { source, .. }) => Err(self
+                    .dialect
+                    .put_failed(&self.db, source, req.value.len())
+                    .await),
+                other => other,
+            }
+        })
+        .await
     }
 
     async fn get(&self, resource: &Name, key: &Name) -> Result<Option<StoredValue>, StoreError> {
-        self.call(async { Ok(D::DB::get(&self.db.pool, D::GET, resource, key).await?) })
-            .await
+        self.call("get", async {
+            Ok(D::DB::get(&self.db.pool, D::GET, resource, key).await?)
+        })
+        .await
     }
 
     /// One read; a token newer than the highest admitted adds the raise
@@ -679,58 +724,67 @@ impl<D: Dialect> Store for SqlStore<D> {
     /// read's (highest, fence only ever grow), so an admission holds as of
     /// that read.
     async fn admit(&self, req: &AdmitRequest<'_>) -> Result<AdmitOutcome, StoreError> {
-        let mut raised = false;
-        loop {
-            let (highest, issued) = self
-                .call(async {
-                    Ok(D::DB::admit_state(&self.db.pool, D::ADMIT_STATE, req.resource).await?)
-                })
-                .await?;
-            match classify_admission(req.token, highest, issued, raised) {
-                Admission::Admit => return Ok(AdmitOutcome::Admitted),
-                Admission::Raise => {
-                    self.call(async {
-                        Ok(D::DB::admit_raise(
-                            &self.db.pool,
-                            D::ADMIT_RAISE,
-                            req.resource,
-                            req.token,
-                        )
-                        .await?)
+        self.observe("admit", async {
+            let mut raised = false;
+            loop {
+                let (highest, issued) = self
+                    .limited(async {
+                        Ok(D::DB::admit_state(&self.db.pool, D::ADMIT_STATE, req.resource).await?)
                     })
                     .await?;
-                    raised = true;
-                }
-                Admission::Refuse(reason, accepted) => {
-                    let op = req.operation_id.to_string();
-                    let rec = req.record(reason, accepted, &op);
-                    let stored = self.call(self.dialect.record_stale(&self.db, &rec)).await?;
-                    return Ok(AdmitOutcome::Refused(Box::new(stored)));
+                match classify_admission(req.token, highest, issued, raised) {
+                    Admission::Admit => return Ok(AdmitOutcome::Admitted),
+                    Admission::Raise => {
+                        self.limited(async {
+                            Ok(D::DB::admit_raise(
+                                &self.db.pool,
+                                D::ADMIT_RAISE,
+                                req.resource,
+                                req.token,
+                            )
+                            .await?)
+                        })
+                        .await?;
+                        raised = true;
+                    }
+                    Admission::Refuse(reason, accepted) => {
+                        let op = req.operation_id.to_string();
+                        let rec = req.record(reason, accepted, &op);
+                        let stored = self
+                            .limited(self.dialect.record_stale(&self.db, &rec))
+                            .await?;
+                        return Ok(AdmitOutcome::Refused(Box::new(stored)));
+                    }
                 }
             }
-        }
+        })
+        .await
     }
 
     async fn record_stale(&self, rec: &NewStaleRecord<'_>) -> Result<StaleRecord, StoreError> {
-        self.call(self.dialect.record_stale(&self.db, rec)).await
+        self.call("record_stale", self.dialect.record_stale(&self.db, rec))
+            .await
     }
 
     async fn stale(&self, since: Option<StoreTime>) -> Result<Vec<StaleRecord>, StoreError> {
         let since = since.map_or(i64::MIN, |s| s.0);
-        self.call(async { Ok(D::DB::stale(&self.db.pool, D::STALE, since).await?) })
-            .await
+        self.call("stale", async {
+            Ok(D::DB::stale(&self.db.pool, D::STALE, since).await?)
+        })
+        .await
     }
 
     async fn now(&self) -> Result<StoreTime, StoreError> {
-        self.call(self.dialect.now(&self.db)).await
+        self.call("now", self.dialect.now(&self.db)).await
     }
 
     async fn epoch(&self) -> Result<EpochInfo, StoreError> {
-        self.call(self.dialect.epoch(&self.db)).await
+        self.call("epoch", self.dialect.epoch(&self.db)).await
     }
 
     async fn advance_epoch(&self) -> Result<EpochInfo, StoreError> {
-        self.call(self.dialect.advance_epoch(&self.db)).await
+        self.call("advance_epoch", self.dialect.advance_epoch(&self.db))
+            .await
     }
 
     async fn preempt(
@@ -739,7 +793,7 @@ impl<D: Dialect> Store for SqlStore<D> {
         token: Token,
         occurrence: StoreTime,
     ) -> Result<bool, StoreError> {
-        self.call(async {
+        self.call("preempt", async {
             Ok(D::DB::preempt(
                 &self.db.pool,
                 &self.fleet,
@@ -758,35 +812,58 @@ impl<D: Dialect> Store for SqlStore<D> {
         owner_id: OwnerId,
         end: &RunEnd<'_>,
     ) -> Result<(bool, ReleaseOutcome), StoreError> {
-        let one = self
-            .call(
-                self.dialect
-                    .finish_and_release(&self.db, resource, owner_id, end),
-            )
-            .await?;
-        match one {
-            Some(done) => Ok(done),
-            None => {
-                let finished = self.finish_run(end).await?;
-                Ok((finished, self.release(resource, owner_id, end.token).await?))
+        self.observe("finish_and_release", async {
+            let one = self
+                .limited(
+                    self.dialect
+                        .finish_and_release(&self.db, resource, owner_id, end),
+                )
+                .await?;
+            match one {
+                Some(done) => Ok(done),
+                None => {
+                    let finished = self
+                        .limited(async {
+                            Ok(D::DB::finish_run(&self.db.pool, &self.fleet, end).await?)
+                        })
+                        .await?;
+                    let released = self
+                        .limited(self.dialect.release(
+                            &self.db,
+                            resource,
+                            owner_id,
+                            Some(end.token),
+                            None,
+                        ))
+                        .await?;
+                    Ok((finished, released))
+                }
             }
-        }
+        })
+        .await
     }
 
     async fn finish_run(&self, end: &RunEnd<'_>) -> Result<bool, StoreError> {
-        self.call(async { Ok(D::DB::finish_run(&self.db.pool, &self.fleet, end).await?) })
-            .await
+        self.call("finish_run", async {
+            Ok(D::DB::finish_run(&self.db.pool, &self.fleet, end).await?)
+        })
+        .await
     }
 
     async fn runs(&self, q: &RunQuery<'_>) -> Result<Vec<RunInfo>, StoreError> {
-        let now = self.now().await?;
-        self.call(async { Ok(D::DB::runs(&self.db.pool, &self.fleet, q, now).await?) })
-            .await
+        self.observe("runs", async {
+            let now = self.limited(self.dialect.now(&self.db)).await?;
+            self.limited(async { Ok(D::DB::runs(&self.db.pool, &self.fleet, q, now).await?) })
+                .await
+        })
+        .await
     }
 
     async fn prune_runs(&self, keep: u32, before: StoreTime) -> Result<u64, StoreError> {
-        self.call(async { Ok(D::DB::prune_runs(&self.db.pool, &self.fleet, keep, before).await?) })
-            .await
+        self.call("prune_runs", async {
+            Ok(D::DB::prune_runs(&self.db.pool, &self.fleet, keep, before).await?)
+        })
+        .await
     }
 
     async fn pause(
@@ -794,38 +871,52 @@ impl<D: Dialect> Store for SqlStore<D> {
         pause: &PauseInfo,
         replace: bool,
     ) -> Result<Option<PauseInfo>, StoreError> {
-        self.call(async { Ok(D::DB::pause(&self.db.pool, &self.fleet, pause, replace).await?) })
-            .await
+        self.call("pause", async {
+            Ok(D::DB::pause(&self.db.pool, &self.fleet, pause, replace).await?)
+        })
+        .await
     }
 
     async fn resume(&self, job: &str) -> Result<bool, StoreError> {
-        self.call(async { Ok(D::DB::resume(&self.db.pool, &self.fleet, job).await?) })
-            .await
+        self.call("resume", async {
+            Ok(D::DB::resume(&self.db.pool, &self.fleet, job).await?)
+        })
+        .await
     }
 
     async fn pauses(&self, now: StoreTime) -> Result<Vec<PauseInfo>, StoreError> {
-        self.call(async { Ok(D::DB::pauses(&self.db.pool, &self.fleet, now).await?) })
-            .await
+        self.call("pauses", async {
+            Ok(D::DB::pauses(&self.db.pool, &self.fleet, now).await?)
+        })
+        .await
     }
 
     async fn request_trigger(&self, trigger: &TriggerInfo) -> Result<(), StoreError> {
-        self.call(async { Ok(D::DB::request_trigger(&self.db.pool, &self.fleet, trigger).await?) })
-            .await
+        self.call("request_trigger", async {
+            Ok(D::DB::request_trigger(&self.db.pool, &self.fleet, trigger).await?)
+        })
+        .await
     }
 
     async fn trigger(&self, id: &str) -> Result<Option<TriggerInfo>, StoreError> {
-        self.call(async { Ok(D::DB::trigger(&self.db.pool, &self.fleet, id).await?) })
-            .await
+        self.call("trigger", async {
+            Ok(D::DB::trigger(&self.db.pool, &self.fleet, id).await?)
+        })
+        .await
     }
 
     async fn pending_triggers(&self) -> Result<Vec<TriggerInfo>, StoreError> {
-        self.call(async { Ok(D::DB::pending_triggers(&self.db.pool, &self.fleet).await?) })
-            .await
+        self.call("pending_triggers", async {
+            Ok(D::DB::pending_triggers(&self.db.pool, &self.fleet).await?)
+        })
+        .await
     }
 
     async fn claim_trigger(&self, id: &str, node: &str) -> Result<bool, StoreError> {
-        self.call(async { Ok(D::DB::claim_trigger(&self.db.pool, &self.fleet, id, node).await?) })
-            .await
+        self.call("claim_trigger", async {
+            Ok(D::DB::claim_trigger(&self.db.pool, &self.fleet, id, node).await?)
+        })
+        .await
     }
 
     async fn settle_trigger(
@@ -835,26 +926,30 @@ impl<D: Dialect> Store for SqlStore<D> {
         token: Option<Token>,
         detail: Option<&str>,
     ) -> Result<(), StoreError> {
-        self.call(async {
+        self.call("settle_trigger", async {
             Ok(D::DB::settle_trigger(&self.db.pool, &self.fleet, id, state, token, detail).await?)
         })
         .await
     }
 
     async fn cancel_trigger(&self, id: &str) -> Result<bool, StoreError> {
-        self.call(async { Ok(D::DB::cancel_trigger(&self.db.pool, &self.fleet, id).await?) })
-            .await
+        self.call("cancel_trigger", async {
+            Ok(D::DB::cancel_trigger(&self.db.pool, &self.fleet, id).await?)
+        })
+        .await
     }
 
     async fn prune_fleet(&self, before: StoreTime) -> Result<u64, StoreError> {
-        self.call(async { Ok(D::DB::prune_fleet(&self.db.pool, &self.fleet, before).await?) })
-            .await
+        self.call("prune_fleet", async {
+            Ok(D::DB::prune_fleet(&self.db.pool, &self.fleet, before).await?)
+        })
+        .await
     }
 
     async fn beat(&self, beat: &NodeBeat<'_>) -> Result<StoreTime, StoreError> {
         // The store's clock, read first: the fleet statements bind every
         // time they write (one text for all backends).
-        self.call(async {
+        self.call("beat", async {
             let now = self.dialect.now(&self.db).await?;
             D::DB::beat(&self.db.pool, &self.fleet, beat, now).await?;
             Ok(now)
@@ -863,8 +958,10 @@ impl<D: Dialect> Store for SqlStore<D> {
     }
 
     async fn nodes(&self) -> Result<Vec<NodeInfo>, StoreError> {
-        self.call(async { Ok(D::DB::nodes(&self.db.pool, &self.fleet).await?) })
-            .await
+        self.call("nodes", async {
+            Ok(D::DB::nodes(&self.db.pool, &self.fleet).await?)
+        })
+        .await
     }
 
     async fn publish_jobs(
@@ -872,7 +969,7 @@ impl<D: Dialect> Store for SqlStore<D> {
         node: &str,
         jobs: &[(String, String, String)],
     ) -> Result<(), StoreError> {
-        self.call(async {
+        self.call("publish_jobs", async {
             let mut tx = self.dialect.begin(&self.db).await?;
             D::DB::publish(&mut tx, &self.fleet, node, jobs).await?;
             tx.commit().await?;
@@ -886,32 +983,38 @@ impl<D: Dialect> Store for SqlStore<D> {
         node: &str,
         definitions: bool,
     ) -> Result<Vec<PublishedJob>, StoreError> {
-        self.call(async {
+        self.call("published_jobs", async {
             Ok(D::DB::published(&self.db.pool, &self.fleet, node, definitions).await?)
         })
         .await
     }
 
     async fn forget(&self, resource: &Name, now: StoreTime) -> Result<Option<bool>, StoreError> {
-        self.call(async {
+        self.call("forget", async {
             Ok(D::DB::forget(&self.db.pool, &self.fleet, resource.as_str(), now).await?)
         })
         .await
     }
 
     async fn prune_stale(&self, before: StoreTime) -> Result<u64, StoreError> {
-        self.call(async { Ok(D::DB::prune_kept(&self.db.pool, &self.fleet, false, before).await?) })
-            .await
+        self.call("prune_stale", async {
+            Ok(D::DB::prune_kept(&self.db.pool, &self.fleet, false, before).await?)
+        })
+        .await
     }
 
     async fn prune_values(&self, before: StoreTime) -> Result<u64, StoreError> {
-        self.call(async { Ok(D::DB::prune_kept(&self.db.pool, &self.fleet, true, before).await?) })
-            .await
+        self.call("prune_values", async {
+            Ok(D::DB::prune_kept(&self.db.pool, &self.fleet, true, before).await?)
+        })
+        .await
     }
 
     async fn prune_nodes(&self, before: StoreTime) -> Result<u64, StoreError> {
-        self.call(async { Ok(D::DB::prune_nodes(&self.db.pool, &self.fleet, before).await?) })
-            .await
+        self.call("prune_nodes", async {
+            Ok(D::DB::prune_nodes(&self.db.pool, &self.fleet, before).await?)
+        })
+        .await
     }
 }
 
@@ -933,12 +1036,13 @@ mod tests {
         let opts = OpenOptions {
             max_connections: 1,
             call_timeout: limit,
+            ..OpenOptions::default()
         };
         let store = SqliteStore::open(url, &opts).unwrap();
 
         let enospc = sqlx::Error::Io(std::io::Error::from_raw_os_error(libc::ENOSPC));
         let e = store
-            .call(async { Err::<(), _>(Failure::Sql(enospc)) })
+            .limited(async { Err::<(), _>(Failure::Sql(enospc)) })
             .await
             .unwrap_err();
         assert!(
@@ -950,7 +1054,7 @@ mod tests {
             detail: "named".to_string(),
         };
         let e = store
-            .call(async { Err::<(), _>(Failure::Store(named)) })
+            .limited(async { Err::<(), _>(Failure::Store(named)) })
             .await
             .unwrap_err();
         assert!(
@@ -959,14 +1063,111 @@ mod tests {
         );
 
         let started = tokio::time::Instant::now();
-        let hung = tokio::time::timeout(limit * 2, store.call(std::future::pending::<Sql<()>>()))
-            .await
-            .expect("the call ends by its own limit");
+        let hung =
+            tokio::time::timeout(limit * 2, store.limited(std::future::pending::<Sql<()>>()))
+                .await
+                .expect("the call ends by its own limit");
         let e = hung.unwrap_err();
         assert!(
             matches!(e, StoreError::Timeout { limit: l, .. } if l == limit),
             "{e}"
         );
         assert_eq!(started.elapsed(), limit);
+    }
+
+    /// Records what a store tells its hook.
+    #[derive(Default)]
+    struct Heard(std::sync::Mutex<Vec<(&'static str, super::super::CallEnd)>>);
+
+    impl super::super::StoreHook for Heard {
+        fn called(&self, operation: &'static str, _took: Duration, end: super::super::CallEnd) {
+            self.0.lock().unwrap().push((operation, end));
+        }
+
+        fn noticed(&self, _notice: super::super::Notice<'_>) {}
+    }
+
+    /// The hook hears every operation once, by its method's name, however
+    /// many statements it takes (`runs` reads the store's clock first,
+    /// `admit` reads, raises and reads again), migrations included, and
+    /// how each ended: the one place the metrics and `/readyz` see the
+    /// store through.
+    #[tokio::test]
+    async fn the_hook_hears_every_operation_once_by_name() {
+        use super::super::CallEnd;
+        use std::sync::Arc;
+
+        let dir = tempfile::tempdir().unwrap();
+        let url = StoreUrl::parse(&format!(
+            "sqlite://{}",
+            dir.path().join("fencecron.db").display()
+        ))
+        .unwrap();
+        let heard = Arc::new(Heard::default());
+        let opts = OpenOptions {
+            hook: Some(heard.clone()),
+            ..OpenOptions::default()
+        };
+        let store = SqliteStore::open(url, &opts).unwrap();
+        store.migrate().await.unwrap();
+        store.now().await.unwrap();
+        let resource = Name::parse("resource", "hooked").unwrap();
+        let token = match store
+            .acquire(&AcquireRequest {
+                resource: &resource,
+                lease: Duration::from_secs(30),
+                node: "n",
+                owner_id: OwnerId::fresh(),
+                occurrence: None,
+                next_occurrence: None,
+                run: None,
+            })
+            .await
+            .unwrap()
+        {
+            AcquireOutcome::Acquired(lease) => lease.token,
+            other => panic!("{other:?}"),
+        };
+        let admitted = store
+            .admit(&AdmitRequest {
+                resource: &resource,
+                token,
+                node: "n",
+                operation_id: uuid::Uuid::new_v4(),
+            })
+            .await
+            .unwrap();
+        assert_eq!(admitted, AdmitOutcome::Admitted);
+        store
+            .runs(&RunQuery {
+                job: None,
+                outcome: None,
+                since: None,
+                node: None,
+                owner_id: None,
+                limit: 10,
+            })
+            .await
+            .unwrap();
+        let e = store
+            .call("get", async {
+                Err::<(), _>(Failure::Store(StoreError::Corrupt {
+                    url: "u".into(),
+                    detail: "d".into(),
+                }))
+            })
+            .await;
+        assert!(e.is_err());
+        assert_eq!(
+            *heard.0.lock().unwrap(),
+            [
+                ("migrate", CallEnd::Answered),
+                ("now", CallEnd::Answered),
+                ("acquire", CallEnd::Answered),
+                ("admit", CallEnd::Answered),
+                ("runs", CallEnd::Answered),
+                ("get", CallEnd::Failed),
+            ]
+        );
     }
 }

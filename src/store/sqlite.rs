@@ -33,6 +33,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection, SqliteJournalMode, Sq
 use sqlx::{ConnectOptions, Connection, Row, Sqlite, Transaction};
 
 use super::bench::RawDialect;
+use super::hook::{notice, Hook};
 use super::sql::{Db, Dialect, Sql, SqlDb, SqlStore};
 use super::*;
 
@@ -256,8 +257,12 @@ impl SqliteStore {
         }
         // Never pool a connection left inside a transaction (see the
         // module documentation): close it instead.
+        let hook = opts.hook.clone();
         let db = Db::connect_lazy(url, opts, connect, |pool| {
-            pool.after_release(|conn, _| Box::pin(left_clean(conn)))
+            pool.after_release(move |conn, _| {
+                let hook = hook.clone();
+                Box::pin(async move { left_clean(conn, &hook).await })
+            })
         });
         Ok(SqlStore::new(db, Lite { path, in_memory }))
     }
@@ -356,6 +361,7 @@ impl Dialect for Lite {
                 &mut conn,
                 Backend::Sqlite,
                 &sqlx::migrate!("migrations/sqlite"),
+                &db.hook,
             )
             .await
             .map_err(fail)
@@ -753,7 +759,7 @@ impl RawDialect for Lite {
 /// (`sqlite3_get_autocommit`). Locking the handle first lets the worker run
 /// what is queued before it, such as the ROLLBACK of a dropped transaction,
 /// so the check sees the connection as the next caller would.
-async fn left_clean(conn: &mut SqliteConnection) -> Result<bool, sqlx::Error> {
+async fn left_clean(conn: &mut SqliteConnection, hook: &Hook) -> Result<bool, sqlx::Error> {
     let autocommit = {
         let mut handle = conn.lock_handle().await?;
         // SAFETY: the handle is locked away from the worker thread for the
@@ -765,7 +771,13 @@ async fn left_clean(conn: &mut SqliteConnection) -> Result<bool, sqlx::Error> {
     if autocommit && !in_tx {
         return Ok(true);
     }
-    crate::events::store_connection_discarded(autocommit, in_tx);
+    notice(
+        hook,
+        Notice::ConnectionDiscarded {
+            sqlite_autocommit: autocommit,
+            sqlx_in_transaction: in_tx,
+        },
+    );
     Ok(false)
 }
 
