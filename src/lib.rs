@@ -19,6 +19,7 @@ pub mod error;
 pub mod events;
 pub mod fence;
 pub mod fleet;
+pub mod guard;
 pub mod job_env;
 pub mod logging;
 pub mod metrics;

@@ -8,9 +8,9 @@ use serde_json::json;
 use crate::cli::{Cli, GetArgs, PutArgs, StaleArgs};
 use crate::error::{Error, Exit, Result};
 use crate::fence;
+use crate::guard::GuardDb;
 use crate::names::Name;
 use crate::output::{self, Align, Out, Table};
-use crate::store::guard::GuardDb;
 use crate::store::{OpenOptions, OwnerId, PutOutcome, PutRequest, StoreTime};
 
 use super::{owner_id_arg, print_json, Context};

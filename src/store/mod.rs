@@ -30,7 +30,6 @@ mod classify;
 mod diagnose;
 mod error;
 mod fleet;
-pub mod guard;
 mod hook;
 mod migrator;
 mod mysql;
@@ -55,6 +54,7 @@ pub(crate) use classify::{
     classify_admission, classify_loss, classify_paused, classify_refusal, classify_rejection,
     run_binds, Admission, LeaseRow, LossRow, Rejection,
 };
+pub(crate) use diagnose::first_connection;
 pub use error::StoreError;
 pub(crate) use error::{migrate_error, timed, unavailable};
 pub use hook::{CallEnd, Notice, StoreHook};
@@ -395,6 +395,27 @@ pub fn open(url: &StoreUrl, opts: &OpenOptions) -> Result<Arc<dyn Store>, StoreE
         Backend::Postgres => Arc::new(PostgresStore::open(url.clone(), opts)?),
         Backend::MySql => Arc::new(MySqlStore::open(url.clone(), opts)?),
     })
+}
+
+/// PostgreSQL connection options for `url` made as the store makes its own
+/// (TLS left out on a loopback host when neither the URL nor `PGSSLMODE`
+/// asked for it), named `application_name`: for a pool on a database that
+/// is not the store (the SQL guard's, [`crate::guard`]).
+pub(crate) fn postgres_options(
+    url: &StoreUrl,
+    application_name: &str,
+) -> Result<sqlx::postgres::PgConnectOptions, StoreError> {
+    let c: sqlx::postgres::PgConnectOptions =
+        url.expose().parse().map_err(|e| unavailable(url, e))?;
+    let c = c.application_name(application_name);
+    let env_chose = std::env::var_os("PGSSLMODE").is_some();
+    Ok(
+        if postgres::loopback_without_ssl_choice(url.expose(), c.get_host(), env_chose) {
+            c.ssl_mode(sqlx::postgres::PgSslMode::Disable)
+        } else {
+            c
+        },
+    )
 }
 
 /// [`Store::give_back_unseen`] as one [`Store::give_back`] per item.
