@@ -1,5 +1,5 @@
 //! Where logging lives: the global subscriber's set-up and the formats it
-//! writes. The events themselves are [`crate::events`]; `cli` takes its
+//! writes. The events themselves are `events.rs`; `cli` takes its
 //! `--log-format` values from here.
 
 use clap::ValueEnum;

@@ -1,7 +1,7 @@
 //! Prometheus metrics and the health of the daemon, served over HTTP when
 //! the config asks for it (`[http] listen = "127.0.0.1:9464"`).
 //!
-//! Every metric moves where its event is logged ([`crate::events`] calls in
+//! Every metric moves where its event is logged (`events.rs` calls in
 //! here), so the log and the metrics say the same thing; scraping reads
 //! atomics only and never queries the store. `/livez` answers from the
 //! scheduler loop's last turn, `/readyz` from the last store call's result.

@@ -318,7 +318,7 @@ pub(super) fn run_state(
 
 /// The fleet statements on any sqlx database whose connections execute
 /// queries and whose rows give back text and integers (the bounds are stated
-/// once, on the one implementation, as for [`super::sql::SqlDb`]).
+/// once, on the one implementation, as for `sql::SqlDb`).
 #[async_trait]
 pub(super) trait FleetDb: Database {
     async fn finish_run(

@@ -400,7 +400,7 @@ pub fn open(url: &StoreUrl, opts: &OpenOptions) -> Result<Arc<dyn Store>, StoreE
 /// PostgreSQL connection options for `url` made as the store makes its own
 /// (TLS left out on a loopback host when neither the URL nor `PGSSLMODE`
 /// asked for it), named `application_name`: for a pool on a database that
-/// is not the store (the SQL guard's, [`crate::guard`]).
+/// is not the store (the SQL guard's).
 pub(crate) fn postgres_options(
     url: &StoreUrl,
     application_name: &str,

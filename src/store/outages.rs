@@ -98,3 +98,42 @@ impl Outages {
             .collect()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Only the first failure of a job's (or a job-less operation's) outage
+    /// begins one; an answer for the job ends its outage alone, with the
+    /// count and duration the caller logs; an answer for all ends the rest.
+    #[tokio::test(start_paused = true)]
+    async fn the_first_failure_begins_an_outage_and_an_answer_ends_it() {
+        let outages = Outages::default();
+        assert!(outages.failed("acquire", Some("a")));
+        assert!(!outages.failed("renew", Some("a")));
+        assert!(outages.failed("acquire", Some("b")));
+        assert!(outages.failed("beat", None));
+        assert!(!outages.failed("beat", None));
+        tokio::time::advance(Duration::from_secs(3)).await;
+        assert_eq!(
+            outages.answered("a"),
+            Some(Ended {
+                job: Some("a".into()),
+                operation: None,
+                failures: 2,
+                took: Duration::from_secs(3),
+            })
+        );
+        assert_eq!(outages.answered("a"), None);
+        let mut rest = outages.answered_all();
+        rest.sort_by_key(|e| (e.job.clone(), e.operation.clone()));
+        assert_eq!(
+            rest.iter()
+                .map(|e| (e.job.as_deref(), e.operation.as_deref(), e.failures))
+                .collect::<Vec<_>>(),
+            [(None, Some("beat"), 2), (Some("b"), None, 1)]
+        );
+        assert!(outages.answered_all().is_empty());
+        assert!(outages.failed("acquire", Some("a")), "a new outage");
+    }
+}
