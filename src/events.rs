@@ -971,3 +971,33 @@ pub fn config_drift_resolved(job: &str, jobs_in_drift: usize) {
         job, "the live nodes agree about the job again"
     );
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What the store tells its hook reaches the log as the events
+    /// docs/events.md lists, with their fields.
+    #[test]
+    fn the_store_hook_logs_notices_as_their_events() {
+        let (events, _guard) = crate::testing::events::Captured::start();
+        let hook = store_hook(false);
+        hook.noticed(Notice::MigrationGuardFailed {
+            guard: "fencecron_legacy_guard",
+            error: "no trigger for you",
+        });
+        hook.noticed(Notice::ConnectionDiscarded {
+            sqlite_autocommit: false,
+            sqlx_in_transaction: true,
+        });
+        let guard = events.named("migration_guard_failed");
+        assert_eq!(guard.len(), 1);
+        assert_eq!(guard[0].level, tracing::Level::WARN);
+        assert_eq!(guard[0].get("error"), "no trigger for you");
+        let discarded = events.named("store_connection_discarded");
+        assert_eq!(discarded.len(), 1);
+        assert_eq!(discarded[0].level, tracing::Level::WARN);
+        assert_eq!(discarded[0].get("sqlite_autocommit"), "false");
+        assert_eq!(discarded[0].get("sqlx_in_transaction"), "true");
+    }
+}

@@ -653,4 +653,57 @@ mod tests {
             Err(MigrateError::Dirty(3))
         ));
     }
+
+    /// Records the notices a store tells its hook.
+    #[derive(Default)]
+    struct Heard(std::sync::Mutex<Vec<(String, String)>>);
+
+    impl super::super::StoreHook for Heard {
+        fn called(&self, _: &'static str, _: std::time::Duration, _: super::super::CallEnd) {}
+
+        fn noticed(&self, notice: Notice<'_>) {
+            if let Notice::MigrationGuardFailed { guard, error } = notice {
+                self.0
+                    .lock()
+                    .unwrap()
+                    .push((guard.to_string(), error.to_string()));
+            }
+        }
+    }
+
+    /// A guard that cannot be put on `_sqlx_migrations` (here: a database
+    /// this connection may not write) is not an error of the migration:
+    /// the store tells its hook, whose owner logs `migration_guard_failed`.
+    #[tokio::test]
+    async fn a_guard_that_cannot_be_created_is_told_to_the_hook() {
+        use sqlx::sqlite::SqliteConnectOptions;
+        use sqlx::ConnectOptions;
+
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("legacy.db");
+        let mut rw = SqliteConnectOptions::new()
+            .filename(&path)
+            .create_if_missing(true)
+            .connect()
+            .await
+            .unwrap();
+        sqlx::query("CREATE TABLE _sqlx_migrations (version BIGINT PRIMARY KEY)")
+            .execute(&mut rw)
+            .await
+            .unwrap();
+        rw.close().await.unwrap();
+        let mut ro = SqliteConnectOptions::new()
+            .filename(&path)
+            .read_only(true)
+            .connect()
+            .await
+            .unwrap();
+        let heard = std::sync::Arc::new(Heard::default());
+        let hook: Hook = Some(heard.clone());
+        guard_legacy::<sqlx::Sqlite>(&mut ro, Backend::Sqlite, &[], &hook).await;
+        let told = heard.0.lock().unwrap().clone();
+        assert_eq!(told.len(), 1, "{told:?}");
+        assert_eq!(told[0].0, GUARD);
+        assert!(told[0].1.contains("readonly"), "{told:?}");
+    }
 }
