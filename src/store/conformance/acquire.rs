@@ -351,10 +351,10 @@ fn names_are_validated() {
     assert!(e.contains("empty"), "{e}");
 }
 
-conformance!(
+conformance!([
     case_token_increases_across_release,
     case_token_increases_across_expiry,
     case_concurrent_first_acquire,
     case_losing_acquire_changes_nothing,
     case_longest_names_round_trip,
-);
+]);

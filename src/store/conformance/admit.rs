@@ -166,7 +166,7 @@ async fn case_proxy_concurrent_admissions(subject: Subject) {
     assert_eq!(admit(s, &r, new).await, AdmitOutcome::Admitted);
 }
 
-conformance!(
+conformance!([
     case_proxy_admits_issued_tokens_never_older_ones,
     case_proxy_concurrent_admissions,
-);
+]);

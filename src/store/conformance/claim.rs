@@ -322,8 +322,11 @@ async fn case_claim_takes_its_share_of_the_live_nodes(subject: Subject) {
 }
 
 conformance!(
-    case_claim_wins_like_the_acquire,
-    case_claim_once_under_concurrency_and_skips_locked_rows,
+    [
+        case_claim_wins_like_the_acquire,
+        case_claim_once_under_concurrency_and_skips_locked_rows,
+    ],
+    isolated: [
+        case_claim_takes_its_share_of_the_live_nodes,
+    ]
 );
-
-isolated_conformance!(case_claim_takes_its_share_of_the_live_nodes,);

@@ -103,4 +103,9 @@ async fn case_epoch_advance(subject: Subject) {
     assert_eq!(after.token, first_token_of(adv2.effective));
 }
 
-isolated_conformance!(case_epoch_advance,);
+conformance!(
+    [],
+    isolated: [
+        case_epoch_advance,
+    ]
+);

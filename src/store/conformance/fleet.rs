@@ -229,8 +229,8 @@ async fn case_triggers_are_claimed_once(subject: Subject) {
     assert!(s.trigger(&a).await.unwrap().is_some(), "newer ones stay");
 }
 
-conformance!(
+conformance!([
     case_pause_is_honoured_by_the_acquire,
     case_pause_twice_is_refused_unless_replaced,
     case_triggers_are_claimed_once,
-);
+]);

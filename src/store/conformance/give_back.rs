@@ -185,7 +185,7 @@ async fn case_give_back_unseen_sweeps_many_at_once(subject: Subject) {
     }
 }
 
-conformance!(
+conformance!([
     case_give_back_leaves_the_instant_runnable,
     case_give_back_unseen_sweeps_many_at_once,
-);
+]);

@@ -2,8 +2,8 @@
 //! and run against every implementation — the in-memory `MemoryStore` of
 //! the crate's own tests, SQLite, PostgreSQL and MySQL/MariaDB.
 //!
-//! Each case is an `async fn case_…(t: Subject)` in the file of its concern
-//! ([`acquire`], [`occurrence`], [`renew`] (renew, release, takeovers),
+//! Each case is an `async fn case_…(subject: Subject)` in the file of its
+//! concern ([`acquire`], [`occurrence`], [`renew`] (renew, release, takeovers),
 //! [`give_back`], [`claim`], [`put`], [`stale`], [`admit`], [`epoch`],
 //! [`runs`], [`fleet`] (pauses, triggers), [`nodes`], [`retention`]), using
 //! the helpers of [`kit`]; the `conformance!` line at the end of each file
@@ -20,7 +20,7 @@
 //!   server and run in parallel, so every resource name is unique to its
 //!   case. Without the URL a case passes and says `*** SKIPPED … ***` on
 //!   the terminal; under `CI=true` it fails instead.
-//! * Cases that change store-wide state (`isolated_conformance!`: the epoch,
+//! * Cases that change store-wide state (listed after `isolated:`: the epoch,
 //!   pruning every job, counting live nodes) run on a database of their own
 //!   (created and dropped around the case on PostgreSQL and MySQL).
 //!
@@ -37,57 +37,58 @@ use crate::store::{open, open_bench, OpenOptions, Store, StoreUrl};
 use crate::testing::epoch_wall;
 use crate::testing::store::MemoryStore;
 
-/// One test per case on every backend, all sharing the backend's database.
+/// One test per case and implementation:
+/// `conformance!([cases…])`, or `conformance!([cases…], isolated: [cases…])`
+/// where the isolated ones run on a database of their own. Each becomes
+/// `<concern>::{memory,sqlite,postgres,mysql}::<case>`.
 macro_rules! conformance {
-    ($($case:ident),* $(,)?) => {
-        memory_tests!(memory, [$($case),*]);
-        backend_tests!(sqlite, Sqlite, run_case, [$($case),*]);
-        backend_tests!(postgres, Postgres, run_case, [$($case),*]);
-        backend_tests!(mysql, MySql, run_case, [$($case),*]);
+    ([$($case:ident),* $(,)?]) => {
+        conformance!([$($case),*], isolated: []);
     };
-}
-
-/// Like `conformance!`, each case on a database of its own.
-macro_rules! isolated_conformance {
-    ($($case:ident),* $(,)?) => {
-        memory_tests!(memory_isolated, [$($case),*]);
-        backend_tests!(sqlite_isolated, Sqlite, run_isolated_case, [$($case),*]);
-        backend_tests!(postgres_isolated, Postgres, run_isolated_case, [$($case),*]);
-        backend_tests!(mysql_isolated, MySql, run_isolated_case, [$($case),*]);
-    };
-}
-
-macro_rules! memory_tests {
-    ($module:ident, [$($case:ident),*]) => {
-        mod $module {
-            $(
-                #[tokio::test(start_paused = true)]
-                async fn $case() {
-                    $crate::store::conformance::run_memory_case(
-                        concat!(stringify!($module), "::", stringify!($case)),
-                        super::$case,
-                    )
-                    .await;
-                }
-            )*
+    ([$($case:ident),* $(,)?], isolated: [$($iso:ident),* $(,)?]) => {
+        mod memory {
+            // Every MemoryStore is new: each case is on a store of its own.
+            $( memory_test!($case); )*
+            $( memory_test!($iso); )*
         }
+        backend_tests!(sqlite, Sqlite, [$($case),*], [$($iso),*]);
+        backend_tests!(postgres, Postgres, [$($case),*], [$($iso),*]);
+        backend_tests!(mysql, MySql, [$($case),*], [$($iso),*]);
     };
 }
 
 macro_rules! backend_tests {
-    ($module:ident, $kind:ident, $run:ident, [$($case:ident),*]) => {
+    ($module:ident, $kind:ident, [$($case:ident),*], [$($iso:ident),*]) => {
         mod $module {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() {
-                    $crate::store::conformance::$run(
-                        $crate::store::conformance::Kind::$kind,
-                        concat!(stringify!($module), "::", stringify!($case)),
-                        super::$case,
-                    )
-                    .await;
-                }
-            )*
+            $( backend_test!($kind, run_case, $case); )*
+            $( backend_test!($kind, run_isolated_case, $iso); )*
+        }
+    };
+}
+
+macro_rules! backend_test {
+    ($kind:ident, $run:ident, $case:ident) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $case() {
+            $crate::store::conformance::$run(
+                $crate::store::conformance::Kind::$kind,
+                concat!(module_path!(), "::", stringify!($case)),
+                super::$case,
+            )
+            .await;
+        }
+    };
+}
+
+macro_rules! memory_test {
+    ($case:ident) => {
+        #[tokio::test(start_paused = true)]
+        async fn $case() {
+            $crate::store::conformance::run_memory_case(
+                concat!(module_path!(), "::", stringify!($case)),
+                super::$case,
+            )
+            .await;
         }
     };
 }
@@ -176,6 +177,7 @@ where
     F: FnOnce(Subject) -> Fut,
     Fut: Future<Output = ()>,
 {
+    let test = test_name(test);
     let memory = MemoryStore::new(Clock::following_tokio(epoch_wall())).claiming();
     memory.migrate().await.expect("migrations apply");
     let subject = Subject {
@@ -196,6 +198,7 @@ where
     F: FnOnce(Subject) -> Fut,
     Fut: Future<Output = ()>,
 {
+    let test = test_name(test);
     let Some(db) = TestDb::new(kind, test) else {
         return;
     };
@@ -212,6 +215,7 @@ where
     F: FnOnce(Subject) -> Fut + Send + 'static,
     Fut: Future<Output = ()> + Send + 'static,
 {
+    let test = test_name(test);
     let Some(db) = TestDb::new(kind, test) else {
         return;
     };
@@ -223,6 +227,12 @@ where
             .unwrap_or_else(|_| panic!("{test} on {kind:?} did not finish within 90 s"));
     })
     .await;
+}
+
+/// A test's name as libtest prints it (its module path without the crate).
+fn test_name(path: &str) -> &str {
+    path.strip_prefix(concat!(env!("CARGO_CRATE_NAME"), "::"))
+        .unwrap_or(path)
 }
 
 fn subject(kind: Kind, store: Arc<dyn Store>) -> Subject {

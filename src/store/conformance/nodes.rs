@@ -131,4 +131,9 @@ async fn case_nodes_register_publish_and_are_forgotten(subject: Subject) {
     assert_eq!(s.published_jobs("node-new", false).await.unwrap().len(), 1);
 }
 
-isolated_conformance!(case_nodes_register_publish_and_are_forgotten,);
+conformance!(
+    [],
+    isolated: [
+        case_nodes_register_publish_and_are_forgotten,
+    ]
+);

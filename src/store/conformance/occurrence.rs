@@ -254,10 +254,10 @@ async fn case_superseded_occurrence_is_refused(subject: Subject) {
     );
 }
 
-conformance!(
+conformance!([
     case_occurrence_dedup,
     case_occurrence_not_yet_due,
     case_retry_adopts_its_own_win,
     case_retry_adopts_an_expired_win,
     case_superseded_occurrence_is_refused,
-);
+]);

@@ -502,7 +502,7 @@ async fn case_values_round_trip(subject: Subject) {
     }
 }
 
-conformance!(
+conformance!([
     case_put_accepts_equal_token,
     case_put_once,
     case_put_forged,
@@ -511,4 +511,4 @@ conformance!(
     case_put_after_release_and_expiry,
     case_concurrent_puts,
     case_values_round_trip,
-);
+]);

@@ -296,10 +296,10 @@ async fn case_preempt_ends_only_an_earlier_instants_lease(subject: Subject) {
         .unwrap());
 }
 
-conformance!(
+conformance!([
     case_renew_keeps_token,
     case_old_owner_refused,
     case_release_is_no_takeover,
     case_expiry_is_a_takeover,
     case_preempt_ends_only_an_earlier_instants_lease,
-);
+]);

@@ -176,8 +176,11 @@ async fn case_purge_prefix(subject: Subject) {
 }
 
 conformance!(
-    case_forget_hides_a_free_lease_and_keeps_its_fence,
-    case_purge_prefix,
+    [
+        case_forget_hides_a_free_lease_and_keeps_its_fence,
+        case_purge_prefix,
+    ],
+    isolated: [
+        case_retention_prunes_stale_records_and_unused_values,
+    ]
 );
-
-isolated_conformance!(case_retention_prunes_stale_records_and_unused_values,);

@@ -285,8 +285,11 @@ async fn case_run_history_prune_keeps_the_newest(subject: Subject) {
 }
 
 conformance!(
-    case_finish_and_release_ends_the_run_and_frees_the_lease,
-    case_run_history_records_winners_only,
+    [
+        case_finish_and_release_ends_the_run_and_frees_the_lease,
+        case_run_history_records_winners_only,
+    ],
+    isolated: [
+        case_run_history_prune_keeps_the_newest,
+    ]
 );
-
-isolated_conformance!(case_run_history_prune_keeps_the_newest,);

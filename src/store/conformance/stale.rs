@@ -119,4 +119,4 @@ async fn case_record_stale_lease_lost(subject: Subject) {
     assert_eq!(stale_of(s, Some(since), &r).await, vec![expected]);
 }
 
-conformance!(case_stale_rejection_recorded, case_record_stale_lease_lost,);
+conformance!([case_stale_rejection_recorded, case_record_stale_lease_lost]);
