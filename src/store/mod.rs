@@ -4,8 +4,9 @@
 //! Everything that speaks SQL lives below this module. The rest of the crate
 //! sees typed outcomes ([`AcquireOutcome`], [`RenewOutcome`], [`PutOutcome`])
 //! and never a row. The semantics every backend must share are written once
-//! here, in the trait's docs, and proven once against every backend by
-//! `tests/it/store_conformance.rs`:
+//! here, in the trait's docs, and proven once against every backend (and
+//! the in-memory store of the crate's own tests) by the conformance suite,
+//! `src/store/conformance/`:
 //!
 //! * the fence of a resource only ever grows; release and expiry keep it;
 //! * acquiring is one atomic state transition decided by the **store's
@@ -27,6 +28,8 @@
 
 mod bench;
 mod classify;
+#[cfg(test)]
+mod conformance;
 mod diagnose;
 mod error;
 mod fleet;

@@ -1357,4 +1357,17 @@ impl MemoryStore {
     pub(crate) fn run_rows(&self) -> Vec<RunInfo> {
         self.lock().runs.clone()
     }
+
+    /// The benchmark's purge (`BenchStore::purge_prefix`, which only the
+    /// SQL stores are): deletes every value, stale record and lease whose
+    /// resource starts with `prefix`, and counts them.
+    pub(crate) fn purge_prefix(&self, prefix: &str) -> u64 {
+        let mut s = self.lock();
+        let before = s.values.len() + s.stale.len() + s.leases.len();
+        s.values
+            .retain(|(resource, _), _| !resource.starts_with(prefix));
+        s.stale.retain(|r| !r.resource.starts_with(prefix));
+        s.leases.retain(|resource, _| !resource.starts_with(prefix));
+        (before - s.values.len() - s.stale.len() - s.leases.len()) as u64
+    }
 }
