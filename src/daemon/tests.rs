@@ -1,7 +1,10 @@
 //! The occurrence policy on tokio's paused clock: one occurrence of a job
 //! against the in-memory store with injected faults and clock offsets, the
 //! job a fake that runs for 2 s. Times are exact, measured from the
-//! instant (the occurrence fires at its instant).
+//! instant (the occurrence fires at its instant). Every occurrence enters
+//! as in production, through its instant's batch claim (`claim::claim`):
+//! the store claims; where it has no row for the job yet, the claim leaves
+//! the occurrence to the single acquire.
 //!
 //! The job fires every minute with a 10 s lease: an occurrence is given up
 //! 10 s after its instant (a lease length; the next instant is 60 s away).
@@ -15,6 +18,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::claim::claim;
 use super::occurrence::{Capacity, Ending, Occurrence};
 use super::Shared;
 use crate::clock::Clock;
@@ -108,16 +112,19 @@ impl Rig {
         }
     }
 
-    /// Runs the occurrence at the instant `epoch_wall()`, which is now.
+    /// Runs the occurrence at the instant `epoch_wall()`, which is now,
+    /// through its claim, as the scheduler does.
     async fn run(&self) -> Ending {
         let occurrence = Occurrence {
             shared: self.shared.clone(),
             job: self.job.clone(),
             at: epoch_wall(),
         };
-        tokio::time::timeout(LIMIT, occurrence.run())
+        let endings = tokio::time::timeout(LIMIT, claim(self.shared.clone(), vec![occurrence]))
             .await
-            .expect("the occurrence ends")
+            .expect("the occurrence ends");
+        assert_eq!(endings.len(), 1, "one ending per occurrence");
+        endings[0]
     }
 
     /// Waits for the background work the occurrence left (abandoned
@@ -1184,9 +1191,9 @@ async fn max_running_one_runs_same_instant_jobs_one_after_the_other() {
         job: job.clone(),
         at: epoch_wall(),
     };
-    let first = tokio::spawn(occurrence(&rig.job).run());
+    let first = tokio::spawn(claim(rig.shared.clone(), vec![occurrence(&rig.job)]));
     tokio::task::yield_now().await;
-    let second = tokio::spawn(occurrence(&other).run());
+    let second = tokio::spawn(claim(rig.shared.clone(), vec![occurrence(&other)]));
     let trigger = TriggerInfo {
         id: "t1".into(),
         job: "job".into(),
@@ -1203,8 +1210,8 @@ async fn max_running_one_runs_same_instant_jobs_one_after_the_other() {
     super::fleet::poll_triggers(rig.shared.clone(), jobs).await;
     let t = rig.store.trigger("t1").await.unwrap().unwrap();
     assert_eq!(t.state, trigger_state::PENDING, "not claimed at capacity");
-    assert_eq!(first.await.unwrap(), Ending::Won);
-    assert_eq!(second.await.unwrap(), Ending::Won);
+    assert_eq!(first.await.unwrap(), [Ending::Won]);
+    assert_eq!(second.await.unwrap(), [Ending::Won]);
     assert_eq!(rig.runs(), [(ms(0), 1), (ms(2_000), 1)]);
     let starts: Vec<_> = rig
         .launcher
@@ -1282,7 +1289,7 @@ fn started(rig: &Rig) -> Vec<(Duration, String, i64)> {
 /// `held`; no single acquire is made.
 #[tokio::test(start_paused = true)]
 async fn a_claim_runs_what_it_wins_and_settles_the_rest() {
-    let rig = Rig::with_store(MemoryStore::claiming);
+    let rig = Rig::new();
     let due = claimable(&rig, 3).await;
     let held = rig
         .store
@@ -1319,11 +1326,63 @@ async fn a_claim_runs_what_it_wins_and_settles_the_rest() {
     );
 }
 
+/// Each occurrence follows what the claim decided for it, and only that:
+/// a win runs under the claim's token with no single acquire (not ended as
+/// a loss), a loss ends as `held` without running, and what the claim left
+/// undecided (no row yet) is decided by the single acquire, which runs it.
+#[tokio::test(start_paused = true)]
+async fn each_occurrence_follows_its_claims_decision() {
+    let rig = Rig::new();
+    let mut due = claimable(&rig, 2).await;
+    let held = rig
+        .store
+        .acquire(&AcquireRequest {
+            resource: &due[1].job.resource,
+            lease: ms(60_000),
+            node: "node-b",
+            owner_id: OwnerId::fresh(),
+            occurrence: None,
+            next_occurrence: None,
+            run: None,
+        })
+        .await
+        .unwrap();
+    assert!(matches!(held, AcquireOutcome::Acquired(_)));
+    due.push(Occurrence {
+        shared: rig.shared.clone(),
+        job: Arc::new(job_on(&rig, "fresh", "0 * * * * *")),
+        at: epoch_wall(),
+    });
+    let acquires_before = rig.log(Op::Acquire).len();
+    let endings = tokio::time::timeout(LIMIT, claim(rig.shared.clone(), due))
+        .await
+        .expect("the claim ends");
+    rig.settle().await;
+    assert_eq!(
+        endings,
+        [Ending::Won, Ending::Skipped(SkipReason::Held), Ending::Won],
+        "won, lost, undecided then won by the single acquire"
+    );
+    assert_eq!(rig.log(Op::Claim), log(&[(0, "limit 3: won 2, lost, ask")]));
+    assert_eq!(
+        rig.log(Op::Acquire)
+            .into_iter()
+            .skip(acquires_before)
+            .collect::<Vec<_>>(),
+        log(&[(0, "acquired 1")]),
+        "one single acquire: the undecided one's"
+    );
+    assert_eq!(
+        started(&rig),
+        [(ms(0), "c0".into(), 2), (ms(0), "fresh".into(), 1)]
+    );
+}
+
 /// A claim that fails: every occurrence acquires on its own, under the
 /// owner id the claim used, after the first back-off, and runs.
 #[tokio::test(start_paused = true)]
 async fn a_failed_claim_falls_back_to_single_acquires() {
-    let rig = Rig::with_store(MemoryStore::claiming);
+    let rig = Rig::new();
     let due = claimable(&rig, 2).await;
     rig.store.fault(Op::Claim, Fault::Fail, 1);
     claim_all(&rig, due).await;
@@ -1344,7 +1403,7 @@ async fn a_failed_claim_falls_back_to_single_acquires() {
 /// (same token) and runs it. No token is lost and nothing is given back.
 #[tokio::test(start_paused = true)]
 async fn a_claim_answered_too_late_is_adopted_by_the_single_acquire() {
-    let rig = Rig::with_store(MemoryStore::claiming);
+    let rig = Rig::new();
     let due = claimable(&rig, 2).await;
     let gate = Gate::new();
     rig.store
@@ -1368,7 +1427,7 @@ async fn a_claim_answered_too_late_is_adopted_by_the_single_acquire() {
 /// give-back per win, not a sweep and a retry per occurrence.
 #[tokio::test(start_paused = true)]
 async fn a_claim_answered_after_the_give_up_gives_back_what_it_won() {
-    let rig = Rig::with_store(|s| s.claiming().with_call_timeout(None));
+    let rig = Rig::with_store(|s| s.with_call_timeout(None));
     let due = claimable(&rig, 2).await;
     let gate = Gate::new();
     rig.store
@@ -1405,7 +1464,7 @@ async fn a_claim_answered_after_the_give_up_gives_back_what_it_won() {
 /// (nothing yet) and at 20 s (both given back).
 #[tokio::test(start_paused = true)]
 async fn a_failed_claim_nobody_waits_for_is_swept_in_one_call_per_look() {
-    let rig = Rig::with_store(|s| s.claiming().with_call_timeout(Some(ms(15_000))));
+    let rig = Rig::with_store(|s| s.with_call_timeout(Some(ms(15_000))));
     let due = claimable(&rig, 2).await;
     let gate = Gate::new();
     rig.store
@@ -1435,7 +1494,7 @@ async fn a_failed_claim_nobody_waits_for_is_swept_in_one_call_per_look() {
 /// and since nobody took the fourth, a second round 200 ms later does.
 #[tokio::test(start_paused = true)]
 async fn a_claim_takes_its_share_then_what_the_others_left() {
-    let rig = Rig::with_store(MemoryStore::claiming);
+    let rig = Rig::new();
     let due = claimable(&rig, 4).await;
     rig.store.node_seen("node-b");
     claim_all(&rig, due).await;
@@ -1462,7 +1521,7 @@ async fn a_claim_takes_its_share_then_what_the_others_left() {
 /// when the first two end (2 s).
 #[tokio::test(start_paused = true)]
 async fn a_claim_wins_no_more_than_the_free_capacity() {
-    let mut rig = Rig::with_store(MemoryStore::claiming);
+    let mut rig = Rig::new();
     rig.shared.capacity = Capacity::new(Some(2));
     let due = claimable(&rig, 4).await;
     claim_all(&rig, due).await;
@@ -1491,8 +1550,7 @@ fn job_on(rig: &Rig, name: &str, schedule: &str) -> Job {
     }
 }
 
-/// Starts the whole daemon in-process on the rig's store (claiming, as in
-/// production) with `jobs` and `node.shutdown_grace = grace`.
+/// Starts the whole daemon in-process on the rig's store with `jobs` and `node.shutdown_grace = grace`.
 fn start_daemon(
     rig: &Rig,
     jobs: Vec<Job>,
@@ -1550,7 +1608,7 @@ async fn a_drain_lets_running_jobs_finish_and_competes_for_nothing_new() {
             runs_for: Some(ms(45_000)),
             ..Script::default()
         },
-        MemoryStore::claiming,
+        |s| s,
     );
     let jobs = vec![
         job_on(&rig, "a", "30 * * * * *"),
@@ -1639,7 +1697,7 @@ fn endless_rig() -> Rig {
             term_takes: Some(ms(500)),
             ..Script::default()
         },
-        MemoryStore::claiming,
+        |s| s,
     )
 }
 
@@ -1758,7 +1816,7 @@ async fn a_failed_run_runs_its_hook_so_the_shutdown_checks_can_fail() {
             exit_code: 1,
             ..Script::default()
         },
-        MemoryStore::claiming,
+        |s| s,
     );
     rig.job = Arc::new(Job {
         retry: Default::default(),
@@ -1841,6 +1899,7 @@ async fn an_outage_warns_once_per_job_and_logs_when_it_ends() {
     let (events, _guard) = crate::testing::events::Captured::start();
     let rig = Rig::new();
     for op in [
+        Op::Claim,
         Op::Acquire,
         Op::Release,
         Op::GiveBack,
