@@ -5,7 +5,8 @@
 //! ([`Supervisor::give_back_unused`]: given back with its occurrence). The
 //! daemon's late wins (answered after their occurrence gave up, or while
 //! the daemon stopped) and the supervisor's too-late one all go back
-//! through the latter.
+//! through the latter; the wins nobody saw, which the daemon's sweeper
+//! looks for, through [`Supervisor::give_back_unseen`].
 
 use std::time::Duration;
 
@@ -15,7 +16,7 @@ use super::{RunSpec, Supervisor};
 use crate::events;
 use crate::fence;
 use crate::names::Name;
-use crate::store::{Lease, ReleaseOutcome, RunEnd, StoreError, StoreTime};
+use crate::store::{Lease, ReleaseOutcome, RunEnd, StoreError, StoreTime, Unseen};
 
 /// How many times each call that ends a lease is tried.
 const TRIES: u32 = 3;
@@ -134,8 +135,9 @@ impl Supervisor {
     /// (unless that was done), then given back with its scheduled
     /// occurrence `at`, so another node still trying the instant can run it
     /// (`at` `None`, `exec`'s run: only released). A refusal means the
-    /// lease is not ours any more (it expired meanwhile): nothing ran under
-    /// it, so there is nothing to give back and nothing stale to record.
+    /// lease is not ours any more (it expired meanwhile): a late win's is
+    /// not worth a word; a too-late one, logged as won, is logged and
+    /// recorded as lost, as any refused release.
     pub(crate) async fn give_back_unused(
         &self,
         (job, resource): (&str, &Name),
@@ -162,8 +164,16 @@ impl Supervisor {
             match given {
                 Ok(outcome) => {
                     self.store.outages().answered(job);
-                    if matches!(outcome, ReleaseOutcome::Released) {
-                        events::lease_released(Some(job), lease);
+                    match outcome {
+                        ReleaseOutcome::Released => events::lease_released(Some(job), lease),
+                        // Logged as won by the run's caller: lost, as a
+                        // refused release is.
+                        ReleaseOutcome::Refused(r) if why == Unused::TooLate => {
+                            self.release_refused(job, lease, &r)
+                        }
+                        // Not ours any more (it expired meanwhile): nothing
+                        // to give back.
+                        ReleaseOutcome::Refused(_) => {}
                     }
                     return;
                 }
@@ -176,11 +186,26 @@ impl Supervisor {
         }
     }
 
+    /// Wins nobody saw (an acquire or a claim that went unanswered may have
+    /// committed): given back by owner id and occurrence, all in one store
+    /// call ([`crate::store::Store::give_back_unseen`]); whether each was.
+    /// Tried once: the daemon's sweeper looks again later.
+    pub(crate) async fn give_back_unseen(&self, items: &[Unseen<'_>]) -> Vec<bool> {
+        match self.store.give_back_unseen(items).await {
+            Ok(given) => given,
+            Err(e) => {
+                let outages = self.store.outages();
+                events::store_unavailable(outages, "give_back", None, &e.to_string(), None);
+                vec![false; items.len()]
+            }
+        }
+    }
+
     /// What a release answered: logged, a refusal as the lost lease it is.
     fn released(&self, spec: &RunSpec, lease: &Lease, outcome: ReleaseOutcome) {
         match outcome {
             ReleaseOutcome::Released => events::lease_released(Some(&spec.job), lease),
-            ReleaseOutcome::Refused(r) => self.release_refused(spec, lease, &r),
+            ReleaseOutcome::Refused(r) => self.release_refused(&spec.job, lease, &r),
         }
     }
 }

@@ -402,15 +402,15 @@ impl Supervisor {
     /// The store refused to release: the lease was lost before the job
     /// ended (it finished while this process was paused, say): a
     /// stale-owner event like any other, so it is stored too.
-    fn release_refused(&self, spec: &RunSpec, lease: &Lease, r: &crate::store::Refusal) {
+    fn release_refused(&self, job: &str, lease: &Lease, r: &crate::store::Refusal) {
         events::lease_lost(
-            Some(&spec.job),
+            Some(job),
             lease,
             &self.node,
             LossReason::ReleaseRefused,
             &r.to_string(),
         );
-        self.record_lost(spec, lease, LossReason::ReleaseRefused);
+        self.record_lost(job, lease, LossReason::ReleaseRefused);
     }
 
     /// The job exited with its configured stale code: it reports a write its
@@ -452,18 +452,18 @@ impl Supervisor {
 
     /// Records a lost lease in the store, retrying in the background while
     /// the store is unreachable (the event itself is already logged).
-    fn record_lost(&self, spec: &RunSpec, lease: &Lease, reason: LossReason) {
+    fn record_lost(&self, job: &str, lease: &Lease, reason: LossReason) {
         fence::record_in_background(
             self.store.clone(),
             fence::PendingRecord {
                 kind: StaleKind::LeaseLost,
                 reason: reason.as_str().to_string(),
-                resource: spec.resource.to_string(),
+                resource: lease.resource.clone(),
                 owner_id: Some(lease.owner_id.to_string()),
                 token: lease.token,
                 accepted_token: None,
                 node: self.node.clone(),
-                job: Some(spec.job.clone()),
+                job: Some(job.to_string()),
                 stage: "renew".to_string(),
             },
         );
