@@ -483,12 +483,8 @@ impl Store for Observed {
         observe("release", self.inner.release(resource, owner_id, token)).await
     }
 
-    async fn claim(&self, req: &ClaimRequest<'_>) -> Result<Option<ClaimOutcome>, StoreError> {
+    async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
         observe("claim", self.inner.claim(req)).await
-    }
-
-    fn claims(&self) -> bool {
-        self.inner.claims()
     }
 
     async fn preempt(

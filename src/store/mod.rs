@@ -145,17 +145,9 @@ pub trait Store: Send + Sync + 'static {
     /// occurrence identity, fence bump, pause, the run recorded, losers
     /// writing nothing), trying them in the request's order, winning at
     /// most the claim's limit, and skipping rows another caller has locked
-    /// instead of waiting for them. `None` when the backend does not claim
-    /// in batches (the caller acquires one by one).
-    async fn claim(&self, req: &ClaimRequest<'_>) -> Result<Option<ClaimOutcome>, StoreError> {
-        let _ = req;
-        Ok(None)
-    }
-
-    /// Whether [`Store::claim`] claims (every SQL backend) or answers `None`.
-    fn claims(&self) -> bool {
-        false
-    }
+    /// instead of waiting for them. Every backend claims; it is the
+    /// daemon's first attempt at every scheduled occurrence.
+    async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError>;
 
     /// `overlap = "replace"`: ends the unexpired lease generation `token` of
     /// `resource` early (expired as of when it was acquired, and not

@@ -240,12 +240,10 @@ impl Dialect for My {
         .await
     }
 
-    const CLAIMS: bool = true;
-
     /// One `CALL fencecron_claim_v1(…)` (migration 0006): the claim's
     /// transaction (`FOR UPDATE SKIP LOCKED` over the items in order) and
     /// the read of every item's row run on the server, in one round trip.
-    async fn claim(&self, db: &Db<MySql>, req: &ClaimRequest<'_>) -> Sql<Option<ClaimOutcome>> {
+    async fn claim(&self, db: &Db<MySql>, req: &ClaimRequest<'_>) -> Sql<ClaimOutcome> {
         let items: Vec<serde_json::Value> = req
             .items
             .iter()
@@ -272,7 +270,7 @@ impl Dialect for My {
             .bind(millis(NODE_LIVE))
             .fetch_all(&db.pool)
             .await?;
-        Ok(Some(rows::claim_outcome(&rows, req, &db.url)?))
+        rows::claim_outcome(&rows, req, &db.url)
     }
 
     /// One `CALL fencecron_acquire_v3(…)` (migration 0005): the pause check,

@@ -583,8 +583,6 @@ impl Dialect for Pg {
     const ADVANCE_EPOCH: &'static str = ADVANCE_EPOCH;
     const ADMIT_STATE: &'static str = ADMIT_STATE;
     const ADMIT_RAISE: &'static str = ADMIT_RAISE;
-    const CLAIMS: bool = true;
-
     async fn migrate(&self, db: &Db<Postgres>) -> Result<(), StoreError> {
         // Under fencecron's advisory lock, so many instances starting at
         // once apply each migration exactly once.
@@ -729,7 +727,7 @@ impl Dialect for Pg {
         .into())
     }
 
-    async fn claim(&self, db: &Db<Postgres>, req: &ClaimRequest<'_>) -> Sql<Option<ClaimOutcome>> {
+    async fn claim(&self, db: &Db<Postgres>, req: &ClaimRequest<'_>) -> Sql<ClaimOutcome> {
         let items = req.items;
         let resources: Vec<&str> = items.iter().map(|i| i.resource.as_str()).collect();
         let owners: Vec<String> = items.iter().map(|i| i.owner_id.to_string()).collect();
@@ -754,7 +752,7 @@ impl Dialect for Pg {
             .bind(millis(NODE_LIVE))
             .fetch_all(&db.pool)
             .await?;
-        Ok(Some(rows::claim_outcome(&rows, req, &db.url)?))
+        rows::claim_outcome(&rows, req, &db.url)
     }
 
     async fn renew(

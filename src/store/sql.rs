@@ -454,14 +454,8 @@ pub(super) trait Dialect: Send + Sync + 'static {
 
     async fn acquire(&self, db: &Db<Self::DB>, req: &AcquireRequest<'_>) -> Sql<AcquireOutcome>;
 
-    /// Whether [`Dialect::claim`] claims.
-    const CLAIMS: bool = false;
-
-    /// [`Store::claim`]; `None` (the default): no batch claims.
-    async fn claim(&self, db: &Db<Self::DB>, req: &ClaimRequest<'_>) -> Sql<Option<ClaimOutcome>> {
-        let _ = (db, req);
-        Ok(None)
-    }
+    /// [`Store::claim`].
+    async fn claim(&self, db: &Db<Self::DB>, req: &ClaimRequest<'_>) -> Sql<ClaimOutcome>;
 
     async fn renew(
         &self,
@@ -614,12 +608,8 @@ impl<D: Dialect> Store for SqlStore<D> {
         self.call(self.dialect.acquire(&self.db, req)).await
     }
 
-    async fn claim(&self, req: &ClaimRequest<'_>) -> Result<Option<ClaimOutcome>, StoreError> {
+    async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
         self.call(self.dialect.claim(&self.db, req)).await
-    }
-
-    fn claims(&self) -> bool {
-        D::CLAIMS
     }
 
     async fn renew(

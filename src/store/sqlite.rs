@@ -467,8 +467,6 @@ impl Dialect for Lite {
         }))
     }
 
-    const CLAIMS: bool = true;
-
     /// One write transaction for the instant's items, in order: each
     /// within the limit goes through the single acquire's `UPDATE` (and
     /// its run row), each past it is only read. One host, one writer at a
@@ -476,7 +474,7 @@ impl Dialect for Lite {
     /// for that, and there is no share (the daemons of one host share one
     /// writer; `fencecron_nodes` is only their registry). What
     /// it saves is a transaction, and so a commit, per occurrence.
-    async fn claim(&self, db: &Db<Sqlite>, req: &ClaimRequest<'_>) -> Sql<Option<ClaimOutcome>> {
+    async fn claim(&self, db: &Db<Sqlite>, req: &ClaimRequest<'_>) -> Sql<ClaimOutcome> {
         let mut tx = self.begin(db).await?;
         let now = kernel_now_ms();
         let mut won = 0;
@@ -543,10 +541,10 @@ impl Dialect for Lite {
             }));
         }
         tx.commit().await?;
-        Ok(Some(ClaimOutcome {
+        Ok(ClaimOutcome {
             items: out,
             limit: req.limit,
-        }))
+        })
     }
 
     async fn renew(

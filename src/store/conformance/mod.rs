@@ -178,7 +178,7 @@ where
     Fut: Future<Output = ()>,
 {
     let test = test_name(test);
-    let memory = MemoryStore::new(Clock::following_tokio(epoch_wall())).claiming();
+    let memory = MemoryStore::new(Clock::following_tokio(epoch_wall()));
     memory.migrate().await.expect("migrations apply");
     let subject = Subject {
         store: Arc::new(memory.clone()),
