@@ -13,7 +13,7 @@ use async_trait::async_trait;
 use sqlx::query::Query;
 use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Pool, Row, Type};
 
-use super::sql::Affected;
+use super::sql::{placeholders, Affected};
 use super::{
     trigger_state, Backend, NodeBeat, NodeInfo, PauseInfo, PublishedJob, RunEnd, RunInfo, RunQuery,
     StoreTime, TriggerInfo, RUNNING, UNKNOWN,
@@ -264,33 +264,6 @@ impl FleetSql {
             lease_exists: sql(LEASE_EXISTS),
         }
     }
-}
-
-/// `$n` as the backend spells a placeholder: `$n` (PostgreSQL), `?n`
-/// (SQLite), `?` (MySQL, positional: every statement here uses each
-/// parameter once, in order).
-fn placeholders(backend: Backend, text: &str) -> String {
-    if backend == Backend::Postgres {
-        return text.to_string();
-    }
-    let mut out = String::with_capacity(text.len());
-    let mut chars = text.chars().peekable();
-    while let Some(c) = chars.next() {
-        if c == '$' && chars.peek().is_some_and(|d| d.is_ascii_digit()) {
-            let mut n = String::new();
-            while let Some(d) = chars.peek().copied().filter(char::is_ascii_digit) {
-                n.push(d);
-                chars.next();
-            }
-            out.push('?');
-            if backend == Backend::Sqlite {
-                out.push_str(&n);
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
 }
 
 /// What a run row says, read with its lease: its own outcome once it

@@ -28,6 +28,34 @@ use super::{
 };
 use crate::names::Name;
 
+/// `$n` as the backend spells a placeholder: `$n` (PostgreSQL), `?n`
+/// (SQLite), `?` (MySQL, positional: every statement given to it uses each
+/// parameter once, in order). The one spelling for the statements written
+/// once for all backends: the fleet's and the migrator's.
+pub(super) fn placeholders(backend: Backend, text: &str) -> String {
+    if backend == Backend::Postgres {
+        return text.to_string();
+    }
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '$' && chars.peek().is_some_and(|d| d.is_ascii_digit()) {
+            let mut n = String::new();
+            while let Some(d) = chars.peek().copied().filter(char::is_ascii_digit) {
+                n.push(d);
+                chars.next();
+            }
+            out.push('?');
+            if backend == Backend::Sqlite {
+                out.push_str(&n);
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// How a store call failed before it was given its public form: a driver
 /// error (which the backend names, with its URL, at the end of the call:
 /// [`Dialect::error`]) or an error already named. `?` turns either into

@@ -1,8 +1,8 @@
 //! SQLite: the embedded default, for several instances on one host.
 //!
 //! Clock: SQLite runs inside each process, so "the store's clock" is the
-//! host's kernel clock. We read it with a direct `clock_gettime` system call
-//! rather than through libc, so that a per-process clock override
+//! host's kernel clock. We read it with `clock_gettime` through rustix (the
+//! vDSO or the system call) rather than through libc, so that a per-process clock override
 //! (libfaketime, some container time namespaces set up by LD_PRELOAD) cannot
 //! make one instance disagree with another about expiry. The time is read
 //! *after* the write lock is taken (`BEGIN IMMEDIATE`), so a call that waited
@@ -39,25 +39,10 @@ use super::*;
 /// How long one SQLite call may wait for another process's write lock.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// The host kernel's real-time clock in milliseconds, bypassing libc.
+/// The host kernel's real-time clock in milliseconds, bypassing libc
+/// (rustix reads it through the vDSO or the system call).
 pub(crate) fn kernel_now_ms() -> i64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes one timespec into the pointer we pass,
-    // which points at a live, properly aligned local.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_clock_gettime,
-            libc::CLOCK_REALTIME,
-            &mut ts as *mut libc::timespec,
-        )
-    };
-    if rc != 0 {
-        // Cannot happen for CLOCK_REALTIME on Linux; fall back to libc.
-        return chrono::Utc::now().timestamp_millis();
-    }
+    let ts = rustix::time::clock_gettime(rustix::time::ClockId::Realtime);
     ts.tv_sec * 1000 + ts.tv_nsec / 1_000_000
 }
 
