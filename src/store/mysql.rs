@@ -16,6 +16,20 @@
 //! also applies the stored epoch (MySQL has no timeline to derive one from;
 //! `fencecron epoch advance` in the promotion hook raises it) and returns
 //! the vanished owner of a takeover.
+//!
+//! The documented exception to "one source per rule": the rule "this
+//! occurrence is takeable" (expired by the store's clock, newer than the
+//! last instant taken, due, not superseded, not paused), which PostgreSQL
+//! and SQLite each write once (their `takeable!` fragment, shared by
+//! acquire and claim), is written twice here, inside the procedures
+//! `fencecron_acquire_v3` (migration 0005) and `fencecron_claim_v1`
+//! (migration 0008). Migrations are immutable, and a new one sharing the
+//! rule through a stored function would need `log_bin_trust_function_creators`
+//! (or SUPER) on a server that logs binary (a function reading
+//! `SYSDATE(3)` is not deterministic), and would change the plan of the
+//! procedures older daemons still call during a rolling upgrade; the
+//! store conformance tests hold both procedures to the same outcomes as
+//! the other backends instead.
 
 use std::time::Duration;
 
@@ -24,7 +38,7 @@ use sqlx::mysql::MySqlConnectOptions;
 use sqlx::{MySql, Row, Transaction};
 
 use super::bench::{like_escape, RawDialect};
-use super::sql::{Db, Dialect, Sql, SqlDb, SqlStore};
+use super::sql::{Db, Dialect, Sql, SqlDb, SqlStore, Written};
 use super::*;
 
 /// `SYSDATE(3)` as milliseconds since the epoch.
@@ -174,6 +188,26 @@ impl MySqlStore {
 }
 
 impl My {
+    /// The key's row and the lease row after a write ([`PUT_STATE`]).
+    async fn put_row(
+        tx: &mut Transaction<'static, MySql>,
+        req: &PutRequest<'_>,
+    ) -> Result<sqlx::mysql::MySqlRow, sqlx::Error> {
+        let r = req.resource.as_str();
+        let k = req.key.as_str();
+        sqlx::query(PUT_STATE)
+            .bind(r)
+            .bind(k)
+            .bind(r)
+            .bind(k)
+            .bind(r)
+            .bind(k)
+            .bind(r)
+            .bind(r)
+            .fetch_one(&mut **tx)
+            .await
+    }
+
     async fn insert_stale(
         tx: &mut Transaction<'static, MySql>,
         rec: &NewStaleRecord<'_>,
@@ -417,16 +451,24 @@ impl Dialect for My {
         )))
     }
 
-    async fn put(&self, db: &Db<MySql>, req: &PutRequest<'_>) -> Sql<PutOutcome> {
-        let op = req.operation_id.to_string();
-        let mut tx: Transaction<'static, MySql> = db.pool.begin().await?;
+    /// MySQL cannot tell from the write whether it wrote (an `ON
+    /// DUPLICATE KEY UPDATE` that keeps every column still counts): the
+    /// key's row, read after it in the transaction, carries this
+    /// operation's id if it did, and otherwise says what beat it.
+    async fn put_write(
+        &self,
+        tx: &mut Transaction<'static, MySql>,
+        req: &PutRequest<'_>,
+        op: &str,
+        _now: Option<i64>,
+    ) -> Sql<Written> {
         sqlx::query(PUT)
             .bind(req.resource.as_str())
             .bind(req.key.as_str())
             .bind(req.value)
             .bind(req.token)
             .bind(req.owner_id.as_str())
-            .bind(&op)
+            .bind(op)
             .bind(req.resource.as_str())
             .bind(req.token)
             .bind(req.owner_id.as_str())
@@ -435,38 +477,32 @@ impl Dialect for My {
             .bind(req.once)
             .bind(req.once)
             .bind(req.once)
-            .execute(&mut *tx)
+            .execute(&mut **tx)
             .await?;
-        let r = req.resource.as_str();
-        let k = req.key.as_str();
-        let row = sqlx::query(PUT_STATE)
-            .bind(r)
-            .bind(k)
-            .bind(r)
-            .bind(k)
-            .bind(r)
-            .bind(k)
-            .bind(r)
-            .bind(r)
-            .fetch_one(&mut *tx)
-            .await?;
+        let row = My::put_row(tx, req).await?;
         let written_op: Option<String> = row.try_get("op")?;
-        if written_op.as_deref() == Some(op.as_str()) {
+        if written_op.as_deref() == Some(op) {
             let at: Option<i64> = row.try_get("written_at")?;
-            tx.commit().await?;
-            return Ok(PutOutcome::Accepted {
-                written_at: StoreTime(at.unwrap_or_default()),
-            });
+            return Ok(Written::At(at.unwrap_or_default()));
         }
-        let state = rows::put_state(&row)?;
-        let Some(rejection) = state.rejection(req) else {
-            tx.rollback().await?;
-            return Ok(PutOutcome::AlreadyApplied);
-        };
-        let rec = rejection.record(req, &op);
-        let at = My::insert_stale(&mut tx, &rec).await?;
-        tx.commit().await?;
-        Ok(PutOutcome::Rejected(Box::new(rec.stored(at))))
+        Ok(Written::Refused(Some(rows::put_state(&row)?)))
+    }
+
+    async fn put_state(
+        &self,
+        tx: &mut Transaction<'static, MySql>,
+        req: &PutRequest<'_>,
+    ) -> Sql<rows::PutState> {
+        Ok(rows::put_state(&My::put_row(tx, req).await?)?)
+    }
+
+    async fn insert_stale(
+        &self,
+        tx: &mut Transaction<'static, MySql>,
+        rec: &NewStaleRecord<'_>,
+        _now: Option<i64>,
+    ) -> Sql<i64> {
+        Ok(My::insert_stale(tx, rec).await?)
     }
 
     /// A failed `put`, named for what it is when the value was too large for
@@ -514,13 +550,6 @@ impl Dialect for My {
         } else {
             unavailable(&db.url, source)
         }
-    }
-
-    async fn record_stale(&self, db: &Db<MySql>, rec: &NewStaleRecord<'_>) -> Sql<StaleRecord> {
-        let mut tx = db.pool.begin().await?;
-        let at = My::insert_stale(&mut tx, rec).await?;
-        tx.commit().await?;
-        Ok(rec.stored(at))
     }
 
     async fn now(&self, db: &Db<MySql>) -> Sql<StoreTime> {

@@ -31,10 +31,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use sqlx::postgres::{PgConnectOptions, PgSslMode};
-use sqlx::{Postgres, Row};
+use sqlx::{Postgres, Row, Transaction};
 
 use super::bench::{like_escape, RawDialect};
-use super::sql::{Db, Dialect, Sql, SqlDb, SqlStore};
+use super::sql::{Db, Dialect, Sql, SqlDb, SqlStore, Written};
 use super::*;
 
 /// `clock_timestamp()` as milliseconds since the epoch.
@@ -85,6 +85,87 @@ macro_rules! record_run {
     };
 }
 
+/// Whether the instant `$occ` (NULL: an ad-hoc lease, no instant) is due
+/// and its successor `$next` (NULL: none) is not yet, by the store's clock.
+macro_rules! due {
+    ($occ:expr, $next:expr) => {
+        concat!(
+            "(",
+            $occ,
+            " IS NULL OR ",
+            $occ,
+            " <= ",
+            now_ms!(),
+            ") AND (",
+            $next,
+            " IS NULL OR ",
+            $next,
+            " > ",
+            now_ms!(),
+            ")"
+        )
+    };
+}
+
+/// Whether the pause row `$p` (an alias with its dot, or nothing) still
+/// holds by the store's clock.
+macro_rules! pause_holds {
+    ($p:expr) => {
+        concat!(
+            "(",
+            $p,
+            "until_ms IS NULL OR ",
+            $p,
+            "until_ms > ",
+            now_ms!(),
+            ")"
+        )
+    };
+}
+
+/// The rule "this occurrence is takeable", the one text of it on
+/// PostgreSQL (the single acquire's `UPDATE` and the claim's candidates):
+/// the lease row `$l` (an alias with its dot, or nothing) expired by the
+/// store's clock and the instant `$occ` newer than the last one taken (or
+/// `$adopt`: the acquire's adoption of its own win, `FALSE` for a claim),
+/// the instant due and its successor `$next` not ([`due!`]), and no pause
+/// holding for the job (`$paused`, the pause lookup, is false).
+macro_rules! takeable {
+    ($l:expr, $occ:expr, $next:expr, $adopt:expr, $paused:expr) => {
+        concat!(
+            "((",
+            $l,
+            "expires_at_ms <= ",
+            now_ms!(),
+            " AND (",
+            $occ,
+            " IS NULL OR ",
+            $l,
+            "last_occurrence_ms IS NULL OR ",
+            $l,
+            "last_occurrence_ms < ",
+            $occ,
+            ")) OR ",
+            $adopt,
+            ") AND ",
+            due!($occ, $next),
+            " AND NOT ",
+            $paused
+        )
+    };
+}
+
+/// A claim item's pause lookup (`r` the item, `p` the pause).
+macro_rules! claim_paused {
+    () => {
+        concat!(
+            "EXISTS (SELECT 1 FROM fencecron_pauses p WHERE p.job = r.job AND ",
+            pause_holds!("p."),
+            ")"
+        )
+    };
+}
+
 /// The winning path assigns `prev_*` from the row as it was (PostgreSQL's
 /// `SET` expressions all see the old row) when the previous generation was
 /// not released, and `RETURNING` hands them back with the new fence.
@@ -105,9 +186,9 @@ const ACQUIRE: &str = concat!(
     "WITH paused AS (
        SELECT TRUE AS paused, note, until_ms FROM fencecron_pauses
         WHERE ($5::bigint IS NOT NULL OR $8::text = 'retry') AND job = $7::text
-          AND (until_ms IS NULL OR until_ms > ",
-    now_ms!(),
-    ")),
+          AND ",
+    pause_holds!(""),
+    "),
      won AS (
        UPDATE fencecron_leases
           SET prev_owner_id = CASE WHEN ",
@@ -140,21 +221,15 @@ const ACQUIRE: &str = concat!(
     now_ms!(),
     " + $4 END,
               last_occurrence_ms = COALESCE($5, last_occurrence_ms)
-        WHERE resource = $1
-          AND ((expires_at_ms <= ",
-    now_ms!(),
+        WHERE resource = $1 AND ",
+    takeable!(
+        "",
+        "$5::bigint",
+        "$6::bigint",
+        adopt!(),
+        "EXISTS (SELECT 1 FROM paused)"
+    ),
     "
-                AND ($5::bigint IS NULL OR last_occurrence_ms IS NULL OR last_occurrence_ms < $5))
-               OR ",
-    adopt!(),
-    ")
-          AND ($5::bigint IS NULL OR $5 <= ",
-    now_ms!(),
-    ")
-          AND ($6::bigint IS NULL OR $6 > ",
-    now_ms!(),
-    ")
-          AND NOT EXISTS (SELECT 1 FROM paused)
     RETURNING fence, expires_at_ms, acquired_at_ms,
               prev_owner_id, prev_node, prev_fence, prev_expires_at_ms)
      SELECT TRUE AS won, fence, expires_at_ms, ''::text AS owner_id, ''::text AS node,
@@ -224,20 +299,9 @@ const CLAIM: &str = concat!(
      cand AS (
        SELECT l.resource, r.owner_id, r.job, r.occ, r.lease_ms
          FROM fencecron_leases l JOIN req r ON r.resource = l.resource
-        WHERE l.expires_at_ms <= ",
-    now_ms!(),
+        WHERE ",
+    takeable!("l.", "r.occ", "r.next_occ", "FALSE", claim_paused!()),
     "
-          AND (l.last_occurrence_ms IS NULL OR l.last_occurrence_ms < r.occ)
-          AND r.occ <= ",
-    now_ms!(),
-    "
-          AND (r.next_occ IS NULL OR r.next_occ > ",
-    now_ms!(),
-    ")
-          AND NOT EXISTS (SELECT 1 FROM fencecron_pauses p
-                           WHERE p.job = r.job AND (p.until_ms IS NULL OR p.until_ms > ",
-    now_ms!(),
-    "))
         ORDER BY r.ord
         LIMIT (SELECT n FROM lim)
         FOR UPDATE OF l SKIP LOCKED),
@@ -267,12 +331,9 @@ const CLAIM: &str = concat!(
             w.prev_expires_at_ms,
             (l.resource IS NOT NULL)::int::int8 AS present, l.fence, l.expires_at_ms, l.owner_id,
             l.node, l.last_occurrence_ms,
-            CASE WHEN w.resource IS NULL
-                 THEN EXISTS (SELECT 1 FROM fencecron_pauses p
-                               WHERE p.job = r.job AND (p.until_ms IS NULL OR p.until_ms > ",
-    now_ms!(),
-    "))
-                 ELSE FALSE END::int::int8 AS paused, ",
+            CASE WHEN w.resource IS NULL THEN ",
+    claim_paused!(),
+    " ELSE FALSE END::int::int8 AS paused, ",
     now_ms!(),
     " AS now_ms, (SELECT n FROM lim) AS lim,
             CASE WHEN w.resource IS NOT NULL
@@ -301,9 +362,8 @@ const PAUSED_FIRST_LEASE: &str = concat!(
     ") ELSE FALSE END AS first
        FROM fencecron_pauses
       WHERE job = $1::text AND ($2::bigint IS NOT NULL OR $4::text = 'retry')
-        AND (until_ms IS NULL OR until_ms > ",
-    now_ms!(),
-    ")"
+        AND ",
+    pause_holds!("")
 );
 
 /// The first acquisition of a resource: creates its row (unless a
@@ -319,16 +379,14 @@ const CREATE: &str = concat!(
     now_ms!(),
     ", ",
     now_ms!(),
-    " + $4, $5::bigint, FALSE WHERE ($5::bigint IS NULL OR $5 <= ",
-    now_ms!(),
-    ") AND ($6::bigint IS NULL OR $6 > ",
-    now_ms!(),
-    ")
+    " + $4, $5::bigint, FALSE WHERE ",
+    due!("$5::bigint", "$6::bigint"),
+    "
        AND NOT EXISTS (SELECT 1 FROM fencecron_pauses
                         WHERE ($5::bigint IS NOT NULL OR $8::text = 'retry') AND job = $7::text
-                          AND (until_ms IS NULL OR until_ms > ",
-    now_ms!(),
-    "))
+                          AND ",
+    pause_holds!(""),
+    ")
      ON CONFLICT (resource) DO NOTHING
      RETURNING fence, expires_at_ms, acquired_at_ms)
      SELECT fence, expires_at_ms, ",
@@ -857,39 +915,47 @@ impl Dialect for Pg {
         Ok(out)
     }
 
-    async fn put(&self, db: &Db<Postgres>, req: &PutRequest<'_>) -> Sql<PutOutcome> {
-        let op = req.operation_id.to_string();
-        let mut tx = db.pool.begin().await?;
+    async fn put_write(
+        &self,
+        tx: &mut Transaction<'static, Postgres>,
+        req: &PutRequest<'_>,
+        op: &str,
+        _now: Option<i64>,
+    ) -> Sql<Written> {
         let written = sqlx::query(PUT)
             .bind(req.resource.as_str())
             .bind(req.key.as_str())
             .bind(req.value)
             .bind(req.token)
             .bind(req.owner_id.as_str())
-            .bind(&op)
+            .bind(op)
             .bind(req.once)
-            .fetch_optional(&mut *tx)
+            .fetch_optional(&mut **tx)
             .await?;
-        if let Some(row) = written {
-            let at: i64 = row.try_get("written_at_ms")?;
-            tx.commit().await?;
-            return Ok(PutOutcome::Accepted {
-                written_at: StoreTime(at),
-            });
-        }
-        // Refused. The conflicting row (if any) is now locked by this
-        // transaction, so what we read is what beat us.
-        let state = Postgres::put_state(&mut *tx, PUT_STATE, req).await?;
-        let Some(rejection) = state.rejection(req) else {
-            tx.rollback().await?;
-            return Ok(PutOutcome::AlreadyApplied);
-        };
-        let rec = rejection.record(req, &op);
-        let at = insert_stale(&mut *tx, &rec).await?;
-        tx.commit().await?;
-        Ok(PutOutcome::Rejected(Box::new(rec.stored(at))))
+        Ok(match written {
+            Some(row) => Written::At(row.try_get("written_at_ms")?),
+            None => Written::Refused(None),
+        })
     }
 
+    async fn put_state(
+        &self,
+        tx: &mut Transaction<'static, Postgres>,
+        req: &PutRequest<'_>,
+    ) -> Sql<rows::PutState> {
+        Ok(Postgres::put_state(&mut **tx, PUT_STATE, req).await?)
+    }
+
+    async fn insert_stale(
+        &self,
+        tx: &mut Transaction<'static, Postgres>,
+        rec: &NewStaleRecord<'_>,
+        _now: Option<i64>,
+    ) -> Sql<i64> {
+        Ok(insert_stale(&mut **tx, rec).await?)
+    }
+
+    /// Without a transaction: one statement.
     async fn record_stale(&self, db: &Db<Postgres>, rec: &NewStaleRecord<'_>) -> Sql<StaleRecord> {
         let at = insert_stale(&db.pool, rec).await?;
         Ok(rec.stored(at))

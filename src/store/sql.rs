@@ -547,7 +547,40 @@ pub(super) trait Dialect: Send + Sync + 'static {
         Ok(Self::DB::list(&db.pool, Self::LIST).await?)
     }
 
-    async fn put(&self, db: &Db<Self::DB>, req: &PutRequest<'_>) -> Sql<PutOutcome>;
+    /// The store's time of a write transaction when the backend reads it
+    /// on the host, once, after [`Dialect::begin`] (SQLite: the kernel's
+    /// clock under the write lock); `None` (the default): each statement
+    /// reads the server's clock.
+    fn tx_now(&self) -> Option<i64> {
+        None
+    }
+
+    /// `put`'s conditional write, in the transaction [`SqlStore`]'s `put`
+    /// holds: written (when, by the store's clock), or refused (with what
+    /// beat it when the backend had to read that anyway to know).
+    async fn put_write(
+        &self,
+        tx: &mut Transaction<'static, Self::DB>,
+        req: &PutRequest<'_>,
+        op: &str,
+        now: Option<i64>,
+    ) -> Sql<Written>;
+
+    /// After a refused write, in its transaction: what beat it
+    /// ([`SqlDb::put_state`]).
+    async fn put_state(
+        &self,
+        tx: &mut Transaction<'static, Self::DB>,
+        req: &PutRequest<'_>,
+    ) -> Sql<rows::PutState>;
+
+    /// Inserts a stale-owner record in `tx`; its store time.
+    async fn insert_stale(
+        &self,
+        tx: &mut Transaction<'static, Self::DB>,
+        rec: &NewStaleRecord<'_>,
+        now: Option<i64>,
+    ) -> Sql<i64>;
 
     /// A `put` that ended with a driver error, after its time limit: named
     /// as the backend knows best (MySQL: a value too large for the server).
@@ -555,7 +588,15 @@ pub(super) trait Dialect: Send + Sync + 'static {
         unavailable(&db.url, source)
     }
 
-    async fn record_stale(&self, db: &Db<Self::DB>, rec: &NewStaleRecord<'_>) -> Sql<StaleRecord>;
+    /// A stale-owner record of its own (the fencing proxy's refusals): in
+    /// a write transaction unless the backend does better.
+    async fn record_stale(&self, db: &Db<Self::DB>, rec: &NewStaleRecord<'_>) -> Sql<StaleRecord> {
+        let mut tx = self.begin(db).await?;
+        let now = self.tx_now();
+        let at = self.insert_stale(&mut tx, rec, now).await?;
+        tx.commit().await?;
+        Ok(rec.stored(at))
+    }
 
     async fn now(&self, db: &Db<Self::DB>) -> Sql<StoreTime>;
 
@@ -618,6 +659,43 @@ impl<D: Dialect> SqlStore<D> {
     pub(super) fn err(&self, e: sqlx::Error) -> StoreError {
         self.dialect.error(&self.db.url, e)
     }
+
+    /// `put`'s transaction, the same on every backend (principle 6: the
+    /// check is atomic with the write): the conditional write; refused, in
+    /// the same transaction, what beat it (the conflicting row, if any, is
+    /// now locked by this transaction, so what is read is what beat the
+    /// write), why ([`rows::PutState::rejection`]), and its record.
+    async fn put_tx(&self, req: &PutRequest<'_>) -> Sql<PutOutcome> {
+        let op = req.operation_id.to_string();
+        let mut tx = self.dialect.begin(&self.db).await?;
+        let now = self.dialect.tx_now();
+        let state = match self.dialect.put_write(&mut tx, req, &op, now).await? {
+            Written::At(at) => {
+                tx.commit().await?;
+                return Ok(PutOutcome::Accepted {
+                    written_at: StoreTime(at),
+                });
+            }
+            Written::Refused(Some(state)) => state,
+            Written::Refused(None) => self.dialect.put_state(&mut tx, req).await?,
+        };
+        let Some(rejection) = state.rejection(req) else {
+            tx.rollback().await?;
+            return Ok(PutOutcome::AlreadyApplied);
+        };
+        let rec = rejection.record(req, &op);
+        let at = self.dialect.insert_stale(&mut tx, &rec, now).await?;
+        tx.commit().await?;
+        Ok(PutOutcome::Rejected(Box::new(rec.stored(at))))
+    }
+}
+
+/// What `put`'s conditional write did ([`Dialect::put_write`]).
+pub(super) enum Written {
+    /// Written, at this store time.
+    At(i64),
+    /// Refused; with what beat it if the backend read that already.
+    Refused(Option<rows::PutState>),
 }
 
 #[async_trait]
@@ -732,7 +810,7 @@ impl<D: Dialect> Store for SqlStore<D> {
     }
 
     async fn put(&self, req: &PutRequest<'_>) -> Result<PutOutcome, StoreError> {
-        match self.call(self.dialect.put(&self.db, req)).await {
+        match self.call(self.put_tx(req)).await {
             Err(StoreError::Unavailable { source, .. }) => Err(self
                 .dialect
                 .put_failed(&self.db, source, req.value.len())

@@ -33,7 +33,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection, SqliteJournalMode, Sq
 use sqlx::{ConnectOptions, Connection, Row, Sqlite, Transaction};
 
 use super::bench::RawDialect;
-use super::sql::{Db, Dialect, Sql, SqlDb, SqlStore};
+use super::sql::{Db, Dialect, Sql, SqlDb, SqlStore, Written};
 use super::*;
 
 /// How long one SQLite call may wait for another process's write lock.
@@ -60,6 +60,41 @@ macro_rules! epoch_floor {
 macro_rules! adopt {
     () => {
         "(owner_id = ?2 AND last_occurrence_ms = ?6 AND NOT released)"
+    };
+}
+
+/// The rule "this occurrence is takeable", the one text of it on SQLite
+/// (the acquire's `UPDATE`, the claim's read): the lease expired at `$now`
+/// (the kernel's clock, bound) and the instant `$occ` (NULL: an ad-hoc
+/// lease) newer than the last one taken (or `$adopt`: the acquire's
+/// adoption of its own win, `0` for a claim), the instant due and its
+/// successor `$next` not. Whether the job is paused is [`PAUSED`], read
+/// first in the same write transaction by both.
+macro_rules! takeable {
+    ($now:expr, $occ:expr, $next:expr, $adopt:expr) => {
+        concat!(
+            "((expires_at_ms <= ",
+            $now,
+            " AND (",
+            $occ,
+            " IS NULL OR last_occurrence_ms IS NULL OR last_occurrence_ms < ",
+            $occ,
+            ")) OR ",
+            $adopt,
+            ") AND (",
+            $occ,
+            " IS NULL OR ",
+            $occ,
+            " <= ",
+            $now,
+            ") AND (",
+            $next,
+            " IS NULL OR ",
+            $next,
+            " > ",
+            $now,
+            ")"
+        )
     };
 }
 
@@ -97,14 +132,9 @@ const ACQUIRE: &str = concat!(
     adopt!(),
     " THEN max(expires_at_ms, ?4 + ?5) ELSE ?4 + ?5 END,
         last_occurrence_ms = COALESCE(?6, last_occurrence_ms)
-  WHERE resource = ?1
-    AND ((expires_at_ms <= ?4
-          AND (?6 IS NULL OR last_occurrence_ms IS NULL OR last_occurrence_ms < ?6))
-         OR ",
-    adopt!(),
-    ")
-    AND (?6 IS NULL OR ?6 <= ?4)
-    AND (?7 IS NULL OR ?7 > ?4)
+  WHERE resource = ?1 AND ",
+    takeable!("?4", "?6", "?7", adopt!()),
+    "
 RETURNING fence, expires_at_ms, prev_owner_id, prev_node, prev_fence, prev_expires_at_ms"
 );
 
@@ -133,6 +163,16 @@ const CREATE: &str = concat!(
     epoch_floor!(),
     ", ?2, ?3, ?4, ?4 + ?5, ?6, 0)
      RETURNING fence, expires_at_ms, prev_owner_id, prev_node, prev_fence, prev_expires_at_ms"
+);
+
+/// The lease row as a losing acquire classifies it (`?1` the resource),
+/// and whether a claim could take it ([`takeable!`], `?2` now, `?3` the
+/// instant, `?4` the next one).
+const LOSS_ROW: &str = concat!(
+    "SELECT fence, owner_id, node, expires_at_ms, last_occurrence_ms, (",
+    takeable!("?2", "?3", "?4", "0"),
+    ") AS takeable
+   FROM fencecron_leases WHERE resource = ?1"
 );
 
 /// `fencecron epoch advance`: max(stored, highest fence >> 32) + 1.
@@ -399,7 +439,7 @@ impl Dialect for Lite {
         let row = match won {
             Some(row) => row,
             None => {
-                if let Some(loss) = loss_row(&mut tx, req.resource, now).await? {
+                if let Some((loss, _)) = loss_row(&mut tx, req.resource, now, occ, next).await? {
                     tx.rollback().await?;
                     return Ok(classify_loss(loss, req));
                 }
@@ -468,8 +508,11 @@ impl Dialect for Lite {
         let mut out = Vec::with_capacity(req.items.len());
         for item in req.items {
             let acquire = item.as_acquire(req.node);
+            let (occ, next) = (item.occurrence.0, item.next_occurrence.map(|n| n.0));
             // No row yet, or paused: the single acquire decides.
-            let Some(loss) = loss_row(&mut tx, item.resource, now).await? else {
+            let Some((loss, takeable)) =
+                loss_row(&mut tx, item.resource, now, Some(occ), next).await?
+            else {
                 out.push(Claimed::Ask);
                 continue;
             };
@@ -482,11 +525,6 @@ impl Dialect for Lite {
                 out.push(Claimed::Ask);
                 continue;
             }
-            let (occ, next) = (item.occurrence.0, item.next_occurrence.map(|n| n.0));
-            let takeable = loss.expires_at <= now
-                && loss.last_occurrence.is_none_or(|l| l < occ)
-                && occ <= now
-                && next.is_none_or(|n| n > now);
             if !takeable {
                 out.push(Claimed::from_loss(classify_loss(loss, &acquire)));
                 continue;
@@ -613,45 +651,55 @@ impl Dialect for Lite {
             .collect::<Result<Vec<_>, sqlx::Error>>()?)
     }
 
-    async fn put(&self, db: &Db<Sqlite>, req: &PutRequest<'_>) -> Sql<PutOutcome> {
-        let mut tx = self.begin(db).await?;
-        let now = kernel_now_ms();
-        let op = req.operation_id.to_string();
+    /// The kernel's clock, read under the write lock.
+    fn tx_now(&self) -> Option<i64> {
+        Some(kernel_now_ms())
+    }
+
+    async fn put_write(
+        &self,
+        tx: &mut Transaction<'static, Sqlite>,
+        req: &PutRequest<'_>,
+        op: &str,
+        now: Option<i64>,
+    ) -> Sql<Written> {
+        let now = now.unwrap_or_else(kernel_now_ms);
         let written = sqlx::query(PUT)
             .bind(req.resource.as_str())
             .bind(req.key.as_str())
             .bind(req.value)
             .bind(req.token)
             .bind(req.owner_id.as_str())
-            .bind(&op)
+            .bind(op)
             .bind(now)
             .bind(req.once)
-            .execute(&mut *tx)
+            .execute(&mut **tx)
             .await?
             .rows_affected();
-        if written == 1 {
-            tx.commit().await?;
-            return Ok(PutOutcome::Accepted {
-                written_at: StoreTime(now),
-            });
-        }
-        let state = Sqlite::put_state(&mut *tx, PUT_STATE, req).await?;
-        let Some(rejection) = state.rejection(req) else {
-            tx.rollback().await?;
-            return Ok(PutOutcome::AlreadyApplied);
-        };
-        let rec = rejection.record(req, &op);
-        insert_stale(&mut tx, &rec, now).await?;
-        tx.commit().await?;
-        Ok(PutOutcome::Rejected(Box::new(rec.stored(now))))
+        Ok(if written == 1 {
+            Written::At(now)
+        } else {
+            Written::Refused(None)
+        })
     }
 
-    async fn record_stale(&self, db: &Db<Sqlite>, rec: &NewStaleRecord<'_>) -> Sql<StaleRecord> {
-        let mut tx = self.begin(db).await?;
-        let now = kernel_now_ms();
-        insert_stale(&mut tx, rec, now).await?;
-        tx.commit().await?;
-        Ok(rec.stored(now))
+    async fn put_state(
+        &self,
+        tx: &mut Transaction<'static, Sqlite>,
+        req: &PutRequest<'_>,
+    ) -> Sql<rows::PutState> {
+        Ok(Sqlite::put_state(&mut **tx, PUT_STATE, req).await?)
+    }
+
+    async fn insert_stale(
+        &self,
+        tx: &mut Transaction<'static, Sqlite>,
+        rec: &NewStaleRecord<'_>,
+        now: Option<i64>,
+    ) -> Sql<i64> {
+        let now = now.unwrap_or_else(kernel_now_ms);
+        insert_stale(tx, rec, now).await?;
+        Ok(now)
     }
 
     async fn now(&self, _db: &Db<Sqlite>) -> Sql<StoreTime> {
@@ -888,29 +936,33 @@ fn create_private(path: &std::path::Path) {
         .open(path);
 }
 
-/// The lease row as a losing acquire classifies it, if there is one.
+/// The lease row as a losing acquire classifies it, if there is one, and
+/// whether the instant `occ` (before `next`) could take it ([`LOSS_ROW`]).
 async fn loss_row(
     tx: &mut Transaction<'static, Sqlite>,
     resource: &Name,
     now: i64,
-) -> Result<Option<LossRow>, sqlx::Error> {
-    let existing = sqlx::query(
-        "SELECT fence, owner_id, node, expires_at_ms, last_occurrence_ms
-           FROM fencecron_leases WHERE resource = ?1",
-    )
-    .bind(resource.as_str())
-    .fetch_optional(&mut **tx)
-    .await?;
+    occ: Option<i64>,
+    next: Option<i64>,
+) -> Result<Option<(LossRow, bool)>, sqlx::Error> {
+    let existing = sqlx::query(LOSS_ROW)
+        .bind(resource.as_str())
+        .bind(now)
+        .bind(occ)
+        .bind(next)
+        .fetch_optional(&mut **tx)
+        .await?;
     existing
         .map(|r| {
-            Ok(LossRow {
+            let loss = LossRow {
                 fence: r.try_get("fence")?,
                 owner_id: r.try_get("owner_id")?,
                 node: r.try_get("node")?,
                 expires_at: r.try_get("expires_at_ms")?,
                 last_occurrence: r.try_get("last_occurrence_ms")?,
                 now,
-            })
+            };
+            Ok((loss, r.try_get("takeable")?))
         })
         .transpose()
 }
