@@ -1,68 +1,8 @@
-//! PostgreSQL: the production choice for several hosts.
-//!
-//! Clock choice: every comparison and every computed expiry uses
-//! `clock_timestamp()`, the time at the moment the expression is evaluated.
-//! `now()` is the transaction start, so a caller that waited on a row lock
-//! would compare against an old time (a lease already free would look held);
-//! `statement_timestamp()` has the same flaw within one statement. Under
-//! READ COMMITTED, PostgreSQL re-evaluates an `UPDATE`'s `WHERE` against the
-//! newest row version after the lock wait, and with `clock_timestamp()` that
-//! re-evaluation also sees the current time.
-//!
-//! Losing is cheap: the acquire is a conditional `UPDATE` that, when the
-//! lease is held, matches no row and writes nothing (no WAL, no fsync); the
-//! row is created by a separate `INSERT … ON CONFLICT DO NOTHING` only the
-//! first time a resource is ever leased.
-//!
-//! Failover: the epoch of a new token (see [`super::EPOCH_SHIFT`]) is the
-//! stored epoch plus `(timeline − 1) × 1024`, the timeline read by the
-//! acquiring statement itself from `pg_walfile_name(pg_current_wal_lsn())`
-//! (both executable by any role; no grant needed). A standby promoted after
-//! missing the old primary's last commits is on a later timeline, so its
-//! first token for any resource is above every token the old primary could
-//! have issued on its timeline. The epoch's first token comes from the
-//! PL/pgSQL function `fencecron_token_floor()` (migration 0002), called in
-//! the `UPDATE`'s `SET`, which PostgreSQL evaluates only for a row that
-//! matched; being opaque to the planner, it also keeps `fencecron_epoch`
-//! out of a losing acquire's plan. A loser writes nothing and reads nothing
-//! more than before.
+//! The lease's statements on PostgreSQL (acquire, claim, renew, release,
+//! give back, epoch) and the two operations whose shape they dictate, the
+//! single acquire and the batch claim.
 
-use std::time::Duration;
-
-use async_trait::async_trait;
-use sqlx::postgres::{PgConnectOptions, PgSslMode};
-use sqlx::{Postgres, Row, Transaction};
-
-use super::bench::{like_escape, RawDialect};
-use super::sql::{Db, Dialect, Sql, SqlDb, SqlStore, Written};
 use super::*;
-
-/// `clock_timestamp()` as milliseconds since the epoch.
-macro_rules! now_ms {
-    () => {
-        "(floor(extract(epoch FROM clock_timestamp()) * 1000))::bigint"
-    };
-}
-
-/// The current timeline: the first 8 hex digits of the current WAL file's
-/// name. `pg_walfile_name` uses the timeline WAL is being inserted on, which
-/// a promotion moves to a new one at once (the control file's checkpoint
-/// timeline would lag until the next checkpoint).
-macro_rules! timeline {
-    () => {
-        "(('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint)"
-    };
-}
-
-/// The first token of the effective epoch, `(epoch << 32) + 1`: migration
-/// 0002's PL/pgSQL function, which reads the stored epoch and the timeline.
-/// A function rather than a subquery so that a losing acquire's plan does
-/// not even open `fencecron_epoch`.
-macro_rules! epoch_floor {
-    () => {
-        "fencecron_token_floor()"
-    };
-}
 
 /// The adoption condition on the row as it was: this owner won this
 /// occurrence and has not released it (false for ad-hoc leases, `$5` NULL).
@@ -182,7 +122,7 @@ macro_rules! claim_paused {
 ///
 /// Either way only while the occurrence is due and its successor (`$6`,
 /// the job's next instant) is not, by the store's clock.
-const ACQUIRE: &str = concat!(
+pub(super) const ACQUIRE: &str = concat!(
     "WITH paused AS (
        SELECT TRUE AS paused, note, until_ms FROM fencecron_pauses
         WHERE ($5::bigint IS NOT NULL OR $8::text = 'retry') AND job = $7::text
@@ -259,7 +199,7 @@ const ACQUIRE: &str = concat!(
 /// ids, jobs, instants, next instants and lease lengths (parallel arrays, in
 /// this node's order), `$7` the node, `$8` the limit, `$9` whether to bound
 /// it by the node's share, `$10`/`$11` [`NODE_BEAT`]/[`NODE_LIVE`] in ms
-/// (the live nodes are those of [`super::NodeInfo::live`]).
+/// (the live nodes are those of [`NodeInfo::live`]).
 ///
 /// `cand` is the single acquire's winning condition for a free lease
 /// (expired by the store's clock, instant newer than the last one taken,
@@ -274,7 +214,7 @@ const ACQUIRE: &str = concat!(
 /// losing acquire. Adoption is not needed: a claim's owner ids are fresh,
 /// and every later attempt is a single acquire. `beat` marks the node at
 /// most every `$10` ms, the only write a claim that wins nothing can make.
-const CLAIM: &str = concat!(
+pub(super) const CLAIM: &str = concat!(
     "WITH req AS (
        SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::bigint[],
                             $6::bigint[])
@@ -349,7 +289,7 @@ const CLAIM: &str = concat!(
 /// and `CREATE` created none): the pause, noting the instant as skipped
 /// for the first caller. `$1` job, `$2` occurrence, `$3` next instant, `$4`
 /// how the run was started.
-const PAUSED_FIRST_LEASE: &str = concat!(
+pub(super) const PAUSED_FIRST_LEASE: &str = concat!(
     "SELECT note, until_ms, ",
     now_ms!(),
     " AS now_ms,
@@ -368,7 +308,7 @@ const PAUSED_FIRST_LEASE: &str = concat!(
 
 /// The first acquisition of a resource: creates its row (unless a
 /// concurrent first acquisition did, or the job is paused), with the run.
-const CREATE: &str = concat!(
+pub(super) const CREATE: &str = concat!(
     "WITH created AS (
      INSERT INTO fencecron_leases
        (resource, fence, owner_id, node, acquired_at_ms, expires_at_ms, last_occurrence_ms,
@@ -394,7 +334,7 @@ const CREATE: &str = concat!(
     " AS recorded FROM created"
 );
 
-const RENEW: &str = concat!(
+pub(super) const RENEW: &str = concat!(
     "UPDATE fencecron_leases SET expires_at_ms = ",
     now_ms!(),
     " + $4
@@ -407,7 +347,7 @@ const RENEW: &str = concat!(
 /// when it is still the last one taken (`$4 - 1` keeps every older instant
 /// refused). Without a token (`$3` NULL): this owner's unreleased win of
 /// exactly this occurrence.
-const GIVE_BACK: &str = concat!(
+pub(super) const GIVE_BACK: &str = concat!(
     "UPDATE fencecron_leases SET expires_at_ms = LEAST(expires_at_ms, ",
     now_ms!(),
     "), released = TRUE,
@@ -422,7 +362,7 @@ const GIVE_BACK: &str = concat!(
 /// [`Store::give_back_unseen`]: `GIVE_BACK` without a token for every
 /// (`$1` resource, `$2` owner id, `$3` occurrence) at once; the ordinals
 /// of the items given back.
-const GIVE_BACK_UNSEEN: &str = concat!(
+pub(super) const GIVE_BACK_UNSEEN: &str = concat!(
     "UPDATE fencecron_leases l SET expires_at_ms = LEAST(l.expires_at_ms, ",
     now_ms!(),
     "), released = TRUE,
@@ -438,22 +378,23 @@ const GIVE_BACK_UNSEEN: &str = concat!(
 /// the run's end, matched by `$7` resource and `$8` token, once) and the
 /// release of the lease (`$9` owner id, `$8` token), in one statement; how
 /// many rows each changed.
-static FINISH_AND_RELEASE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
-    format!(
-        "WITH f AS ({} RETURNING 1), r AS ({RELEASE_RUN} RETURNING 1)
+pub(super) static FINISH_AND_RELEASE: std::sync::LazyLock<String> =
+    std::sync::LazyLock::new(|| {
+        format!(
+            "WITH f AS ({} RETURNING 1), r AS ({RELEASE_RUN} RETURNING 1)
          SELECT (SELECT count(*) FROM f) AS finished, (SELECT count(*) FROM r) AS released",
-        super::fleet::FINISH_RUN
-    )
-});
+            crate::store::fleet::FINISH_RUN
+        )
+    });
 
 /// The release half of [`FINISH_AND_RELEASE`].
-const RELEASE_RUN: &str = concat!(
+pub(super) const RELEASE_RUN: &str = concat!(
     "UPDATE fencecron_leases SET expires_at_ms = LEAST(expires_at_ms, ",
     now_ms!(),
     "), released = TRUE WHERE resource = $7 AND owner_id = $9 AND fence = $8"
 );
 
-const RELEASE: &str = concat!(
+pub(super) const RELEASE: &str = concat!(
     "UPDATE fencecron_leases SET expires_at_ms = LEAST(expires_at_ms, ",
     now_ms!(),
     "), released = TRUE
@@ -463,7 +404,7 @@ const RELEASE: &str = concat!(
 
 /// `fencecron epoch`: the stored epoch, the timeline, the effective epoch
 /// (from the same function the acquire uses) and the highest fence.
-const EPOCH: &str = concat!(
+pub(super) const EPOCH: &str = concat!(
     "SELECT COALESCE((SELECT epoch FROM fencecron_epoch WHERE id = 1), 0) AS stored, ",
     timeline!(),
     " AS timeline, (",
@@ -475,7 +416,7 @@ const EPOCH: &str = concat!(
 /// becomes max(effective, highest fence >> 32) + 1. In one statement (its
 /// own transaction); a concurrent acquire that still used the old epoch
 /// issued a token below the new epoch's first one.
-const ADVANCE_EPOCH: &str = concat!(
+pub(super) const ADVANCE_EPOCH: &str = concat!(
     "INSERT INTO fencecron_epoch AS e (id, epoch)
      SELECT 1, GREATEST(0, (COALESCE(max(fence), 0) >> 32) - (",
     timeline!(),
@@ -485,194 +426,12 @@ const ADVANCE_EPOCH: &str = concat!(
      RETURNING e.epoch"
 );
 
-const LEASE_ROW: &str =
-    "SELECT owner_id, fence, expires_at_ms FROM fencecron_leases WHERE resource = $1";
-
-const LIST: &str = concat!(
-    "SELECT resource, owner_id, node, fence, expires_at_ms, last_occurrence_ms, ",
-    now_ms!(),
-    " AS now_ms FROM fencecron_leases
-     WHERE forgotten_at_ms IS NULL OR acquired_at_ms >= forgotten_at_ms ORDER BY resource"
-);
-
-/// The conditional write: writes only when the token is the resource's
-/// fence and was issued to this owner (the lease row as the statement's
-/// snapshot sees it), and on an existing key only when the token is at
-/// least (or, for `once`, above) the accepted one.
-const PUT: &str = concat!(
-    "INSERT INTO fencecron_values AS v
-       (resource, key, value, token, owner_id, operation_id, written_at_ms)
-     SELECT $1, $2, $3, $4, $5, $6, ",
-    now_ms!(),
-    "
-       FROM fencecron_leases l WHERE l.resource = $1 AND l.fence = $4 AND l.owner_id = $5
-     ON CONFLICT (resource, key) DO UPDATE
-        SET value = EXCLUDED.value, token = EXCLUDED.token, owner_id = EXCLUDED.owner_id,
-            operation_id = EXCLUDED.operation_id, written_at_ms = EXCLUDED.written_at_ms
-      WHERE v.token < EXCLUDED.token OR (v.token = EXCLUDED.token AND NOT $7)
-     RETURNING written_at_ms"
-);
-
-/// After a refused write, within the same transaction: what beat it.
-const PUT_STATE: &str = "SELECT
-       (SELECT token FROM fencecron_values WHERE resource = $1 AND key = $2) AS accepted,
-       (SELECT fence FROM fencecron_leases WHERE resource = $1) AS issued,
-       (SELECT owner_id FROM fencecron_leases WHERE resource = $1) AS issued_to";
-
-const INSERT_STALE: &str = concat!(
-    "INSERT INTO fencecron_stale
-       (at_ms, kind, reason, resource, key, owner_id, token, accepted_token, node, job, stage, operation_id)
-     VALUES (",
-    now_ms!(),
-    ", $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
-     RETURNING at_ms"
-);
-
-/// The fencing proxy's read: the highest token admitted for the resource
-/// and the resource's fence.
-const ADMIT_STATE: &str =
-    "SELECT (SELECT highest FROM fencecron_proxy_fences WHERE resource = $1) AS highest,
-            (SELECT fence FROM fencecron_leases WHERE resource = $2) AS issued";
-
-/// The fencing proxy's raise: only a token the lease row issued, only
-/// upwards.
-const ADMIT_RAISE: &str = "INSERT INTO fencecron_proxy_fences AS f (resource, highest)
- SELECT $1, $2 FROM fencecron_leases l WHERE l.resource = $3 AND l.fence >= $4 AND $5 > 0
- ON CONFLICT (resource) DO UPDATE SET highest = excluded.highest
-  WHERE f.highest < excluded.highest";
-
-const GET: &str = "SELECT value, token, owner_id, written_at_ms FROM fencecron_values
-                    WHERE resource = $1 AND key = $2";
-
-const STALE: &str = "SELECT at_ms, kind, reason, resource, key, owner_id, token, accepted_token,
-                            node, job, stage, operation_id
-                       FROM fencecron_stale WHERE at_ms >= $1 ORDER BY at_ms, id";
-
-/// The PostgreSQL dialect.
-pub(super) struct Pg;
-
-/// The PostgreSQL store.
-pub(super) type PostgresStore = SqlStore<Pg>;
-
-impl PostgresStore {
-    /// Prepares a lazily connecting pool.
-    pub fn open(url: StoreUrl, opts: &OpenOptions) -> Result<Self, StoreError> {
-        let connect: PgConnectOptions = url.expose().parse().map_err(|e| unavailable(&url, e))?;
-        let connect = connect.application_name("fencecron");
-        let env_chose = std::env::var_os("PGSSLMODE").is_some();
-        let connect = if loopback_without_ssl_choice(url.expose(), connect.get_host(), env_chose) {
-            connect.ssl_mode(PgSslMode::Disable)
-        } else {
-            connect
-        };
-        Ok(SqlStore::new(
-            Db::connect_lazy(url, opts, connect, |pool| pool),
-            Pg,
-        ))
-    }
-}
-
-/// Whether TLS would only cost time: the server is on this host (a
-/// loopback address or `localhost`), and neither the URL (`sslmode`) nor
-/// `PGSSLMODE` asks for anything. libpq's and sqlx's default, `prefer`,
-/// would wrap every loopback round trip in TLS: about 17 µs each here
-/// (BENCHMARKS.md, "The client path"), and sqlx adds a second round trip
-/// per call (its ping when a connection returns to the pool).
-pub(super) fn loopback_without_ssl_choice(url: &str, host: &str, env_chose: bool) -> bool {
-    let chosen_in_url = ::url::Url::parse(url).is_ok_and(|u| {
-        u.query_pairs()
-            .any(|(k, _)| k == "sslmode" || k == "ssl-mode")
-    });
-    if chosen_in_url || env_chose {
-        return false;
-    }
-    let host = host.trim_start_matches('[').trim_end_matches(']');
-    host.eq_ignore_ascii_case("localhost")
-        || host
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback())
-}
-
 impl Pg {
-    async fn epoch_of<'e, E>(db: &Db<Postgres>, ex: E) -> Sql<EpochInfo>
-    where
-        E: sqlx::PgExecutor<'e>,
-    {
-        let row = sqlx::query(EPOCH).fetch_one(ex).await?;
-        let info = EpochInfo::new(
-            row.try_get("stored")?,
-            Some(row.try_get("timeline")?),
-            row.try_get("highest")?,
-        );
-        let effective: i64 = row.try_get("effective")?;
-        if effective != info.effective {
-            return Err(StoreError::Corrupt {
-                url: db.url.to_string(),
-                detail: format!(
-                    "fencecron_token_floor() says epoch {effective}, fencecron computes {}; was the function changed?",
-                    info.effective
-                ),
-            }
-            .into());
-        }
-        Ok(info)
-    }
-}
-
-/// Inserts a stale record and returns its store time.
-async fn insert_stale<'e, E>(ex: E, rec: &NewStaleRecord<'_>) -> Result<i64, sqlx::Error>
-where
-    E: sqlx::PgExecutor<'e>,
-{
-    Postgres::bind_stale(sqlx::query(INSERT_STALE), rec)
-        .fetch_one(ex)
-        .await?
-        .try_get("at_ms")
-}
-
-#[async_trait]
-impl Dialect for Pg {
-    type DB = Postgres;
-    const BACKEND: Backend = Backend::Postgres;
-    const GET: &'static str = GET;
-    const STALE: &'static str = STALE;
-    const LIST: &'static str = LIST;
-    const EPOCH: &'static str = EPOCH;
-    const ADVANCE_EPOCH: &'static str = ADVANCE_EPOCH;
-    const ADMIT_STATE: &'static str = ADMIT_STATE;
-    const ADMIT_RAISE: &'static str = ADMIT_RAISE;
-    const CLAIMS: bool = true;
-
-    async fn migrate(&self, db: &Db<Postgres>) -> Result<(), StoreError> {
-        // Under fencecron's advisory lock, so many instances starting at
-        // once apply each migration exactly once.
-        timed(&db.url, db.call_timeout * 3, async {
-            let fail = |source| migrate_error(Backend::Postgres, &db.url, source);
-            let mut conn = super::diagnose::first_connection(&db.pool)
-                .await
-                .map_err(|e| unavailable(&db.url, e))?;
-            let key = super::migrator::lock_postgres(&mut conn)
-                .await
-                .map_err(fail)?;
-            let result = super::migrator::run::<Postgres>(
-                &mut conn,
-                Backend::Postgres,
-                &sqlx::migrate!("migrations/postgres"),
-            )
-            .await;
-            if super::migrator::unlock_postgres(&mut conn, key)
-                .await
-                .is_err()
-            {
-                // Never pool a connection that may still hold the lock.
-                drop(conn.detach());
-            }
-            result.map_err(fail)
-        })
-        .await
-    }
-
-    async fn acquire(&self, db: &Db<Postgres>, req: &AcquireRequest<'_>) -> Sql<AcquireOutcome> {
+    pub(super) async fn acquire_lease(
+        &self,
+        db: &Db<Postgres>,
+        req: &AcquireRequest<'_>,
+    ) -> Sql<AcquireOutcome> {
         let owner = req.owner_id;
         let owner_s = owner.to_string();
         let lease = millis(req.lease);
@@ -787,7 +546,11 @@ impl Dialect for Pg {
         .into())
     }
 
-    async fn claim(&self, db: &Db<Postgres>, req: &ClaimRequest<'_>) -> Sql<Option<ClaimOutcome>> {
+    pub(super) async fn claim_leases(
+        &self,
+        db: &Db<Postgres>,
+        req: &ClaimRequest<'_>,
+    ) -> Sql<Option<ClaimOutcome>> {
         let items = req.items;
         let resources: Vec<&str> = items.iter().map(|i| i.resource.as_str()).collect();
         let owners: Vec<String> = items.iter().map(|i| i.owner_id.to_string()).collect();
@@ -813,281 +576,5 @@ impl Dialect for Pg {
             .fetch_all(&db.pool)
             .await?;
         Ok(Some(rows::claim_outcome(&rows, req, &db.url)?))
-    }
-
-    async fn renew(
-        &self,
-        db: &Db<Postgres>,
-        resource: &Name,
-        owner_id: OwnerId,
-        token: Token,
-        lease: Duration,
-    ) -> Sql<RenewOutcome> {
-        let renewed: Option<i64> = sqlx::query_scalar(RENEW)
-            .bind(resource.as_str())
-            .bind(owner_id.as_str())
-            .bind(token)
-            .bind(millis(lease))
-            .fetch_optional(&db.pool)
-            .await?;
-        Ok(match renewed {
-            Some(at) => RenewOutcome::Renewed {
-                expires_at: StoreTime(at),
-            },
-            None => RenewOutcome::Refused(classify_refusal(
-                Postgres::lease_row(&db.pool, LEASE_ROW, resource).await?,
-                owner_id,
-                token,
-            )),
-        })
-    }
-
-    async fn release(
-        &self,
-        db: &Db<Postgres>,
-        resource: &Name,
-        owner_id: OwnerId,
-        token: Option<Token>,
-        occurrence: Option<StoreTime>,
-    ) -> Sql<ReleaseOutcome> {
-        let query = match occurrence {
-            None => sqlx::query_scalar(RELEASE),
-            Some(_) => sqlx::query_scalar(GIVE_BACK),
-        };
-        let mut query = query
-            .bind(resource.as_str())
-            .bind(owner_id.as_str())
-            .bind(token);
-        if let Some(occ) = occurrence {
-            query = query.bind(occ.0);
-        }
-        let released: Option<i64> = query.fetch_optional(&db.pool).await?;
-        Ok(match released {
-            Some(_) => ReleaseOutcome::Released,
-            None => ReleaseOutcome::Refused(classify_refusal(
-                Postgres::lease_row(&db.pool, LEASE_ROW, resource).await?,
-                owner_id,
-                token.unwrap_or(0),
-            )),
-        })
-    }
-
-    async fn finish_and_release(
-        &self,
-        db: &Db<Postgres>,
-        resource: &Name,
-        owner_id: OwnerId,
-        end: &RunEnd<'_>,
-    ) -> Sql<Option<(bool, ReleaseOutcome)>> {
-        let row = super::fleet::bind_end(sqlx::query(&FINISH_AND_RELEASE), end)
-            .bind(owner_id.as_str())
-            .fetch_one(&db.pool)
-            .await?;
-        let finished = row.try_get::<i64, _>("finished")? > 0;
-        let released = if row.try_get::<i64, _>("released")? > 0 {
-            ReleaseOutcome::Released
-        } else {
-            ReleaseOutcome::Refused(classify_refusal(
-                Postgres::lease_row(&db.pool, LEASE_ROW, resource).await?,
-                owner_id,
-                end.token,
-            ))
-        };
-        Ok(Some((finished, released)))
-    }
-
-    async fn give_back_unseen(&self, db: &Db<Postgres>, items: &[Unseen<'_>]) -> Sql<Vec<bool>> {
-        let resources: Vec<&str> = items.iter().map(|i| i.resource.as_str()).collect();
-        let owners: Vec<String> = items.iter().map(|i| i.owner_id.to_string()).collect();
-        let occs: Vec<i64> = items.iter().map(|i| i.occurrence.0).collect();
-        let given: Vec<i64> = sqlx::query_scalar(GIVE_BACK_UNSEEN)
-            .bind(&resources)
-            .bind(&owners)
-            .bind(&occs)
-            .fetch_all(&db.pool)
-            .await?;
-        let mut out = vec![false; items.len()];
-        for ord in given {
-            if let Some(g) = usize::try_from(ord - 1).ok().and_then(|i| out.get_mut(i)) {
-                *g = true;
-            }
-        }
-        Ok(out)
-    }
-
-    async fn put_write(
-        &self,
-        tx: &mut Transaction<'static, Postgres>,
-        req: &PutRequest<'_>,
-        op: &str,
-        _now: Option<i64>,
-    ) -> Sql<Written> {
-        let written = sqlx::query(PUT)
-            .bind(req.resource.as_str())
-            .bind(req.key.as_str())
-            .bind(req.value)
-            .bind(req.token)
-            .bind(req.owner_id.as_str())
-            .bind(op)
-            .bind(req.once)
-            .fetch_optional(&mut **tx)
-            .await?;
-        Ok(match written {
-            Some(row) => Written::At(row.try_get("written_at_ms")?),
-            None => Written::Refused(None),
-        })
-    }
-
-    async fn put_state(
-        &self,
-        tx: &mut Transaction<'static, Postgres>,
-        req: &PutRequest<'_>,
-    ) -> Sql<rows::PutState> {
-        Ok(Postgres::put_state(&mut **tx, PUT_STATE, req).await?)
-    }
-
-    async fn insert_stale(
-        &self,
-        tx: &mut Transaction<'static, Postgres>,
-        rec: &NewStaleRecord<'_>,
-        _now: Option<i64>,
-    ) -> Sql<i64> {
-        Ok(insert_stale(&mut **tx, rec).await?)
-    }
-
-    /// Without a transaction: one statement.
-    async fn record_stale(&self, db: &Db<Postgres>, rec: &NewStaleRecord<'_>) -> Sql<StaleRecord> {
-        let at = insert_stale(&db.pool, rec).await?;
-        Ok(rec.stored(at))
-    }
-
-    async fn now(&self, db: &Db<Postgres>) -> Sql<StoreTime> {
-        let now: i64 = sqlx::query_scalar(concat!("SELECT ", now_ms!()))
-            .fetch_one(&db.pool)
-            .await?;
-        Ok(StoreTime(now))
-    }
-
-    /// With the timeline, checked against `fencecron_token_floor()`.
-    async fn epoch(&self, db: &Db<Postgres>) -> Sql<EpochInfo> {
-        Pg::epoch_of(db, &db.pool).await
-    }
-
-    async fn advance_epoch(&self, db: &Db<Postgres>) -> Sql<EpochInfo> {
-        let mut tx = db.pool.begin().await?;
-        sqlx::query(ADVANCE_EPOCH).execute(&mut *tx).await?;
-        let info = Pg::epoch_of(db, &mut *tx).await?;
-        tx.commit().await?;
-        Ok(info)
-    }
-}
-
-#[async_trait]
-impl RawDialect for Pg {
-    async fn raw_write(
-        &self,
-        db: &Db<Postgres>,
-        op: RawOp,
-        r: &str,
-        owner_id: &str,
-        token: Token,
-    ) -> Sql<Option<Token>> {
-        let lease = millis(MIN_LEASE);
-        Ok(match op {
-            RawOp::AcquireFree | RawOp::AcquireHeld => {
-                let rows = sqlx::query(ACQUIRE)
-                    .bind(r)
-                    .bind(owner_id)
-                    .bind("bench")
-                    .bind(lease)
-                    .bind(None::<i64>)
-                    .bind(None::<i64>)
-                    .bind(None::<&str>)
-                    .bind(StartedBy::Schedule.as_str())
-                    .bind(None::<i64>)
-                    .fetch_all(&db.pool)
-                    .await?;
-                rows.first()
-                    .and_then(|row| row.try_get::<i64, _>("fence").ok())
-            }
-            RawOp::Renew => {
-                sqlx::query(RENEW)
-                    .bind(r)
-                    .bind(owner_id)
-                    .bind(token)
-                    .bind(lease)
-                    .execute(&db.pool)
-                    .await?;
-                None
-            }
-            RawOp::Release => {
-                sqlx::query(RELEASE)
-                    .bind(r)
-                    .bind(owner_id)
-                    .bind(token)
-                    .execute(&db.pool)
-                    .await?;
-                None
-            }
-            RawOp::Put | RawOp::Ping | RawOp::Get => {
-                // The same statement `put` sends, in the same kind of
-                // transaction.
-                let mut tx = db.pool.begin().await?;
-                sqlx::query(PUT)
-                    .bind(r)
-                    .bind("bench")
-                    .bind(&b"bench"[..])
-                    .bind(token)
-                    .bind(owner_id)
-                    .bind(owner_id)
-                    .bind(false)
-                    .execute(&mut *tx)
-                    .await?;
-                tx.commit().await?;
-                None
-            }
-        })
-    }
-
-    async fn purge(&self, db: &Db<Postgres>, prefix: &str) -> Sql<u64> {
-        let pattern = format!("{}%", like_escape(prefix));
-        Ok(Postgres::execute_each(
-            &db.pool,
-            &[
-                "DELETE FROM fencecron_values WHERE resource LIKE $1 ESCAPE '\\'",
-                "DELETE FROM fencecron_stale WHERE resource LIKE $1 ESCAPE '\\'",
-                "DELETE FROM fencecron_leases WHERE resource LIKE $1 ESCAPE '\\'",
-            ],
-            &pattern,
-        )
-        .await?)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::loopback_without_ssl_choice as plain;
-
-    #[test]
-    fn tls_is_left_out_only_on_loopback_when_nobody_asked_for_it() {
-        assert!(plain("postgres://u@127.0.0.1/db", "127.0.0.1", false));
-        assert!(plain("postgres://u@127.0.0.2:5433/db", "127.0.0.2", false));
-        assert!(plain("postgres://u@localhost/db", "localhost", false));
-        assert!(plain("postgres://u@[::1]/db", "[::1]", false));
-        assert!(plain("postgres://u@[::1]/db", "::1", false));
-        // Another host, an explicit choice in the URL or in PGSSLMODE: as asked.
-        assert!(!plain("postgres://u@db.internal/db", "db.internal", false));
-        assert!(!plain("postgres://u@10.0.0.5/db", "10.0.0.5", false));
-        assert!(!plain(
-            "postgres://u@127.0.0.1/db?sslmode=require",
-            "127.0.0.1",
-            false
-        ));
-        assert!(!plain(
-            "postgres://u@127.0.0.1/db?ssl-mode=prefer",
-            "127.0.0.1",
-            false
-        ));
-        assert!(!plain("postgres://u@127.0.0.1/db", "127.0.0.1", true));
     }
 }

@@ -48,125 +48,11 @@ macro_rules! now_ms {
     };
 }
 
-/// The acquisition: the procedure of migration 0004 (0003's with adoption
-/// of this occurrence's own win and the next instant's refusal), which
-/// holds the conditional `UPDATE`.
-const CALL_ACQUIRE: &str = "CALL fencecron_acquire_v3(?, ?, ?, ?, ?, ?, ?, ?, ?)";
+mod lease;
+mod values;
 
-/// A batch claim (migration 0006): the items as JSON, node, limit, share,
-/// how often the node's mark is refreshed and how long a mark counts.
-const CALL_CLAIM: &str = "CALL fencecron_claim_v1(?, ?, ?, ?, ?, ?)";
-
-const RENEW: &str = concat!(
-    "UPDATE fencecron_leases SET expires_at_ms = LAST_INSERT_ID(",
-    now_ms!(),
-    " + ?) WHERE resource = ? AND owner_id = ? AND fence = ? AND expires_at_ms > ",
-    now_ms!()
-);
-
-const RELEASE: &str = concat!(
-    "UPDATE fencecron_leases SET expires_at_ms = LEAST(expires_at_ms, ",
-    now_ms!(),
-    "), released = TRUE WHERE resource = ? AND owner_id = ? AND fence = ?"
-);
-
-/// `give_back`: a release that also makes the occurrence takeable again
-/// when it is still the last one taken (`occurrence - 1` keeps older
-/// instants refused). The `WHERE` sees the row before the `SET`. Without a
-/// token: this owner's unreleased win of exactly this occurrence.
-const GIVE_BACK: &str = concat!(
-    "UPDATE fencecron_leases
-        SET last_occurrence_ms = IF(last_occurrence_ms = ?, ? - 1, last_occurrence_ms),
-            expires_at_ms = LEAST(expires_at_ms, ",
-    now_ms!(),
-    "), released = TRUE
-      WHERE resource = ? AND owner_id = ?
-        AND (fence = ? OR (? IS NULL AND NOT released AND last_occurrence_ms = ?))"
-);
-
-/// `fencecron epoch`: the stored epoch and the highest fence.
-const EPOCH: &str =
-    "SELECT COALESCE((SELECT epoch FROM fencecron_epoch WHERE id = 1), 0) AS stored,
-            (SELECT MAX(fence) FROM fencecron_leases) AS highest";
-
-/// `fencecron epoch advance`: max(stored, highest fence >> 32) + 1, in one
-/// transaction with the read of the result. The read of the leases is a
-/// locking read inside the `INSERT … SELECT`, so an acquire still running
-/// with the old epoch finishes first or waits for the new one.
-const ADVANCE_EPOCH: &str = "INSERT INTO fencecron_epoch (id, epoch)
-     SELECT 1, COALESCE(MAX(fence), 0) DIV 4294967296 + 1 FROM fencecron_leases
-     ON DUPLICATE KEY UPDATE epoch = GREATEST(fencecron_epoch.epoch, VALUES(epoch) - 1) + 1";
-
-const LEASE_ROW: &str =
-    "SELECT owner_id, fence, expires_at_ms FROM fencecron_leases WHERE resource = ?";
-
-const LIST: &str = concat!(
-    "SELECT CAST(resource AS CHAR CHARACTER SET utf8mb4) AS resource, owner_id, node, fence,
-            expires_at_ms, last_occurrence_ms, ",
-    now_ms!(),
-    " AS now_ms FROM fencecron_leases
-     WHERE forgotten_at_ms IS NULL OR acquired_at_ms >= forgotten_at_ms ORDER BY resource"
-);
-
-/// The conditional write. Writes only when the token is the resource's
-/// fence and was issued to this owner; on an existing key, every column
-/// changes only when the token is at least (with `once`: above) the accepted
-/// one. `token` is assigned last because MySQL evaluates the assignments
-/// left to right and the earlier conditions must see the old token.
-const PUT: &str = concat!(
-    "INSERT INTO fencecron_values
-       (resource, key_name, value, token, owner_id, operation_id, written_at_ms)
-     SELECT ?, ?, ?, ?, ?, ?, ",
-    now_ms!(),
-    " FROM fencecron_leases l WHERE l.resource = ? AND l.fence = ? AND l.owner_id = ?
-     ON DUPLICATE KEY UPDATE
-       value = IF(fencecron_values.token < VALUES(token) OR (fencecron_values.token = VALUES(token) AND NOT ?), VALUES(value), fencecron_values.value),
-       owner_id = IF(fencecron_values.token < VALUES(token) OR (fencecron_values.token = VALUES(token) AND NOT ?), VALUES(owner_id), fencecron_values.owner_id),
-       written_at_ms = IF(fencecron_values.token < VALUES(token) OR (fencecron_values.token = VALUES(token) AND NOT ?), VALUES(written_at_ms), fencecron_values.written_at_ms),
-       operation_id = IF(fencecron_values.token < VALUES(token) OR (fencecron_values.token = VALUES(token) AND NOT ?), VALUES(operation_id), fencecron_values.operation_id),
-       token = IF(fencecron_values.token < VALUES(token) OR (fencecron_values.token = VALUES(token) AND NOT ?), VALUES(token), fencecron_values.token)"
-);
-
-const PUT_STATE: &str = "SELECT
-       (SELECT operation_id FROM fencecron_values WHERE resource = ? AND key_name = ?) AS op,
-       (SELECT written_at_ms FROM fencecron_values WHERE resource = ? AND key_name = ?) AS written_at,
-       (SELECT token FROM fencecron_values WHERE resource = ? AND key_name = ?) AS accepted,
-       (SELECT fence FROM fencecron_leases WHERE resource = ?) AS issued,
-       (SELECT owner_id FROM fencecron_leases WHERE resource = ?) AS issued_to";
-
-const INSERT_STALE: &str = concat!(
-    "INSERT INTO fencecron_stale
-       (at_ms, kind, reason, resource, key_name, owner_id, token, accepted_token, node, job, stage, operation_id)
-     VALUES (",
-    now_ms!(),
-    ", ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-);
-
-/// The fencing proxy's read: the highest token admitted for the resource
-/// and the resource's fence.
-const ADMIT_STATE: &str =
-    "SELECT (SELECT highest FROM fencecron_proxy_fences WHERE resource = ?) AS highest,
-            (SELECT fence FROM fencecron_leases WHERE resource = ?) AS issued";
-
-/// The fencing proxy's raise: only a token the lease row issued, only
-/// upwards.
-const ADMIT_RAISE: &str = "INSERT INTO fencecron_proxy_fences (resource, highest)
- SELECT ?, ? FROM fencecron_leases l WHERE l.resource = ? AND l.fence >= ? AND ? > 0
- ON DUPLICATE KEY UPDATE highest = GREATEST(highest, VALUES(highest))";
-
-const GET: &str = "SELECT value, token, owner_id, written_at_ms FROM fencecron_values
-                    WHERE resource = ? AND key_name = ?";
-
-/// Names are stored as bytes (VARBINARY); they are read back as text under
-/// the column names every backend uses.
-const STALE: &str = "SELECT at_ms, kind, reason,
-            CAST(resource AS CHAR CHARACTER SET utf8mb4) AS resource,
-            CAST(key_name AS CHAR CHARACTER SET utf8mb4) AS `key`, owner_id, token, accepted_token,
-                            node, job, stage, operation_id
-                       FROM fencecron_stale WHERE at_ms >= ? ORDER BY at_ms, id";
-
-/// MySQL's error number for a packet larger than `max_allowed_packet`.
-const ER_NET_PACKET_TOO_LARGE: u16 = 1153;
+use lease::*;
+use values::*;
 
 /// The MySQL/MariaDB dialect.
 pub(super) struct My;
@@ -184,41 +70,6 @@ impl MySqlStore {
             Db::connect_lazy(url, opts, connect, |pool| pool),
             My,
         ))
-    }
-}
-
-impl My {
-    /// The key's row and the lease row after a write ([`PUT_STATE`]).
-    async fn put_row(
-        tx: &mut Transaction<'static, MySql>,
-        req: &PutRequest<'_>,
-    ) -> Result<sqlx::mysql::MySqlRow, sqlx::Error> {
-        let r = req.resource.as_str();
-        let k = req.key.as_str();
-        sqlx::query(PUT_STATE)
-            .bind(r)
-            .bind(k)
-            .bind(r)
-            .bind(k)
-            .bind(r)
-            .bind(k)
-            .bind(r)
-            .bind(r)
-            .fetch_one(&mut **tx)
-            .await
-    }
-
-    async fn insert_stale(
-        tx: &mut Transaction<'static, MySql>,
-        rec: &NewStaleRecord<'_>,
-    ) -> Result<i64, sqlx::Error> {
-        let done = MySql::bind_stale(sqlx::query(INSERT_STALE), rec)
-            .execute(&mut **tx)
-            .await?;
-        sqlx::query_scalar("SELECT at_ms FROM fencecron_stale WHERE id = ?")
-            .bind(done.last_insert_id())
-            .fetch_one(&mut **tx)
-            .await
     }
 }
 
@@ -276,119 +127,12 @@ impl Dialect for My {
 
     const CLAIMS: bool = true;
 
-    /// One `CALL fencecron_claim_v1(…)` (migration 0006): the claim's
-    /// transaction (`FOR UPDATE SKIP LOCKED` over the items in order) and
-    /// the read of every item's row run on the server, in one round trip.
     async fn claim(&self, db: &Db<MySql>, req: &ClaimRequest<'_>) -> Sql<Option<ClaimOutcome>> {
-        let items: Vec<serde_json::Value> = req
-            .items
-            .iter()
-            .map(|i| {
-                let mut item = serde_json::json!({
-                    "r": i.resource.as_str(),
-                    "o": i.owner_id.to_string(),
-                    "j": i.job,
-                    "q": i.occurrence.0,
-                    "l": millis(i.lease),
-                });
-                if let Some(next) = i.next_occurrence {
-                    item["n"] = next.0.into();
-                }
-                item
-            })
-            .collect();
-        let rows = sqlx::query(CALL_CLAIM)
-            .bind(serde_json::Value::Array(items).to_string())
-            .bind(req.node)
-            .bind(i64::try_from(req.limit).unwrap_or(i64::MAX))
-            .bind(i32::from(req.share))
-            .bind(millis(NODE_BEAT))
-            .bind(millis(NODE_LIVE))
-            .fetch_all(&db.pool)
-            .await?;
-        Ok(Some(rows::claim_outcome(&rows, req, &db.url)?))
+        self.claim_leases(db, req).await
     }
 
-    /// One `CALL fencecron_acquire_v3(…)` (migration 0005): the pause check,
-    /// the conditional
-    /// `UPDATE` (or the first `INSERT` of the row) and the read of the
-    /// row after it, and a winner's run row, run on the server, so a winner
-    /// learns its expiry and a loser who holds the lease in one round trip.
     async fn acquire(&self, db: &Db<MySql>, req: &AcquireRequest<'_>) -> Sql<AcquireOutcome> {
-        let owner = req.owner_id;
-        let (job, started_by, scheduled_at) = run_binds(req);
-        let row = sqlx::query(CALL_ACQUIRE)
-            .bind(req.resource.as_str())
-            .bind(owner.to_string())
-            .bind(req.node)
-            .bind(millis(req.lease))
-            .bind(req.occurrence.map(|o| o.0))
-            .bind(req.next_occurrence.map(|o| o.0))
-            .bind(job)
-            .bind(started_by)
-            .bind(scheduled_at)
-            .fetch_one(&db.pool)
-            .await?;
-        // Read by position: sqlx describes a CALL without its result's
-        // column names.
-        let won: i64 = row.try_get(0)?;
-        let fence: Option<i64> = row.try_get(1)?;
-        let owner_id: Option<String> = row.try_get(2)?;
-        let node: Option<String> = row.try_get(3)?;
-        let expires_at: Option<i64> = row.try_get(4)?;
-        let last_occurrence: Option<i64> = row.try_get(5)?;
-        let now: i64 = row.try_get(6)?;
-        let taken_over = rows::takeover(&row, [7, 8, 9, 10])?;
-        if won == 0 && row.try_get::<i64, _>(11)? == 1 {
-            let pause = PauseSeen {
-                note: row.try_get(12)?,
-                until: row.try_get(14)?,
-                first: row.try_get::<i64, _>(15)? == 1,
-            };
-            return Ok(classify_paused(pause, req, now));
-        }
-        let (Some(fence), Some(owner_id), Some(node), Some(expires_at)) =
-            (fence, owner_id, node, expires_at)
-        else {
-            // No row: only an occurrence not yet due, or already
-            // superseded, keeps the first acquisition from creating it.
-            return match (req.occurrence, req.next_occurrence) {
-                (Some(occ), _) if occ.0 > now => Ok(AcquireOutcome::NotYetDue {
-                    store_now: StoreTime(now),
-                }),
-                (_, Some(next)) if next.0 <= now => Ok(AcquireOutcome::Superseded {
-                    store_now: StoreTime(now),
-                }),
-                _ => Err(StoreError::Corrupt {
-                    url: db.url.to_string(),
-                    detail: format!(
-                        "the lease row for {} neither exists nor can be created",
-                        req.resource
-                    ),
-                }
-                .into()),
-            };
-        };
-        if won == 1 && owner == owner_id {
-            return Ok(AcquireOutcome::Acquired(Lease {
-                resource: req.resource.to_string(),
-                owner_id: owner,
-                token: fence,
-                expires_at: StoreTime(expires_at),
-                taken_over,
-            }));
-        }
-        Ok(classify_loss(
-            LossRow {
-                fence,
-                owner_id,
-                node,
-                expires_at,
-                last_occurrence,
-                now,
-            },
-            req,
-        ))
+        self.acquire_lease(db, req).await
     }
 
     async fn renew(
