@@ -80,6 +80,7 @@ impl Dialect for My {
     const GET: &'static str = GET;
     const STALE: &'static str = STALE;
     const LIST: &'static str = LIST;
+    const PUT_STATE: &'static str = PUT_STATE;
     const EPOCH: &'static str = EPOCH;
     const ADVANCE_EPOCH: &'static str = ADVANCE_EPOCH;
     const ADMIT_STATE: &'static str = ADMIT_STATE;
@@ -232,6 +233,7 @@ impl Dialect for My {
         Ok(Written::Refused(Some(rows::put_state(&row)?)))
     }
 
+    /// [`PUT_STATE`] binds each parameter where it stands (MySQL's `?`).
     async fn put_state(
         &self,
         tx: &mut Transaction<'static, MySql>,

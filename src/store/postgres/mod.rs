@@ -148,6 +148,7 @@ impl Dialect for Pg {
     const GET: &'static str = GET;
     const STALE: &'static str = STALE;
     const LIST: &'static str = LIST;
+    const PUT_STATE: &'static str = PUT_STATE;
     const EPOCH: &'static str = EPOCH;
     const ADVANCE_EPOCH: &'static str = ADVANCE_EPOCH;
     const ADMIT_STATE: &'static str = ADMIT_STATE;
@@ -312,14 +313,6 @@ impl Dialect for Pg {
             Some(row) => Written::At(row.try_get("written_at_ms")?),
             None => Written::Refused(None),
         })
-    }
-
-    async fn put_state(
-        &self,
-        tx: &mut Transaction<'static, Postgres>,
-        req: &PutRequest<'_>,
-    ) -> Sql<rows::PutState> {
-        Ok(Postgres::put_state(&mut **tx, PUT_STATE, req).await?)
     }
 
     async fn insert_stale(

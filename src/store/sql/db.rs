@@ -56,13 +56,11 @@ pub(in crate::store) trait SqlDb: Database {
 
     /// After a refused write, in its transaction: what beat it, from
     /// `sql`, which binds the resource and the key ([`rows::PutState`]).
-    async fn put_state<'e, E>(
-        ex: E,
+    async fn put_state(
+        conn: &mut Self::Connection,
         sql: &'static str,
         req: &PutRequest<'_>,
-    ) -> Result<rows::PutState, sqlx::Error>
-    where
-        E: Executor<'e, Database = Self>;
+    ) -> Result<rows::PutState, sqlx::Error>;
 
     /// Binds the columns of a stale-owner record after whatever `query`
     /// bound already: kind, reason, resource, key, owner_id, token,
@@ -192,18 +190,15 @@ where
         stored_epoch(&mut *conn, epoch).await
     }
 
-    async fn put_state<'e, E>(
-        ex: E,
+    async fn put_state(
+        conn: &mut Self::Connection,
         sql: &'static str,
         req: &PutRequest<'_>,
-    ) -> Result<rows::PutState, sqlx::Error>
-    where
-        E: Executor<'e, Database = Self>,
-    {
+    ) -> Result<rows::PutState, sqlx::Error> {
         let row = sqlx::query(sql)
             .bind(req.resource.as_str())
             .bind(req.key.as_str())
-            .fetch_one(ex)
+            .fetch_one(&mut *conn)
             .await?;
         rows::put_state(&row)
     }

@@ -132,6 +132,8 @@ pub(super) trait Dialect: Send + Sync + 'static {
     const STALE: &'static str;
     /// `lease list` ([`SqlDb::list`]).
     const LIST: &'static str;
+    /// What beat a refused write ([`Dialect::put_state`]).
+    const PUT_STATE: &'static str;
     /// `fencecron epoch` ([`SqlDb::epoch`]).
     const EPOCH: &'static str;
     /// `fencecron epoch advance` ([`SqlDb::advance_epoch`]).
@@ -248,12 +250,14 @@ pub(super) trait Dialect: Send + Sync + 'static {
     ) -> Sql<Written>;
 
     /// After a refused write, in its transaction: what beat it
-    /// ([`SqlDb::put_state`]).
+    /// ([`SqlDb::put_state`]; unless the backend reads it its own way).
     async fn put_state(
         &self,
         tx: &mut Transaction<'static, Self::DB>,
         req: &PutRequest<'_>,
-    ) -> Sql<rows::PutState>;
+    ) -> Sql<rows::PutState> {
+        Ok(Self::DB::put_state(&mut **tx, Self::PUT_STATE, req).await?)
+    }
 
     /// Inserts a stale-owner record in `tx`; its store time.
     async fn insert_stale(

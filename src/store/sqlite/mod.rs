@@ -100,6 +100,7 @@ impl Dialect for Lite {
     const GET: &'static str = GET;
     const STALE: &'static str = STALE;
     const LIST: &'static str = LIST;
+    const PUT_STATE: &'static str = PUT_STATE;
     const EPOCH: &'static str = EPOCH;
     const ADVANCE_EPOCH: &'static str = ADVANCE_EPOCH;
     const ADMIT_STATE: &'static str = ADMIT_STATE;
@@ -298,14 +299,6 @@ impl Dialect for Lite {
         } else {
             Written::Refused(None)
         })
-    }
-
-    async fn put_state(
-        &self,
-        tx: &mut Transaction<'static, Sqlite>,
-        req: &PutRequest<'_>,
-    ) -> Sql<rows::PutState> {
-        Ok(Sqlite::put_state(&mut **tx, PUT_STATE, req).await?)
     }
 
     async fn insert_stale(
