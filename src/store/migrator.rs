@@ -25,6 +25,7 @@ use sqlx::migrate::{MigrateError, Migration, Migrator};
 use sqlx::{ColumnIndex, Connection, Database, Decode, Encode, Executor, IntoArguments, Type};
 
 use super::hook::{notice, Hook, Notice};
+use super::sql::placeholders;
 use super::Backend;
 
 /// fencecron's migrations table.
@@ -180,27 +181,6 @@ fn legacy_exists(backend: Backend) -> &'static str {
         Backend::MySql => "SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name = '_sqlx_migrations'",
         Backend::Sqlite => "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = '_sqlx_migrations'",
     }
-}
-
-/// `sql` with PostgreSQL's `$n` placeholders as `?` for the other backends
-/// (the statements here bind in order).
-fn placeholders(backend: Backend, sql: &str) -> String {
-    if backend == Backend::Postgres {
-        return sql.to_string();
-    }
-    let mut out = String::with_capacity(sql.len());
-    let mut chars = sql.chars().peekable();
-    while let Some(c) = chars.next() {
-        if c == '$' && chars.peek().is_some_and(char::is_ascii_digit) {
-            while chars.peek().is_some_and(char::is_ascii_digit) {
-                chars.next();
-            }
-            out.push('?');
-        } else {
-            out.push(c);
-        }
-    }
-    out
 }
 
 /// Applies `migrator`'s pending migrations on `conn`, recording them in
@@ -551,16 +531,6 @@ mod tests {
             migration(2, "more", "CREATE TABLE b (x INT);"),
             migration(3, "most", "CREATE TABLE c (x INT);"),
         ]
-    }
-
-    #[test]
-    fn placeholders_become_question_marks_except_on_postgres() {
-        let sql = "WHERE version = $1 AND checksum = $2";
-        assert_eq!(placeholders(Backend::Postgres, sql), sql);
-        assert_eq!(
-            placeholders(Backend::MySql, sql),
-            "WHERE version = ? AND checksum = ?"
-        );
     }
 
     #[test]

@@ -4,8 +4,9 @@
 //! Everything that speaks SQL lives below this module. The rest of the crate
 //! sees typed outcomes ([`AcquireOutcome`], [`RenewOutcome`], [`PutOutcome`])
 //! and never a row. The semantics every backend must share are written once
-//! here, in the trait's docs, and proven once against every backend by
-//! `tests/it/store_conformance.rs`:
+//! here, in the trait's docs, and proven once against every backend (and
+//! the in-memory store of the crate's own tests) by the conformance suite,
+//! `src/store/conformance/`:
 //!
 //! * the fence of a resource only ever grows; release and expiry keep it;
 //! * acquiring is one atomic state transition decided by the **store's
@@ -27,6 +28,8 @@
 
 mod bench;
 mod classify;
+#[cfg(test)]
+mod conformance;
 mod diagnose;
 mod error;
 mod fleet;
@@ -146,17 +149,9 @@ pub trait Store: Send + Sync + 'static {
     /// occurrence identity, fence bump, pause, the run recorded, losers
     /// writing nothing), trying them in the request's order, winning at
     /// most the claim's limit, and skipping rows another caller has locked
-    /// instead of waiting for them. `None` when the backend does not claim
-    /// in batches (the caller acquires one by one).
-    async fn claim(&self, req: &ClaimRequest<'_>) -> Result<Option<ClaimOutcome>, StoreError> {
-        let _ = req;
-        Ok(None)
-    }
-
-    /// Whether [`Store::claim`] claims (every SQL backend) or answers `None`.
-    fn claims(&self) -> bool {
-        false
-    }
+    /// instead of waiting for them. Every backend claims; it is the
+    /// daemon's first attempt at every scheduled occurrence.
+    async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError>;
 
     /// `overlap = "replace"`: ends the unexpired lease generation `token` of
     /// `resource` early (expired as of when it was acquired, and not

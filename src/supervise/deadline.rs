@@ -185,7 +185,7 @@ impl<'a> Watch<'a> {
             reason,
             detail,
         );
-        self.sup.record_lost(self.spec, self.lease, reason);
+        self.sup.record_lost(&self.spec.job, self.lease, reason);
     }
 
     /// Waits for the child while renewing and enforcing every deadline.

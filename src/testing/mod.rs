@@ -8,7 +8,7 @@
 pub(crate) mod events;
 pub(crate) mod job;
 pub(crate) mod store;
-mod store_tests;
+mod store_faults;
 
 use chrono::{DateTime, Utc};
 
