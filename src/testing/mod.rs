@@ -7,6 +7,7 @@
 
 pub(crate) mod events;
 pub(crate) mod job;
+mod layering;
 pub(crate) mod store;
 mod store_faults;
 
