@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+pub use crate::logging::LogFormat;
+
 /// A duration flag in humantime syntax ("30s", "5m", "1h").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HumanDuration(pub Duration);
@@ -18,16 +20,6 @@ impl std::str::FromStr for HumanDuration {
             .map(HumanDuration)
             .map_err(|e| format!("`{s}` is not a duration like 30s, 5m or 1h ({e})"))
     }
-}
-
-/// Log output format.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
-pub enum LogFormat {
-    /// Human-readable lines for terminals.
-    #[default]
-    Text,
-    /// One JSON object per line: timestamp, level, event, fields.
-    Json,
 }
 
 /// `fencecron --version`: the package version and the commit it was built

@@ -556,6 +556,13 @@ mod tests {
         }
     }
 
+    /// metrics takes the outcome as text and moves the last-success gauge
+    /// on its own `SUCCEEDED`: the same word as the run history's.
+    #[test]
+    fn metrics_success_is_the_succeeded_outcome() {
+        assert_eq!(RunOutcome::Succeeded.as_str(), crate::metrics::SUCCEEDED);
+    }
+
     #[test]
     fn a_word_of_a_later_release_is_kept_as_stored() {
         assert_eq!(

@@ -1,88 +1,23 @@
-//! The event catalogue: one function per event, and the log setup.
+//! The event catalogue: one function per event (the log set-up is
+//! [`crate::logging`]).
 //!
 //! Nothing else in the crate names an event. With `--log-format json` each
 //! line is one JSON object with top-level `timestamp`, `level`, `event`,
 //! `message` and the event's fields; docs/events.md documents the catalogue and
 //! it is a stable interface for log-based monitoring.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use tracing::{debug, error, info, warn};
-use tracing_subscriber::EnvFilter;
 
-use crate::cli::LogFormat;
-use crate::store::{rfc3339, EpochInfo, Lease, OwnerId, StaleRecord, StoreTime, Takeover, Token};
-
-/// Installs the global subscriber: logs go to stderr, `RUST_LOG` (or
-/// `FENCECRON_LOG`) filters, default `info` for fencecron's own events.
-/// sqlx's own lines (slow statements, slow pool checkouts) are off by
-/// default: they carry no `event` field, and every store failure that
-/// matters already reaches the log as a catalogue event.
-///
-/// Without a format asked for (`--log-format`, `FENCECRON_LOG_FORMAT`), and
-/// with stderr connected to the journal (`JOURNAL_STREAM` names it, as
-/// systemd sets it for a unit), events are sent as native journal entries
-/// instead: every field a journal field (`F_EVENT=lease_lost`), WARN and
-/// ERROR as journal priorities. Should the journal's socket not open, text
-/// on stderr it is. `quiet` (`exec --quiet`) lowers the default to WARN
-/// and above.
-pub fn init(format: Option<LogFormat>, quiet: bool) {
-    let default = if quiet {
-        "warn,sqlx=off"
-    } else {
-        "info,sqlx=off"
-    };
-    let filter = || {
-        EnvFilter::try_from_env("FENCECRON_LOG")
-            .or_else(|_| EnvFilter::try_from_default_env())
-            .unwrap_or_else(|_| EnvFilter::new(default))
-    };
-    if format.is_none() && stderr_is_the_journal() {
-        use tracing_subscriber::layer::SubscriberExt;
-        use tracing_subscriber::util::SubscriberInitExt;
-        if let Ok(journal) = tracing_journald::layer() {
-            let journal = journal.with_syslog_identifier("fencecron".to_string());
-            let _ = tracing_subscriber::registry()
-                .with(filter())
-                .with(journal)
-                .try_init();
-            return;
-        }
-    }
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter())
-        .with_writer(std::io::stderr)
-        // A log line that cannot be written (stderr a closed pipe) is
-        // dropped; the fallback would `eprintln!`, which panics then.
-        .log_internal_errors(false)
-        .with_target(false);
-    let _ = match format.unwrap_or(LogFormat::Text) {
-        LogFormat::Json => builder
-            .json()
-            .flatten_event(true)
-            .with_current_span(false)
-            .with_span_list(false)
-            .try_init(),
-        LogFormat::Text => builder.with_ansi(false).try_init(),
-    };
-}
-
-/// Whether stderr is the journal's stream: `JOURNAL_STREAM` is
-/// `DEVICE:INODE` of the stream systemd connected, and stderr is still it
-/// (not redirected since, e.g. by a shell in between).
-fn stderr_is_the_journal() -> bool {
-    let Ok(value) = std::env::var("JOURNAL_STREAM") else {
-        return false;
-    };
-    let Some((dev, ino)) = value.split_once(':') else {
-        return false;
-    };
-    let (Ok(dev), Ok(ino)) = (dev.parse::<u64>(), ino.parse::<u64>()) else {
-        return false;
-    };
-    nix::sys::stat::fstat(libc::STDERR_FILENO).is_ok_and(|st| st.st_dev == dev && st.st_ino == ino)
-}
+use crate::domain::RunOutcome;
+use crate::store::outages::{Ended, Outages};
+use crate::store::{
+    rfc3339, CallEnd, EpochInfo, Lease, Notice, OwnerId, StaleRecord, StoreHook, StoreTime,
+    Takeover, Token,
+};
 
 fn ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
@@ -217,10 +152,9 @@ pub fn job_output(job: &str, token: Token, stream: &'static str, line: &str) {
     info!(event = "job_output", job, token, stream, line, "job output");
 }
 
-// How a run ended, and why a lease was lost, are the run history's and the
-// stale records' words too: they live in `domain`. `Outcome` is the name
-// the supervisor and the occurrence policy use.
-pub use crate::domain::{LossReason, RunOutcome as Outcome};
+// Why a lease was lost is the stale records' word too: it lives in
+// `domain` (as does how a run ended, `domain::RunOutcome`).
+pub use crate::domain::LossReason;
 
 /// Why an occurrence was not run here: `occurrence_skipped`'s `reason`,
 /// and the `reason` label of `fencecron_occurrences_skipped_total`.
@@ -302,7 +236,7 @@ pub struct JobEnd<'a> {
     pub token: Token,
     /// The scheduled instant; `None` for `exec`.
     pub scheduled_at: Option<&'a str>,
-    pub outcome: Outcome,
+    pub outcome: RunOutcome,
     pub exit_code: Option<i32>,
     pub signal: Option<i32>,
     pub duration: Duration,
@@ -325,8 +259,8 @@ pub fn job_finished(end: &JobEnd<'_>) {
         duration,
         ..
     } = *end;
-    crate::metrics::run_finished(job, outcome, duration);
-    let failed = !matches!(outcome, Outcome::Succeeded | Outcome::Shutdown);
+    crate::metrics::run_finished(job, outcome.as_str(), duration);
+    let failed = !matches!(outcome, RunOutcome::Succeeded | RunOutcome::Shutdown);
     let outcome = outcome.as_str();
     let duration_ms = ms(duration);
     // The same fields under two names and levels: tracing needs each
@@ -660,7 +594,7 @@ pub fn stale_write_rejected(rec: &StaleRecord) {
 
 /// The trigger that keeps older fencecron binaries from applying their
 /// migrations again (on a kept `_sqlx_migrations`) could not be created.
-pub fn migration_guard_failed(guard: &str, error: &str) {
+fn migration_guard_failed(guard: &str, error: &str) {
     warn!(
         event = "migration_guard_failed",
         error,
@@ -695,97 +629,73 @@ pub fn store_unavailable(
 /// The store answered again for `job` (or for the `operation` of a call
 /// without a job) after `failures` failed calls over `took`: the outage
 /// [`store_unavailable`] began is over.
-fn store_available(job: Option<&str>, operation: Option<&str>, failures: u64, took: Duration) {
+fn store_available(ended: &Ended) {
     info!(
         event = "store_available",
-        job,
-        operation,
-        failures,
-        duration_ms = ms(took),
+        job = ended.job.as_deref(),
+        operation = ended.operation.as_deref(),
+        failures = ended.failures,
+        duration_ms = ms(ended.took),
         "store available again"
     );
 }
 
-/// The store outages in progress, as one store handle's users see them
-/// (each daemon, `exec` and the proxy open their own): one per job, and
-/// one per operation for calls made for no job. The first failure of an
-/// outage is logged at WARN, the rest at DEBUG and counted; the outage
-/// ends, with one `store_available`, when the store answers a call for
-/// that job ([`Outages::answered`]: an acquire, claim, renewal, finish or
-/// release) or any call that proves it reachable for all
-/// ([`Outages::answered_all`]: the node heartbeat, every 5 s, the trigger
-/// poll and the proxy's `admit`). Metrics are not affected: the store's
-/// failure counters count every call.
-#[derive(Debug, Default)]
-pub struct Outages(std::sync::Mutex<std::collections::HashMap<OutageKey, Outage>>);
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-enum OutageKey {
-    Job(String),
-    Operation(String),
+/// The store answered a call for `job`: logs the end of its outage, if it
+/// was in one ([`Outages::answered`]).
+pub fn store_answered(outages: &Outages, job: &str) {
+    if let Some(ended) = outages.answered(job) {
+        store_available(&ended);
+    }
 }
 
-#[derive(Debug)]
-struct Outage {
-    failures: u64,
-    since: tokio::time::Instant,
-}
-
-impl Outages {
-    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<OutageKey, Outage>> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Counts a failure; true if it begins an outage.
-    fn failed(&self, operation: &str, job: Option<&str>) -> bool {
-        let key = match job {
-            Some(job) => OutageKey::Job(job.to_string()),
-            None => OutageKey::Operation(operation.to_string()),
-        };
-        let mut open = self.lock();
-        let outage = open.entry(key).or_insert(Outage {
-            failures: 0,
-            since: tokio::time::Instant::now(),
-        });
-        outage.failures += 1;
-        outage.failures == 1
-    }
-
-    /// The store answered a call for `job`: its outage, if any, is over.
-    pub fn answered(&self, job: &str) {
-        let ended = self.lock().remove(&OutageKey::Job(job.to_string()));
-        if let Some(o) = ended {
-            store_available(Some(job), None, o.failures, o.since.elapsed());
-        }
-    }
-
-    /// The store answered a call that shows it reachable: every outage is
-    /// over.
-    pub fn answered_all(&self) {
-        let ended: Vec<_> = self.lock().drain().collect();
-        for (key, o) in ended {
-            match key {
-                OutageKey::Job(job) => {
-                    store_available(Some(&job), None, o.failures, o.since.elapsed())
-                }
-                OutageKey::Operation(op) => {
-                    store_available(None, Some(&op), o.failures, o.since.elapsed())
-                }
-            }
-        }
+/// The store answered a call that shows it reachable for all: logs the end
+/// of every outage ([`Outages::answered_all`]).
+pub fn store_answered_all(outages: &Outages) {
+    for ended in outages.answered_all() {
+        store_available(&ended);
     }
 }
 
 /// A SQLite connection came back to the pool still inside a transaction
 /// (after an error in a write transaction) and was closed instead of being
 /// reused; the next call opens a fresh one.
-pub fn store_connection_discarded(sqlite_autocommit: bool, sqlx_in_transaction: bool) {
+fn store_connection_discarded(sqlite_autocommit: bool, sqlx_in_transaction: bool) {
     warn!(
         event = "store_connection_discarded",
         sqlite_autocommit,
         sqlx_in_transaction,
         "closed a SQLite connection left inside a failed transaction"
     );
+}
+
+/// The hook every store is opened with ([`crate::store::OpenOptions::hook`]):
+/// what the store noticed becomes its event, and with `metrics` (the daemon
+/// with `[http]`) every call moves the store metrics and `/readyz`.
+pub fn store_hook(metrics: bool) -> Arc<dyn StoreHook> {
+    Arc::new(StoreEvents { metrics })
+}
+
+/// See [`store_hook`].
+struct StoreEvents {
+    metrics: bool,
+}
+
+impl StoreHook for StoreEvents {
+    fn called(&self, operation: &'static str, took: Duration, end: CallEnd) {
+        if self.metrics {
+            crate::metrics::store_call(operation, took, end.answered());
+        }
+    }
+
+    fn noticed(&self, notice: Notice<'_>) {
+        match notice {
+            Notice::MigrationGuardFailed { guard, error } => migration_guard_failed(guard, error),
+            Notice::ConnectionDiscarded {
+                sqlite_autocommit,
+                sqlx_in_transaction,
+            } => store_connection_discarded(sqlite_autocommit, sqlx_in_transaction),
+        }
+    }
 }
 
 /// A stale-owner record could not be stored (it is still logged).
@@ -930,18 +840,30 @@ pub fn config_ignored(key: &str, detail: &str) {
     );
 }
 
+/// A run an earlier daemon process on this node left behind, as
+/// [`run_recovered`] names it (`runs::RunRecord::left`).
+#[derive(Debug, Clone, Copy)]
+pub struct LeftRun<'a> {
+    pub job: &'a str,
+    pub resource: &'a str,
+    pub owner_id: OwnerId,
+    pub token: Token,
+    /// The job's process group.
+    pub pid: u32,
+}
+
 /// A run left behind by an earlier daemon process on this node was dealt
 /// with at start-up: `outcome` is `released` (provably dead; its lease given
 /// back), `already_ended` (the store no longer held it for that run) or
 /// `still_alive` (left to expire by itself).
-pub fn run_recovered(rec: &crate::runs::RunRecord, node: &str, outcome: &str, detail: &str) {
+pub fn run_recovered(rec: &LeftRun<'_>, node: &str, outcome: &str, detail: &str) {
     warn!(
         event = "run_recovered",
         job = %rec.job,
         resource = %rec.resource,
         owner_id = %rec.owner_id,
         token = rec.token,
-        pid = rec.pgid,
+        pid = rec.pid,
         node,
         outcome,
         detail,
@@ -1000,4 +922,34 @@ pub fn config_drift_resolved(job: &str, jobs_in_drift: usize) {
         event = "config_drift_resolved",
         job, "the live nodes agree about the job again"
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What the store tells its hook reaches the log as the events
+    /// docs/events.md lists, with their fields.
+    #[test]
+    fn the_store_hook_logs_notices_as_their_events() {
+        let (events, _guard) = crate::testing::events::Captured::start();
+        let hook = store_hook(false);
+        hook.noticed(Notice::MigrationGuardFailed {
+            guard: "fencecron_legacy_guard",
+            error: "no trigger for you",
+        });
+        hook.noticed(Notice::ConnectionDiscarded {
+            sqlite_autocommit: false,
+            sqlx_in_transaction: true,
+        });
+        let guard = events.named("migration_guard_failed");
+        assert_eq!(guard.len(), 1);
+        assert_eq!(guard[0].level, tracing::Level::WARN);
+        assert_eq!(guard[0].get("error"), "no trigger for you");
+        let discarded = events.named("store_connection_discarded");
+        assert_eq!(discarded.len(), 1);
+        assert_eq!(discarded[0].level, tracing::Level::WARN);
+        assert_eq!(discarded[0].get("sqlite_autocommit"), "false");
+        assert_eq!(discarded[0].get("sqlx_in_transaction"), "true");
+    }
 }

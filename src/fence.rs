@@ -147,8 +147,8 @@ pub fn record_in_background(store: Arc<dyn Store>, rec: PendingRecord) -> JoinHa
             let e = match store.record_stale(&new).await {
                 Ok(_) => {
                     match rec.job.as_deref() {
-                        Some(job) => store.outages().answered(job),
-                        None => store.outages().answered_all(),
+                        Some(job) => events::store_answered(store.outages(), job),
+                        None => events::store_answered_all(store.outages()),
                     }
                     return;
                 }

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use fencecron::cli::Cli;
-use fencecron::{commands, events, output};
+use fencecron::{commands, output};
 
 fn main() -> ExitCode {
     // The run watchdog is this binary too; it must start with no runtime,
@@ -33,7 +33,7 @@ fn main() -> ExitCode {
             return ExitCode::from(fencecron::error::EXIT_USAGE);
         }
     };
-    events::init(cli.log_format, cli.quiet());
+    fencecron::logging::init(cli.log_format, cli.quiet());
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

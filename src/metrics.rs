@@ -1,7 +1,7 @@
 //! Prometheus metrics and the health of the daemon, served over HTTP when
 //! the config asks for it (`[http] listen = "127.0.0.1:9464"`).
 //!
-//! Every metric moves where its event is logged ([`crate::events`] calls in
+//! Every metric moves where its event is logged (`events.rs` calls in
 //! here), so the log and the metrics say the same thing; scraping reads
 //! atomics only and never queries the store. `/livez` answers from the
 //! scheduler loop's last turn, `/readyz` from the last store call's result.
@@ -25,15 +25,6 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::{Registry, Unit};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
-
-use crate::domain::RunOutcome as Outcome;
-use crate::names::Name;
-use crate::store::{
-    AcquireOutcome, AcquireRequest, AdmitOutcome, AdmitRequest, Backend, ClaimOutcome,
-    ClaimRequest, EpochInfo, LeaseInfo, NewStaleRecord, NodeBeat, NodeInfo, OwnerId, PauseInfo,
-    PublishedJob, PutOutcome, PutRequest, ReleaseOutcome, RenewOutcome, RunEnd, RunInfo, RunQuery,
-    StaleRecord, Store, StoreError, StoreTime, StoreUrl, StoredValue, Token, TriggerInfo, Unseen,
-};
 
 /// How long the scheduler loop may go without turning before `/livez` says
 /// 503: it turns at least every 30 s (its longest sleep), so three times
@@ -224,18 +215,18 @@ impl Metrics {
         }
     }
 
-    fn run_finished(&self, name: &str, outcome: Outcome, took: Duration) {
+    fn run_finished(&self, name: &str, outcome: &str, took: Duration) {
         self.running.get_or_create(&job(name)).dec();
         self.runs
             .get_or_create(&JobOutcome {
                 job: name.to_string(),
-                outcome: outcome.as_str().to_string(),
+                outcome: outcome.to_string(),
             })
             .inc();
         self.duration
             .get_or_create(&job(name))
             .observe(took.as_secs_f64());
-        if outcome == Outcome::Succeeded {
+        if outcome == SUCCEEDED {
             let now = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .unwrap_or_default();
@@ -273,8 +264,12 @@ pub fn run_started(name: &str, lateness: Option<Duration>) {
     global().run_started(name, lateness);
 }
 
-/// A run ended with `outcome` after `took`.
-pub fn run_finished(name: &str, outcome: Outcome, took: Duration) {
+/// The outcome of a run that succeeded (`domain::RunOutcome::Succeeded`):
+/// what moves `fencecron_job_last_success_timestamp_seconds`.
+pub const SUCCEEDED: &str = "succeeded";
+
+/// A run ended with `outcome` (as `job_finished` names it) after `took`.
+pub fn run_finished(name: &str, outcome: &str, took: Duration) {
     global().run_finished(name, outcome, took);
 }
 
@@ -306,7 +301,8 @@ pub fn config_drift_jobs(n: usize) {
         .set(i64::try_from(n).unwrap_or(i64::MAX));
 }
 
-/// A store call ended: its latency, and whether the store answered.
+/// A store call ended: its latency, and whether the store answered (the
+/// store's hook, `events::store_hook`, with `[http]`).
 pub fn store_call(operation: &str, took: Duration, answered: bool) {
     global().store_call(operation, took, answered);
 }
@@ -325,7 +321,7 @@ pub fn cost_per_occurrence(rounds: u32) -> Duration {
         m.run_started(name, Some(Duration::from_millis(3)));
         m.store_call("renew", Duration::from_micros(200), true);
         m.store_call("renew", Duration::from_micros(200), true);
-        m.run_finished(name, Outcome::Succeeded, Duration::from_millis(40));
+        m.run_finished(name, SUCCEEDED, Duration::from_millis(40));
         m.store_call("release", Duration::from_micros(200), true);
         m.occurrence_skipped(name, "held");
     }
@@ -415,265 +411,5 @@ async fn answer(
             "not found; try /metrics, /livez or /readyz\n".into(),
             PLAIN,
         ),
-    }
-}
-
-/// A store whose every call is timed and counted (`fencecron_store_*`) and
-/// whose answers keep `/readyz` current. The daemon's store is wrapped in
-/// one when `[http]` is set.
-pub struct Observed {
-    inner: std::sync::Arc<dyn Store>,
-}
-
-impl Observed {
-    pub fn wrap(inner: std::sync::Arc<dyn Store>) -> std::sync::Arc<dyn Store> {
-        std::sync::Arc::new(Observed { inner })
-    }
-}
-
-/// Times `call` as `operation`.
-async fn observe<T>(
-    operation: &str,
-    call: impl std::future::Future<Output = Result<T, StoreError>>,
-) -> Result<T, StoreError> {
-    let started = std::time::Instant::now();
-    let result = call.await;
-    store_call(operation, started.elapsed(), result.is_ok());
-    result
-}
-
-#[async_trait::async_trait]
-impl Store for Observed {
-    fn backend(&self) -> Backend {
-        self.inner.backend()
-    }
-
-    fn url(&self) -> &StoreUrl {
-        self.inner.url()
-    }
-
-    fn outages(&self) -> &crate::events::Outages {
-        self.inner.outages()
-    }
-
-    async fn migrate(&self) -> Result<(), StoreError> {
-        observe("migrate", self.inner.migrate()).await
-    }
-
-    async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<AcquireOutcome, StoreError> {
-        observe("acquire", self.inner.acquire(req)).await
-    }
-
-    async fn renew(
-        &self,
-        resource: &Name,
-        owner_id: OwnerId,
-        token: Token,
-        lease: Duration,
-    ) -> Result<RenewOutcome, StoreError> {
-        observe("renew", self.inner.renew(resource, owner_id, token, lease)).await
-    }
-
-    async fn release(
-        &self,
-        resource: &Name,
-        owner_id: OwnerId,
-        token: Token,
-    ) -> Result<ReleaseOutcome, StoreError> {
-        observe("release", self.inner.release(resource, owner_id, token)).await
-    }
-
-    async fn claim(&self, req: &ClaimRequest<'_>) -> Result<Option<ClaimOutcome>, StoreError> {
-        observe("claim", self.inner.claim(req)).await
-    }
-
-    fn claims(&self) -> bool {
-        self.inner.claims()
-    }
-
-    async fn preempt(
-        &self,
-        resource: &Name,
-        token: Token,
-        occurrence: StoreTime,
-    ) -> Result<bool, StoreError> {
-        observe("preempt", self.inner.preempt(resource, token, occurrence)).await
-    }
-
-    async fn give_back(
-        &self,
-        resource: &Name,
-        owner_id: OwnerId,
-        token: Option<Token>,
-        occurrence: StoreTime,
-    ) -> Result<ReleaseOutcome, StoreError> {
-        observe(
-            "give_back",
-            self.inner.give_back(resource, owner_id, token, occurrence),
-        )
-        .await
-    }
-
-    async fn finish_and_release(
-        &self,
-        resource: &Name,
-        owner_id: OwnerId,
-        end: &RunEnd<'_>,
-    ) -> Result<(bool, ReleaseOutcome), StoreError> {
-        observe(
-            "finish_and_release",
-            self.inner.finish_and_release(resource, owner_id, end),
-        )
-        .await
-    }
-
-    async fn give_back_unseen(&self, items: &[Unseen<'_>]) -> Result<Vec<bool>, StoreError> {
-        observe("give_back_unseen", self.inner.give_back_unseen(items)).await
-    }
-
-    async fn list(&self) -> Result<Vec<LeaseInfo>, StoreError> {
-        observe("list", self.inner.list()).await
-    }
-
-    async fn put(&self, req: &PutRequest<'_>) -> Result<PutOutcome, StoreError> {
-        observe("put", self.inner.put(req)).await
-    }
-
-    async fn get(&self, resource: &Name, key: &Name) -> Result<Option<StoredValue>, StoreError> {
-        observe("get", self.inner.get(resource, key)).await
-    }
-
-    async fn record_stale(&self, rec: &NewStaleRecord<'_>) -> Result<StaleRecord, StoreError> {
-        observe("record_stale", self.inner.record_stale(rec)).await
-    }
-
-    async fn admit(&self, req: &AdmitRequest<'_>) -> Result<AdmitOutcome, StoreError> {
-        observe("admit", self.inner.admit(req)).await
-    }
-
-    async fn stale(&self, since: Option<StoreTime>) -> Result<Vec<StaleRecord>, StoreError> {
-        observe("stale", self.inner.stale(since)).await
-    }
-
-    async fn now(&self) -> Result<StoreTime, StoreError> {
-        observe("now", self.inner.now()).await
-    }
-
-    async fn epoch(&self) -> Result<EpochInfo, StoreError> {
-        observe("epoch", self.inner.epoch()).await
-    }
-
-    async fn advance_epoch(&self) -> Result<EpochInfo, StoreError> {
-        observe("advance_epoch", self.inner.advance_epoch()).await
-    }
-
-    async fn finish_run(&self, end: &RunEnd<'_>) -> Result<bool, StoreError> {
-        observe("finish_run", self.inner.finish_run(end)).await
-    }
-
-    async fn runs(&self, q: &RunQuery<'_>) -> Result<Vec<RunInfo>, StoreError> {
-        observe("runs", self.inner.runs(q)).await
-    }
-
-    async fn prune_runs(&self, keep: u32, before: StoreTime) -> Result<u64, StoreError> {
-        observe("prune_runs", self.inner.prune_runs(keep, before)).await
-    }
-
-    async fn pause(
-        &self,
-        pause: &PauseInfo,
-        replace: bool,
-    ) -> Result<Option<PauseInfo>, StoreError> {
-        observe("pause", self.inner.pause(pause, replace)).await
-    }
-
-    async fn resume(&self, job: &str) -> Result<bool, StoreError> {
-        observe("resume", self.inner.resume(job)).await
-    }
-
-    async fn pauses(&self, now: StoreTime) -> Result<Vec<PauseInfo>, StoreError> {
-        observe("pauses", self.inner.pauses(now)).await
-    }
-
-    async fn request_trigger(&self, trigger: &TriggerInfo) -> Result<(), StoreError> {
-        observe("request_trigger", self.inner.request_trigger(trigger)).await
-    }
-
-    async fn trigger(&self, id: &str) -> Result<Option<TriggerInfo>, StoreError> {
-        observe("trigger", self.inner.trigger(id)).await
-    }
-
-    async fn pending_triggers(&self) -> Result<Vec<TriggerInfo>, StoreError> {
-        observe("pending_triggers", self.inner.pending_triggers()).await
-    }
-
-    async fn claim_trigger(&self, id: &str, node: &str) -> Result<bool, StoreError> {
-        observe("claim_trigger", self.inner.claim_trigger(id, node)).await
-    }
-
-    async fn settle_trigger(
-        &self,
-        id: &str,
-        state: crate::domain::TriggerState,
-        token: Option<Token>,
-        detail: Option<&str>,
-    ) -> Result<(), StoreError> {
-        observe(
-            "settle_trigger",
-            self.inner.settle_trigger(id, state, token, detail),
-        )
-        .await
-    }
-
-    async fn cancel_trigger(&self, id: &str) -> Result<bool, StoreError> {
-        observe("cancel_trigger", self.inner.cancel_trigger(id)).await
-    }
-
-    async fn prune_fleet(&self, before: StoreTime) -> Result<u64, StoreError> {
-        observe("prune_fleet", self.inner.prune_fleet(before)).await
-    }
-
-    async fn beat(&self, beat: &NodeBeat<'_>) -> Result<StoreTime, StoreError> {
-        observe("beat", self.inner.beat(beat)).await
-    }
-
-    async fn nodes(&self) -> Result<Vec<NodeInfo>, StoreError> {
-        observe("nodes", self.inner.nodes()).await
-    }
-
-    async fn publish_jobs(
-        &self,
-        node: &str,
-        jobs: &[(String, String, String)],
-    ) -> Result<(), StoreError> {
-        observe("publish_jobs", self.inner.publish_jobs(node, jobs)).await
-    }
-
-    async fn published_jobs(
-        &self,
-        node: &str,
-        definitions: bool,
-    ) -> Result<Vec<PublishedJob>, StoreError> {
-        observe(
-            "published_jobs",
-            self.inner.published_jobs(node, definitions),
-        )
-        .await
-    }
-
-    async fn forget(&self, resource: &Name, now: StoreTime) -> Result<Option<bool>, StoreError> {
-        observe("forget", self.inner.forget(resource, now)).await
-    }
-
-    async fn prune_stale(&self, before: StoreTime) -> Result<u64, StoreError> {
-        observe("prune_stale", self.inner.prune_stale(before)).await
-    }
-
-    async fn prune_values(&self, before: StoreTime) -> Result<u64, StoreError> {
-        observe("prune_values", self.inner.prune_values(before)).await
-    }
-
-    async fn prune_nodes(&self, before: StoreTime) -> Result<u64, StoreError> {
-        observe("prune_nodes", self.inner.prune_nodes(before)).await
     }
 }

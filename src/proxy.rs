@@ -380,7 +380,7 @@ impl Proxy {
         let admitted = self.store.admit(&req).await;
         if admitted.is_ok() {
             // The proxy's only calls: an answer ends its outage.
-            self.store.outages().answered_all();
+            events::store_answered_all(self.store.outages());
         }
         match admitted {
             Ok(AdmitOutcome::Admitted) => Ok(()),

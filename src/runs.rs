@@ -50,6 +50,17 @@ pub struct RunRecord {
 }
 
 impl RunRecord {
+    /// The record as `run_recovered` logs it.
+    pub fn left(&self) -> events::LeftRun<'_> {
+        events::LeftRun {
+            job: &self.job,
+            resource: &self.resource,
+            owner_id: self.owner_id,
+            token: self.token,
+            pid: self.pgid,
+        }
+    }
+
     /// The record of a run that has just started.
     pub fn new(
         job: &str,
@@ -185,7 +196,7 @@ async fn recover_one(
     while rec.might_be_alive() {
         if tokio::time::Instant::now() >= give_up {
             events::run_recovered(
-                &rec,
+                &rec.left(),
                 node,
                 "still_alive",
                 "a run of an earlier daemon process is still alive after a whole lease; its lease is left to expire",
@@ -204,12 +215,12 @@ async fn recover_one(
     loop {
         let released = store.release(&resource, rec.owner_id, rec.token).await;
         if released.is_ok() {
-            store.outages().answered(&rec.job);
+            events::store_answered(store.outages(), &rec.job);
         }
         match released {
             Ok(ReleaseOutcome::Released) => {
                 events::run_recovered(
-                    &rec,
+                    &rec.left(),
                     node,
                     "released",
                     "a run of an earlier daemon process on this node is dead; its lease was given back",
@@ -217,7 +228,7 @@ async fn recover_one(
                 break;
             }
             Ok(ReleaseOutcome::Refused(r)) => {
-                events::run_recovered(&rec, node, "already_ended", &r.to_string());
+                events::run_recovered(&rec.left(), node, "already_ended", &r.to_string());
                 break;
             }
             Err(e) => {

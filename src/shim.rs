@@ -65,26 +65,11 @@ pub const CTL_FD: RawFd = 3;
 /// The status pipe's write end in the shim.
 pub const STATUS_FD: RawFd = 4;
 
-/// `CLOCK_MONOTONIC` in nanoseconds, read with a direct system call: a
-/// libc-level clock fake (libfaketime) in one process must not move the
-/// deadlines that two processes share.
+/// `CLOCK_MONOTONIC` in nanoseconds, read without libc (rustix: the vDSO
+/// or the system call): a libc-level clock fake (libfaketime) in one
+/// process must not move the deadlines that two processes share.
 pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes one timespec into the pointer we pass,
-    // which points to a live, properly aligned timespec.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_clock_gettime,
-            libc::CLOCK_MONOTONIC,
-            &mut ts as *mut libc::timespec,
-        )
-    };
-    if rc != 0 {
-        return 0;
-    }
+    let ts = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
     (ts.tv_sec as u64) * 1_000_000_000 + ts.tv_nsec as u64
 }
 

@@ -42,6 +42,7 @@ use uuid::Uuid;
 use crate::cli::{BenchArgs, Cli};
 use crate::domain::Stage;
 use crate::error::{Error, Exit, Result};
+use crate::events;
 use crate::names::Name;
 use crate::output::{self, Out};
 use crate::signals::Signals;
@@ -98,6 +99,7 @@ pub async fn run(cli: &Cli, args: &BenchArgs) -> Result<Exit> {
         &OpenOptions {
             max_connections: u32::try_from(args.clients).unwrap_or(u32::MAX),
             call_timeout: Duration::from_secs(30),
+            hook: Some(events::store_hook(false)),
         },
     )?;
     store.migrate().await?;

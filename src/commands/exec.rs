@@ -37,6 +37,7 @@ pub async fn run(cli: &Cli, args: &ExecArgs) -> Result<Exit> {
         .store(&OpenOptions {
             max_connections: 2,
             call_timeout: timing.renew_every.min(std::time::Duration::from_secs(10)),
+            ..OpenOptions::default()
         })
         .await?;
     let sent = Instant::now();

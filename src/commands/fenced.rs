@@ -9,9 +9,9 @@ use crate::cli::{Cli, GetArgs, PutArgs, StaleArgs};
 use crate::domain::{self, StaleReason};
 use crate::error::{Error, Exit, Result};
 use crate::fence;
+use crate::guard::GuardDb;
 use crate::names::Name;
 use crate::output::{self, Align, Out, Table};
-use crate::store::guard::GuardDb;
 use crate::store::{OpenOptions, OwnerId, PutOutcome, PutRequest, RejectReason, StoreTime};
 
 use super::{owner_id_arg, print_json, Context};

@@ -1,14 +1,14 @@
 //! `fencecron guard install|ddl|record`: the SQL guard in a job's own
-//! database (see [`crate::store::guard`]). None of these touches
+//! database (see [`crate::guard`]). None of these touches
 //! fencecron's store or needs a config: the database is named by `--db`.
 
 use crate::cli::{GuardBackend, GuardCommand};
 use crate::error::{Error, Exit, Result};
 use crate::events;
 use crate::fence;
+use crate::guard::{self, GuardDb, GuardReport, Recorded};
 use crate::names::Name;
 use crate::output::{self, Out};
-use crate::store::guard::{self, GuardDb, GuardReport, Recorded};
 use crate::store::{Backend, StoreUrl};
 
 use super::print_json;

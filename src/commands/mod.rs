@@ -153,9 +153,18 @@ impl Context {
     }
 
     /// Opens the store and applies migrations (every command does, so any
-    /// command works on a fresh database).
+    /// command works on a fresh database). What the store notices is logged
+    /// ([`events::store_hook`]) unless `opts` brings a hook of its own.
     pub async fn store(&self, opts: &OpenOptions) -> Result<Arc<dyn Store>> {
-        let s = store::open(&self.store_url, opts)?;
+        let opts = OpenOptions {
+            hook: Some(
+                opts.hook
+                    .clone()
+                    .unwrap_or_else(|| events::store_hook(false)),
+            ),
+            ..opts.clone()
+        };
+        let s = store::open(&self.store_url, &opts)?;
         s.migrate().await?;
         Ok(s)
     }

@@ -32,6 +32,7 @@ pub async fn run(cli: &Cli, args: &ProxyArgs) -> Result<Exit> {
         .store(&OpenOptions {
             max_connections: STORE_CONNECTIONS,
             call_timeout: CHECK_TIMEOUT,
+            ..OpenOptions::default()
         })
         .await?;
     let listener = proxy::bind(args.listen).await.map_err(Error::Runtime)?;

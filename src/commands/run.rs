@@ -17,7 +17,7 @@ use crate::events;
 use crate::metrics;
 use crate::runs::RunRecords;
 use crate::signals::{Received, Signals};
-use crate::store::{self, StoreUrl};
+use crate::store::{self, OpenOptions, StoreUrl};
 
 use super::Context;
 
@@ -50,15 +50,19 @@ pub async fn run(cli: &Cli, node_flag: Option<String>) -> Result<Exit> {
     .map_err(|m| Error::Usage(format!("--node-id: {m}")))?;
 
     let signals = Signals::stop_and_hangup()?;
-    let mut store = store::open(
+    // With `[http]`, the store's hook also times every call (metrics and
+    // `/readyz`).
+    let store = store::open(
         &ctx.store_url,
-        &daemon::store_options(config.store_max_connections),
+        &OpenOptions {
+            hook: Some(events::store_hook(config.http_listen.is_some())),
+            ..daemon::store_options(config.store_max_connections)
+        },
     )?;
     // `[http]`: metrics and health, served until the daemon has stopped.
     let http_stop = tokio_util::sync::CancellationToken::new();
     if let Some(addr) = config.http_listen {
         let listener = metrics::bind(addr).await.map_err(Error::Runtime)?;
-        store = metrics::Observed::wrap(store);
         tokio::spawn(metrics::serve(listener, http_stop.clone()));
     }
     let records = match RunRecords::open(node.as_str(), &ctx.store_url) {

@@ -1,48 +1,60 @@
-//! Batch claims: the scheduled occurrences this node fires at one instant,
-//! claimed in one store operation where the store can ([`Store::claims`],
-//! every backend but the in-process test store), instead of one acquire each.
+//! Batch claims, the daemon's first attempt at every scheduled occurrence:
+//! the occurrences this node fires at one instant, claimed in one store
+//! operation ([`Store::claim`](crate::store::Store::claim), every store)
+//! instead of one acquire each. [`claim`] is the one entry of an
+//! occurrence: it turns the claim's answer into one [`Decision`] per
+//! occurrence, which [`Occurrence::run_entered`] follows.
 //!
 //! The flow, for the occurrences of one instant ([`claim`]):
 //!
-//! * each enters the node's running set (or skips `held`, as alone);
-//!   `overlap = "replace"` jobs go their own way (they may have to end an
-//!   earlier run first);
+//! * each enters the node's running set (or skips `held`, as alone), and
+//!   one past its `starting_deadline` is skipped without asking the store;
+//!   `overlap = "replace"` jobs are not claimed (they may have to end an
+//!   earlier run first, which only the single acquire does):
+//!   [`Undecided::Replace`];
 //! * the node takes up to that many places of its capacity; with none free
 //!   it claims nothing, and every occurrence waits for a place on its own
-//!   ([`Occurrence::run_entered`]);
-//! * one [`Store::claim`] of all of them, in the node's order, winning at
-//!   most the places it holds and at most its share of the live nodes, and
-//!   skipping rows another node is claiming;
+//!   ([`Undecided::AtCapacity`]);
+//! * one claim of all of them, in the node's order, winning at most the
+//!   places it holds and at most its share of the live nodes, and skipping
+//!   rows another node is claiming;
 //! * a win runs as if its single acquire had won (same owner id, same
-//!   `sent`); a loss ends the occurrence as a losing acquire would; what
-//!   the claim leaves to the single acquire (no row yet, paused, a clock
-//!   ahead or behind) goes through [`Occurrence::run_entered`];
+//!   `sent`: [`Decision::Won`]); a loss ends the occurrence as a losing
+//!   acquire would ([`Decision::Lost`]); what the claim leaves to the
+//!   single acquire (no row yet, paused, a clock ahead or behind) is
+//!   [`Undecided::Asked`];
 //! * a skipped row means another claimer took or is taking it, unless this
 //!   claim stopped at its share with rows still free: then, after
 //!   [`SECOND_ROUND_AFTER`] (when the other nodes have claimed theirs), one
 //!   more claim without the share takes what nobody took;
-//! * a claim that fails or has not answered by the earliest give-up time
-//!   counts as each occurrence's first failed attempt (`store_unavailable`
-//!   for `acquire`, with the retry): every occurrence then competes on its
-//!   own under the same owner id, so a claim that committed unseen is
-//!   adopted by the retry or given back by its sweep, as for an unanswered
-//!   single acquire. A drain lets a claim in flight answer and runs its
-//!   wins (the other nodes lost those instants), but makes no second round.
-//!   At a stop a claim still in flight finishes in the background and gives
-//!   back what it won.
+//! * a claim that fails is each occurrence's first failed attempt
+//!   ([`Undecided::Failed`]: `store_unavailable` for `acquire`, with the
+//!   retry): every occurrence then competes on its own under the same owner
+//!   id, so a claim that committed unseen is adopted by the retry or given
+//!   back by its sweep, as for an unanswered single acquire. Each
+//!   occurrence waits for the answer until its own give-up time (then ends
+//!   as an unanswered acquire); the claim itself is never dropped: a late
+//!   answer's wins go back ([`Supervisor::give_back_unused`]). A drain lets
+//!   a claim in flight answer and runs its wins (the other nodes lost those
+//!   instants), but makes no second round. At a stop a claim still in
+//!   flight finishes in the background and gives back what it won.
+//!
+//! [`Supervisor::give_back_unused`]: crate::supervise::Supervisor::give_back_unused
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use super::occurrence::{give_back_unused, Ending, Occurrence, RunningGuard, Slot};
+use super::occurrence::{
+    give_back_late, Decision, Ending, Occurrence, RunningGuard, Slot, Undecided,
+};
 use super::{ensure_ready, sweep, Shared};
 use crate::config::Overlap;
 use crate::events;
-use crate::fence;
 use crate::store::{
-    AcquireOutcome, ClaimItem, ClaimOutcome, ClaimRequest, Claimed, OwnerId, StoreError, StoreTime,
+    ClaimItem, ClaimOutcome, ClaimRequest, Claimed, OwnerId, StoreError, StoreTime,
 };
 
 /// How long a claim that stopped at its share waits before it takes what
@@ -56,57 +68,126 @@ type ClaimJob = (
     chrono::DateTime<chrono::Utc>,
 );
 
-/// One occurrence in a claim: in the running set, its owner id chosen.
+/// One occurrence in a claim: in the running set, its owner id chosen;
+/// `index` is its place among the instant's occurrences.
 struct Entered {
+    index: usize,
     occurrence: Occurrence,
     guard: RunningGuard,
     owner_id: OwnerId,
 }
 
-/// Claims and runs the occurrences of one instant (see the module docs).
-pub(super) async fn claim(shared: Shared, due: Vec<Occurrence>) {
+/// How the occurrences of one instant ended, in the order they were due:
+/// those that ended in the claim's own task, and the tasks of those that
+/// went on.
+struct Endings {
+    ended: Vec<Option<Ending>>,
+    going: Vec<(usize, JoinHandle<Ending>)>,
+}
+
+impl Endings {
+    fn new(n: usize) -> Endings {
+        Endings {
+            ended: vec![None; n],
+            going: Vec::new(),
+        }
+    }
+
+    /// The occurrence at `index` ended here.
+    fn ended(&mut self, index: usize, ending: Ending) {
+        self.ended[index] = Some(ending);
+    }
+
+    /// The occurrence goes on, as its claim decided, in a task of its own.
+    fn decided(&mut self, shared: &Shared, e: Entered, decision: Decision) {
+        let task = e.occurrence.run_entered(e.guard, e.owner_id, decision);
+        self.going.push((e.index, shared.tracker.spawn(task)));
+    }
+
+    /// Every occurrence's ending, once each has ended.
+    async fn all(mut self) -> Vec<Ending> {
+        for (index, task) in std::mem::take(&mut self.going) {
+            // A task that panicked ended nothing worth reporting here.
+            if let Ok(ending) = task.await {
+                self.ended[index] = Some(ending);
+            }
+        }
+        self.ended.into_iter().flatten().collect()
+    }
+}
+
+/// Claims and runs the occurrences of one instant (see the module docs);
+/// returns how each ended, in order, once every one has.
+pub(super) async fn claim(shared: Shared, due: Vec<Occurrence>) -> Vec<Ending> {
+    let mut out = Endings::new(due.len());
     if shared.draining.is_cancelled() {
         // Fired just before the drain began: competed for by nobody here.
-        return;
+        for index in 0..due.len() {
+            out.ended(index, Ending::Stopped);
+        }
+        return out.all().await;
     }
     let mut entered = Vec::with_capacity(due.len());
-    for occurrence in due {
-        if occurrence.job.overlap == Overlap::Replace {
-            shared.tracker.spawn(occurrence.run());
+    for (index, occurrence) in due.into_iter().enumerate() {
+        let Some(guard) = occurrence.enter() else {
+            out.ended(index, Ending::Skipped(crate::events::SkipReason::Held));
+            continue;
+        };
+        if let Some(ending) = occurrence.past_deadline_now() {
+            out.ended(index, ending);
             continue;
         }
-        if let Some(guard) = occurrence.enter() {
-            entered.push(Entered {
-                occurrence,
-                guard,
-                owner_id: OwnerId::fresh(),
-            });
+        let e = Entered {
+            index,
+            occurrence,
+            guard,
+            // One owner id for every attempt at this occurrence on this
+            // node: an attempt that timed out here may still have won in
+            // the store, and the next attempt then adopts that win instead
+            // of finding its own occurrence taken (see
+            // `AcquireRequest::owner_id`).
+            owner_id: OwnerId::fresh(),
+        };
+        if e.occurrence.job.overlap == Overlap::Replace {
+            out.decided(&shared, e, Decision::Undecided(Undecided::Replace));
+            continue;
         }
+        entered.push(e);
     }
     let slots = take_slots(&shared, entered.len());
     if slots.is_empty() {
         // At capacity: no claim; each waits for a place and competes alone.
-        alone(&shared, entered, None);
-        return;
+        for e in entered {
+            out.decided(&shared, e, Decision::Undecided(Undecided::AtCapacity));
+        }
+        return out.all().await;
     }
-    let left = round(&shared, entered, slots, true).await;
+    let left = round(&shared, &mut out, entered, slots, true).await;
     if left.is_empty() {
-        return;
+        return out.all().await;
     }
     tokio::select! {
         _ = tokio::time::sleep(SECOND_ROUND_AFTER) => {}
         // Draining: what the other nodes left is theirs to take.
-        _ = shared.draining.cancelled() => return,
+        _ = shared.draining.cancelled() => {
+            for e in left {
+                out.ended(e.index, Ending::Stopped);
+            }
+            return out.all().await;
+        }
     }
     let slots = take_slots(&shared, left.len());
     if slots.is_empty() {
-        alone(&shared, left, None);
-        return;
+        for e in left {
+            out.decided(&shared, e, Decision::Undecided(Undecided::AtCapacity));
+        }
+        return out.all().await;
     }
-    let skipped = round(&shared, left, slots, false).await;
+    let skipped = round(&shared, &mut out, left, slots, false).await;
     for e in skipped {
-        taken(&e);
+        out.ended(e.index, taken(&e));
     }
+    out.all().await
 }
 
 /// Up to `n` free places of the node's capacity (`n` without a limit).
@@ -116,29 +197,17 @@ fn take_slots(shared: &Shared, n: usize) -> Vec<Slot> {
         .collect()
 }
 
-/// Each occurrence competes on its own, under its owner id; after a claim
-/// that failed or went unanswered (`failed`: why, and when it was sent), as
-/// after a single acquire that did: retried with back-off, a late win
-/// adopted or swept.
-fn alone(shared: &Shared, entered: Vec<Entered>, failed: Option<(String, Instant)>) {
-    for e in entered {
-        let first = failed.clone().map(|(why, sent)| (Err(why), sent));
-        shared
-            .tracker
-            .spawn(e.occurrence.run_entered(e.guard, None, e.owner_id, first));
-    }
-}
-
 /// Another node took the occurrence, or is taking it.
-fn taken(e: &Entered) {
+fn taken(e: &Entered) -> Ending {
     events::occurrence_taken(
         e.occurrence.job.name.as_str(),
         &crate::store::rfc3339(e.occurrence.at),
     );
+    Ending::Taken
 }
 
-/// One claim of `entered`, winning at most `slots.len()`; starts what it
-/// won and settles what it lost. Returns the occurrences it skipped while
+/// One claim of `entered`, winning at most `slots.len()`; decides each
+/// occurrence (into `out`). Returns the occurrences it skipped while
 /// stopping at its share (`share`) with rows still free, for a second
 /// round; without `share` every skipped occurrence is returned.
 ///
@@ -149,6 +218,7 @@ fn taken(e: &Entered) {
 /// back. Only a claim that fails leaves wins unseen, to be swept.
 async fn round(
     shared: &Shared,
+    out: &mut Endings,
     entered: Vec<Entered>,
     mut slots: Vec<Slot>,
     share: bool,
@@ -195,32 +265,37 @@ async fn round(
                 for w in &mut waiting {
                     if let Some(e) = w.take_if(|e| e.occurrence.give_up().0 <= now) {
                         let (give_up, deadline) = e.occurrence.give_up();
-                        let _: Ending = e.occurrence.unanswered(give_up, deadline);
+                        out.ended(e.index, e.occurrence.unanswered(give_up, deadline));
                     }
                 }
             }
             _ = shared.shutdown.cancelled() => {
+                for e in waiting.into_iter().flatten() {
+                    out.ended(e.index, Ending::Stopped);
+                }
                 settle_late(shared, call, items);
                 return Vec::new();
             }
         }
     };
     let outcome = match answer {
-        Ok(Some(outcome)) => {
+        Ok(outcome) => {
             for (job, _, _) in &items {
-                store.outages().answered(job.name.as_str());
+                events::store_answered(store.outages(), job.name.as_str());
             }
             outcome
-        }
-        Ok(None) => {
-            alone(shared, waiting.into_iter().flatten().collect(), None);
-            return Vec::new();
         }
         Err(e) => {
             let gave_up = waiting.iter().zip(&items).filter(|(w, _)| w.is_none());
             sweep(shared, gave_up.map(|(_, item)| item));
-            let waiting = waiting.into_iter().flatten().collect();
-            alone(shared, waiting, Some((e.to_string(), sent)));
+            let error = Arc::new(e);
+            for e in waiting.into_iter().flatten() {
+                let why = Undecided::Failed {
+                    error: error.clone(),
+                    sent,
+                };
+                out.decided(shared, e, Decision::Undecided(why));
+            }
             return Vec::new();
         }
     };
@@ -237,32 +312,28 @@ async fn round(
         let Some(e) = w else {
             // Gave up before the answer came: a win goes back.
             if let Claimed::Won(lease) = claimed {
-                settle_won(&store, job, &lease, *at, &node).await;
+                give_back_late(shared, job, lease, *at);
             }
             continue;
         };
-        match claimed {
-            Claimed::Won(lease) => {
-                let slot = slots.pop().unwrap_or_default();
-                let first = Some((Ok(AcquireOutcome::Acquired(lease)), sent));
-                shared.tracker.spawn(e.occurrence.run_entered(
-                    e.guard,
-                    Some(slot),
-                    e.owner_id,
-                    first,
-                ));
+        let decision = match claimed {
+            Claimed::Won(lease) => Decision::Won {
+                lease,
+                sent,
+                slot: slots.pop().unwrap_or_default(),
+            },
+            Claimed::Lost(lost) => Decision::Lost(lost),
+            Claimed::Skipped if again || !share => {
+                left.push(e);
+                continue;
             }
-            Claimed::Lost(lost) => {
-                let _: Ending = e.occurrence.lost(lost);
+            Claimed::Skipped => {
+                out.ended(e.index, taken(&e));
+                continue;
             }
-            Claimed::Skipped if again || !share => left.push(e),
-            Claimed::Skipped => taken(&e),
-            Claimed::Ask => {
-                shared
-                    .tracker
-                    .spawn(e.occurrence.run_entered(e.guard, None, e.owner_id, None));
-            }
-        }
+            Claimed::Ask => Decision::Undecided(Undecided::Asked),
+        };
+        out.decided(shared, e, decision);
     }
     left
 }
@@ -288,7 +359,7 @@ async fn claim_call(
     items: Vec<ClaimJob>,
     limit: usize,
     share: bool,
-) -> Result<Option<ClaimOutcome>, StoreError> {
+) -> Result<ClaimOutcome, StoreError> {
     ensure_ready(&ready, store.as_ref()).await?;
     let items: Vec<ClaimItem<'_>> = items
         .iter()
@@ -317,38 +388,20 @@ async fn claim_call(
 /// nothing running under it; should it fail, sweep its owner ids.
 fn settle_late(
     shared: &Shared,
-    call: impl std::future::Future<Output = Result<Option<ClaimOutcome>, StoreError>> + Send + 'static,
+    call: impl std::future::Future<Output = Result<ClaimOutcome, StoreError>> + Send + 'static,
     items: Vec<ClaimJob>,
 ) {
-    let (store, node) = (
-        shared.supervisor.store().clone(),
-        shared.supervisor.node().to_string(),
-    );
     let shared = shared.clone();
     shared.tracker.clone().spawn(async move {
         match call.await {
-            Ok(Some(outcome)) => {
+            Ok(outcome) => {
                 for ((job, _, at), claimed) in items.iter().zip(outcome.items) {
                     if let Claimed::Won(lease) = claimed {
-                        settle_won(&store, job, &lease, *at, &node).await;
+                        give_back_late(&shared, job, lease, *at);
                     }
                 }
             }
-            Ok(None) => {}
             Err(_) => sweep(&shared, items.iter()),
         }
     });
-}
-
-/// A win nobody runs: logged as won, then given back with its occurrence.
-async fn settle_won(
-    store: &Arc<dyn crate::store::Store>,
-    job: &Arc<crate::config::Job>,
-    lease: &crate::store::Lease,
-    at: chrono::DateTime<chrono::Utc>,
-    node: &str,
-) {
-    events::lease_acquired(Some(job.name.as_str()), lease, node);
-    fence::taken_over(store, Some(job.name.as_str()), lease, node);
-    give_back_unused(store.as_ref(), job, lease, at).await;
 }

@@ -57,7 +57,7 @@ pub(super) async fn poll_triggers(shared: Shared, jobs: HashMap<String, Arc<Job>
     }
     let pending = match store.pending_triggers().await {
         Ok(p) => {
-            store.outages().answered_all();
+            events::store_answered_all(store.outages());
             p
         }
         Err(e) => {

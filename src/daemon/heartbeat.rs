@@ -205,7 +205,7 @@ impl Heartbeat {
         let now = match self.store.beat(&self.row(b, &set, state)).await {
             Ok(now) => {
                 // The store answers: every outage this daemon is in ends.
-                self.store.outages().answered_all();
+                events::store_answered_all(self.store.outages());
                 now
             }
             Err(e) => {

@@ -75,6 +75,7 @@ pub fn store_options(max_connections: Option<u32>) -> OpenOptions {
     OpenOptions {
         max_connections: max_connections.unwrap_or(DEFAULT_MAX_CONNECTIONS),
         call_timeout: CALL_TIMEOUT,
+        hook: None,
     }
 }
 

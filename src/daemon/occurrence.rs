@@ -1,16 +1,22 @@
 //! One scheduled occurrence on this node: compete for its lease, run the job
 //! if this node wins, and make sure a win nobody uses goes back.
 //!
-//! The policy, step by step ([`Occurrence::run`]):
+//! Every occurrence enters through its instant's batch claim
+//! ([`super::claim`]), which skips it at once when this node already
+//! acquires or runs the job, picks one owner id for every attempt at it
+//! (so that a retry *adopts* a win of an earlier attempt whose answer never
+//! came back), and decides it ([`Decision`]). The rest of the policy, step
+//! by step ([`Occurrence::run_entered`]):
 //!
-//! * skip at once when this node already acquires or runs the job;
-//! * pick one owner id for every attempt at the occurrence, so that a retry
-//!   *adopts* a win of an earlier attempt whose answer never came back;
+//! * a claim's win runs, its loss ends the occurrence; what it left
+//!   undecided ([`Undecided`]) waits for a place in the node's capacity and
+//!   competes with the single acquire, the claim's failure counting as its
+//!   first failed attempt;
 //! * retry a failing store with backoff until the occurrence is no longer
 //!   worth starting (the job's next instant, or a lease length after the
 //!   instant); an attempt still hanging then is abandoned, and should it
 //!   win after all, the lease is given back with its occurrence
-//!   ([`Occurrence::release_if_won`]);
+//!   ([`give_back_late`]);
 //! * a store whose clock is behind this host's (`NotYetDue`) is waited for,
 //!   up to [`MAX_CLOCK_AHEAD`]; a store already past the job's next instant
 //!   (`Superseded`) means this host's clock runs behind: skip;
@@ -37,13 +43,14 @@ use tokio::time::Instant;
 
 use super::{ensure_ready, hook, Shared};
 use crate::config::{Job, Overlap};
-use crate::events::{self, AbandonReason, Outcome, SkipReason};
+use crate::domain::RunOutcome;
+use crate::events::{self, AbandonReason, SkipReason};
 use crate::fence;
 use crate::store::{
-    rfc3339, AcquireOutcome, AcquireRequest, Lease, OwnerId, ReleaseOutcome, RunStart, StartedBy,
-    Store, StoreError, StoreTime,
+    rfc3339, AcquireOutcome, AcquireRequest, Lease, OwnerId, RunStart, StartedBy, Store,
+    StoreError, StoreTime,
 };
-use crate::supervise::{RunSpec, SuperviseError};
+use crate::supervise::{RunSpec, SuperviseError, Unused};
 
 /// How far ahead of the store's clock this host's clock may run before an
 /// occurrence is skipped instead of waited for.
@@ -63,6 +70,43 @@ pub(super) enum Ending {
     Taken,
     /// The daemon is stopping.
     Stopped,
+}
+
+/// What the instant's batch claim decided for one occurrence
+/// ([`super::claim`]); [`Occurrence::run_entered`] follows it.
+pub(super) enum Decision {
+    /// The claim won the lease (sent at `sent`, holding `slot`): the job
+    /// runs as if its single acquire had won.
+    Won {
+        lease: Lease,
+        sent: Instant,
+        slot: Slot,
+    },
+    /// Another owner holds the lease or took the occurrence (as a losing
+    /// acquire reports it).
+    Lost(AcquireOutcome),
+    /// The claim did not decide: the single acquire does, with its
+    /// retries, under the same owner id.
+    Undecided(Undecided),
+}
+
+/// Why the claim left an occurrence to the single acquire.
+#[derive(Debug)]
+pub(super) enum Undecided {
+    /// The store asked for it (no row yet, paused, a clock ahead or behind).
+    Asked,
+    /// `overlap = "replace"`: not claimed, since only the single acquire
+    /// ends an earlier run's lease.
+    Replace,
+    /// The node had no free place: nothing was claimed.
+    AtCapacity,
+    /// The claim sent at `sent` failed: the occurrence's first failed
+    /// attempt (it may have committed: the retry adopts, the sweep gives
+    /// back).
+    Failed {
+        error: Arc<StoreError>,
+        sent: Instant,
+    },
 }
 
 /// One scheduled occurrence on this node: compete, and run if we win.
@@ -118,8 +162,11 @@ impl Running {
 #[derive(Clone, Default)]
 pub(super) struct Capacity(Option<(Arc<Semaphore>, usize)>);
 
-/// A place in the node's capacity (nothing to hold without a limit).
-pub(super) type Slot = Option<OwnedSemaphorePermit>;
+/// A place in the node's capacity (holding nothing without a limit).
+#[derive(Default)]
+pub(super) struct Slot {
+    _permit: Option<OwnedSemaphorePermit>,
+}
 
 impl Capacity {
     pub(super) fn new(max_running: Option<u32>) -> Capacity {
@@ -134,17 +181,23 @@ impl Capacity {
     /// A slot if one is free now (always without a limit).
     pub(super) fn try_take(&self) -> Option<Slot> {
         match &self.0 {
-            None => Some(None),
-            Some((s, _)) => s.clone().try_acquire_owned().ok().map(Some),
+            None => Some(Slot::default()),
+            Some((s, _)) => s
+                .clone()
+                .try_acquire_owned()
+                .ok()
+                .map(|p| Slot { _permit: Some(p) }),
         }
     }
 
     /// Waits for a free slot (first come, first served).
     pub(super) async fn take(&self) -> Slot {
         match &self.0 {
-            None => None,
+            None => Slot::default(),
             // The semaphore is never closed.
-            Some((s, _)) => s.clone().acquire_owned().await.ok(),
+            Some((s, _)) => Slot {
+                _permit: s.clone().acquire_owned().await.ok(),
+            },
         }
     }
 }
@@ -175,20 +228,6 @@ impl Drop for RunningGuard {
 }
 
 impl Occurrence {
-    /// Competes for the occurrence and runs the job if this node wins;
-    /// returns how it ended here. Background work it leaves (an abandoned
-    /// attempt, a sweep) runs on the daemon's task tracker.
-    pub(super) async fn run(self) -> Ending {
-        let Some(guard) = self.enter() else {
-            return Ending::Skipped(SkipReason::Held);
-        };
-        // One owner id for every attempt at this occurrence on this node: an
-        // attempt that timed out here may still have won in the store, and
-        // the next attempt then adopts that win instead of finding its own
-        // occurrence taken (see `AcquireRequest::owner_id`).
-        self.run_entered(guard, None, OwnerId::fresh(), None).await
-    }
-
     /// Enters the job in the node's running set, or logs the skip (`held`)
     /// when an earlier occurrence of it is in progress here (unless
     /// `overlap = "replace"`: the new instant competes anyway, and the store
@@ -209,27 +248,31 @@ impl Occurrence {
         guard
     }
 
-    /// The rest of [`Occurrence::run`] once the job is in the running set:
-    /// a place in the capacity (`slot`, or waited for), then compete under
-    /// `owner_id`. `first` is the first attempt's answer when a batch claim
-    /// already made it ([`super::claim`]) or why that claim failed, with
-    /// when it was sent.
+    /// The occurrence once the job is in the running set, as its claim
+    /// decided (`owner_id`: the claim's): a win runs, a loss ends it;
+    /// undecided, it waits for a place in the capacity and competes under
+    /// `owner_id`. Returns how it ended here. Background work it leaves (an
+    /// abandoned attempt, a sweep) runs on the daemon's task tracker.
     pub(super) async fn run_entered(
         self,
         _guard: RunningGuard,
-        slot: Option<Slot>,
         owner_id: OwnerId,
-        first: Option<(Result<AcquireOutcome, String>, Instant)>,
+        decision: Decision,
     ) -> Ending {
-        let _slot = match slot {
-            Some(slot) => slot,
-            None => match self.slot().await {
-                Ok(slot) => slot,
-                Err(ending) => return ending,
-            },
+        let why = match decision {
+            Decision::Won { lease, sent, slot } => {
+                let _slot = slot;
+                return self.run_won(lease, sent).await;
+            }
+            Decision::Lost(lost) => return self.lost(lost),
+            Decision::Undecided(why) => why,
+        };
+        let _slot = match self.slot().await {
+            Ok(slot) => slot,
+            Err(ending) => return ending,
         };
         let mut unanswered = false;
-        let ending = self.compete(owner_id, first, &mut unanswered).await;
+        let ending = self.compete(owner_id, why, &mut unanswered).await;
         if ending != Ending::Won && unanswered {
             self.sweep(owner_id);
         }
@@ -248,15 +291,12 @@ impl Occurrence {
         self.shared.supervisor.node()
     }
 
-    /// Competes for the occurrence until it runs here, is decided elsewhere
-    /// or is given up. `unanswered` is set when an attempt ended without an
-    /// answer, so its statement may still win in the store.
-    async fn compete(
-        &self,
-        owner_id: OwnerId,
-        mut first: Option<(Result<AcquireOutcome, String>, Instant)>,
-        unanswered: &mut bool,
-    ) -> Ending {
+    /// Competes for the occurrence with the single acquire until it runs
+    /// here, is decided elsewhere or is given up; after a failed claim
+    /// (`why`), that failure is the first attempt. `unanswered` is set when
+    /// an attempt ended without an answer, so its statement may still win
+    /// in the store.
+    async fn compete(&self, owner_id: OwnerId, why: Undecided, unanswered: &mut bool) -> Ending {
         let job = &self.job;
         let name = self.name();
         let at = rfc3339(self.at);
@@ -264,7 +304,11 @@ impl Occurrence {
         // Retry a failing store until the occurrence is no longer worth
         // starting.
         let (mut give_up, deadline) = self.give_up();
-        if let Some(deadline) = deadline.filter(|_| first.is_none()) {
+        let mut failed_claim = match why {
+            Undecided::Failed { error, sent } => Some((error, sent)),
+            Undecided::Asked | Undecided::Replace | Undecided::AtCapacity => None,
+        };
+        if let Some(deadline) = deadline.filter(|_| failed_claim.is_none()) {
             if self.shared.clock.now() >= deadline {
                 return self.past_deadline(deadline);
             }
@@ -277,10 +321,9 @@ impl Occurrence {
             // then skips locally.
             let sent_wall = self.shared.clock.now();
             let give_up_in = (give_up - sent_wall).to_std().unwrap_or(Duration::ZERO);
-            let (outcome, sent) = if let Some((outcome, sent)) = first.take() {
-                // A batch claim's answer (received before the give-up
-                // time), or why it failed.
-                (outcome, sent)
+            let (outcome, sent) = if let Some((error, sent)) = failed_claim.take() {
+                // The batch claim failed before the give-up time.
+                (Err(error), sent)
             } else {
                 if self.shared.draining.is_cancelled() {
                     // Not even a claim: the other nodes take the instant
@@ -300,21 +343,21 @@ impl Occurrence {
                     r = &mut attempt => r,
                     _ = tokio::time::sleep_until(sent + give_up_in) => {
                         // Should the store time this call out, its statement may
-                        // still commit later, out of `release_if_won`'s sight.
+                        // still commit later, out of `give_back_if_won`'s sight.
                         *unanswered = true;
-                        self.release_if_won(attempt);
+                        self.give_back_if_won(attempt);
                         return self.unanswered(give_up, deadline);
                     }
                     _ = self.shared.shutdown.cancelled() => {
-                        self.release_if_won(attempt);
+                        self.give_back_if_won(attempt);
                         return Ending::Stopped;
                     }
                 };
-                (outcome.map_err(|e| e.to_string()), sent)
+                (outcome.map_err(Arc::new), sent)
             };
             if outcome.is_ok() {
                 // The store answered for this job: its outage, if any, ends.
-                self.store().outages().answered(name);
+                events::store_answered(self.store().outages(), name);
             }
             let wait = match outcome {
                 Ok(AcquireOutcome::Acquired(lease)) => return self.run_won(lease, sent).await,
@@ -451,6 +494,14 @@ impl Occurrence {
         }
     }
 
+    /// The occurrence fired after its `starting_deadline` (this daemon was
+    /// paused, say): skipped without asking the store.
+    pub(super) fn past_deadline_now(&self) -> Option<Ending> {
+        let (_, deadline) = self.give_up();
+        let deadline = deadline.filter(|d| self.shared.clock.now() >= *d)?;
+        Some(self.past_deadline(deadline))
+    }
+
     /// The occurrence was not started by its `starting_deadline`.
     fn past_deadline(&self, deadline: DateTime<Utc>) -> Ending {
         events::occurrence_skipped(
@@ -476,8 +527,8 @@ impl Occurrence {
             }
             attempt += 1;
             match self.retry(attempt).await {
-                Some(result) => failed = result,
-                None => break,
+                Retry::Ran(result) => failed = result,
+                Retry::Abandoned => break,
             }
         }
         if let Some(f) = failed {
@@ -489,9 +540,9 @@ impl Occurrence {
     /// Retry number `attempt` of a failed run: after its back-off, a new run
     /// under a fresh acquire (a new token, recorded as `retry`), unless it
     /// would start after the job's next instant is due (the store refuses
-    /// that too), the job is paused or held, or the store fails. `None`
-    /// when it did not run (`retry_abandoned` says why).
-    async fn retry(&self, attempt: u32) -> Option<Option<Failed>> {
+    /// that too), the job is paused or held, or the store fails
+    /// (`retry_abandoned` says why).
+    async fn retry(&self, attempt: u32) -> Retry {
         let (name, at) = (self.name(), rfc3339(self.at));
         let delay = self.job.retry.delay(attempt);
         let next = self.job.schedule.next_after(self.at);
@@ -504,14 +555,14 @@ impl Occurrence {
                 AbandonReason::NextInstant,
                 "it would start after the job's next instant is due",
             );
-            return None;
+            return Retry::Abandoned;
         }
         events::retry_scheduled(name, &at, attempt, delay);
         tokio::select! {
             _ = tokio::time::sleep(delay) => {}
             // A stopping node starts no new run; the failure stands (and
             // its `on_failure` hook runs).
-            _ = self.shared.draining.cancelled() => return None,
+            _ = self.shared.draining.cancelled() => return Retry::Abandoned,
         }
         let sent = Instant::now();
         let store = self.store();
@@ -532,7 +583,7 @@ impl Occurrence {
             .await;
         let (reason, detail) = match acquired {
             Ok(AcquireOutcome::Acquired(lease)) => {
-                return Some(
+                return Retry::Ran(
                     run_under_lease(&self.shared, &self.job, lease, sent, Some(self.at)).await,
                 )
             }
@@ -550,7 +601,7 @@ impl Occurrence {
             Err(e) => (AbandonReason::StoreUnavailable, e.to_string()),
         };
         events::retry_abandoned(name, &at, attempt, reason, &detail);
-        None
+        Retry::Abandoned
     }
 
     /// Another owner holds the lease or took the occurrence, or the job is
@@ -644,23 +695,16 @@ impl Occurrence {
 
     /// Lets an acquire this occurrence no longer waits for (given up, or the
     /// daemon is stopping) finish in the background, bounded by the store's
-    /// own time limit. Should it still win, the lease is given back at once,
-    /// and the occurrence with it: kept, the lease would block the job's
-    /// next instants on every node until it expired with no job running
-    /// under it, and the instant would count as taken although it ran
-    /// nowhere.
-    fn release_if_won(
+    /// own time limit; should it still win, the win goes back with its
+    /// occurrence ([`give_back_late`]).
+    fn give_back_if_won(
         &self,
         attempt: impl Future<Output = Result<AcquireOutcome, StoreError>> + Send + 'static,
     ) {
-        let (store, job) = (self.store().clone(), self.job.clone());
-        let node = self.node().to_string();
-        let at = self.at;
+        let (shared, job, at) = (self.shared.clone(), self.job.clone(), self.at);
         self.shared.tracker.spawn(async move {
             if let Ok(AcquireOutcome::Acquired(lease)) = attempt.await {
-                events::lease_acquired(Some(job.name.as_str()), &lease, &node);
-                fence::taken_over(&store, Some(job.name.as_str()), &lease, &node);
-                give_back_unused(store.as_ref(), &job, &lease, at).await;
+                give_back_late(&shared, &job, lease, at);
             }
         });
     }
@@ -741,37 +785,29 @@ async fn acquire_attempt(
     store.acquire(&req).await
 }
 
-/// Gives back a lease that was won too late to be used, and its occurrence
-/// with it (see [`Store::give_back`]).
-pub(super) async fn give_back_unused(
-    store: &dyn Store,
-    job: &Job,
-    lease: &Lease,
-    at: DateTime<Utc>,
-) {
-    match store
-        .give_back(
-            &job.resource,
-            lease.owner_id,
-            Some(lease.token),
-            StoreTime::from_utc(at),
-        )
-        .await
-    {
-        Ok(ReleaseOutcome::Released) => {
-            store.outages().answered(job.name.as_str());
-            events::lease_released(Some(job.name.as_str()), lease)
-        }
-        // Not ours any more (expired meanwhile): nothing to give back.
-        Ok(ReleaseOutcome::Refused(_)) => store.outages().answered(job.name.as_str()),
-        Err(e) => events::store_unavailable(
-            store.outages(),
-            "release",
-            Some(job.name.as_str()),
-            &e.to_string(),
-            None,
-        ),
-    }
+/// A win whose answer came after its occurrence stopped waiting for it
+/// (it gave up, or the daemon stopped): given back with its occurrence in
+/// the background ([`Supervisor::give_back_unused`], the one way a win
+/// nobody runs goes back), so that no lease is held with nothing running
+/// under it.
+///
+/// [`Supervisor::give_back_unused`]: crate::supervise::Supervisor::give_back_unused
+pub(super) fn give_back_late(shared: &Shared, job: &Arc<Job>, lease: Lease, at: DateTime<Utc>) {
+    let (supervisor, job) = (shared.supervisor.clone(), job.clone());
+    shared.tracker.spawn(async move {
+        let name = (job.name.as_str(), &job.resource);
+        supervisor
+            .give_back_unused(name, &lease, Some(at), Unused::Late)
+            .await;
+    });
+}
+
+/// How a retry of a failed run went ([`Occurrence::retry`]).
+enum Retry {
+    /// It ran under a new lease: how it failed, if it did.
+    Ran(Option<Failed>),
+    /// It did not run (`retry_abandoned` says why).
+    Abandoned,
 }
 
 /// A run that did not succeed: what its `on_failure` hook is told.
@@ -805,7 +841,7 @@ pub(super) async fn run_under_lease(
     let (token, run_id) = (lease.token, spec.run_id(&lease));
     let failed = match shared.supervisor.run(&spec, lease, sent, shutdown).await {
         Ok(result) => match result.outcome() {
-            Outcome::Succeeded | Outcome::Shutdown => None,
+            RunOutcome::Succeeded | RunOutcome::Shutdown => None,
             outcome => Some((outcome, result.exit_code, result.signal)),
         },
         Err(SuperviseError::AcquiredTooLate) => {
@@ -819,7 +855,7 @@ pub(super) async fn run_under_lease(
         }
         // Already logged as job_spawn_failed.
         Err(SuperviseError::Spawn { .. } | SuperviseError::Workdir { .. }) => {
-            Some((Outcome::SpawnFailed, None, None))
+            Some((RunOutcome::SpawnFailed, None, None))
         }
     };
     let (outcome, exit_code, signal) = failed?;

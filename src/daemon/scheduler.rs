@@ -195,9 +195,8 @@ impl Scheduler {
         }
     }
 
-    /// Fires every occurrence that is due: where the store claims in
-    /// batches, the occurrences of each instant together
-    /// ([`super::claim`]), else each on its own.
+    /// Fires every occurrence that is due: the occurrences of each instant
+    /// together, through their batch claim ([`super::claim`]).
     fn fire_due(&mut self) {
         let now = self.shared.clock.now();
         let mut due: Vec<Occurrence> = Vec::new();
@@ -247,12 +246,6 @@ impl Scheduler {
                 job,
                 at,
             });
-        }
-        if !self.shared.supervisor.store().claims() {
-            for occurrence in due {
-                self.shared.tracker.spawn(occurrence.run());
-            }
-            return;
         }
         // In heap order: by instant, then by this node's rank.
         while !due.is_empty() {

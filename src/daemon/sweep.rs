@@ -101,7 +101,6 @@ impl Sweeper {
     /// The task: waits for the earliest look (or the stop), makes every
     /// look due by then in one store call, until no look is left.
     async fn sweep(self, shared: Shared) {
-        let store = shared.supervisor.store().clone();
         let node = shared.supervisor.node().to_string();
         loop {
             let earliest = {
@@ -134,19 +133,7 @@ impl Sweeper {
                     occurrence: StoreTime::from_utc(l.at),
                 })
                 .collect();
-            let given = match store.give_back_unseen(&items).await {
-                Ok(given) => given,
-                Err(e) => {
-                    events::store_unavailable(
-                        store.outages(),
-                        "give_back",
-                        None,
-                        &e.to_string(),
-                        None,
-                    );
-                    vec![false; due.len()]
-                }
-            };
+            let given = shared.supervisor.give_back_unseen(&items).await;
             drop(items);
             let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
             for (look, given) in due.into_iter().zip(given) {

@@ -7,7 +7,8 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use super::sql::{Db, Dialect, Failure, Sql, SqlDb, SqlStore};
+use super::error::{Failure, Sql};
+use super::sql::{Db, Dialect, SqlDb, SqlStore};
 use super::{
     Backend, MySqlStore, OpenOptions, PostgresStore, SqliteStore, Store, StoreError, StoreUrl,
     Token,

@@ -61,6 +61,30 @@ pub enum StoreError {
     Corrupt { url: String, detail: String },
 }
 
+/// How a store call failed before it was given its public form: a driver
+/// error (which the backend names, with its URL, at the end of the call:
+/// [`Dialect::error`]) or an error already named. `?` turns either into
+/// this, so backend code never maps errors itself.
+pub(crate) enum Failure {
+    Sql(sqlx::Error),
+    Store(StoreError),
+}
+
+impl From<sqlx::Error> for Failure {
+    fn from(e: sqlx::Error) -> Self {
+        Failure::Sql(e)
+    }
+}
+
+impl From<StoreError> for Failure {
+    fn from(e: StoreError) -> Self {
+        Failure::Store(e)
+    }
+}
+
+/// The result of a backend operation before its error is named.
+pub(crate) type Sql<T> = Result<T, Failure>;
+
 /// The message for [`StoreError::Unavailable`], with advice that fits the
 /// cause: a database at its connection limit needs a different fix from one
 /// that is down.

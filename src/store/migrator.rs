@@ -24,6 +24,8 @@ use std::time::Instant;
 use sqlx::migrate::{MigrateError, Migration, Migrator};
 use sqlx::{ColumnIndex, Connection, Database, Decode, Encode, Executor, IntoArguments, Type};
 
+use super::hook::{notice, Hook, Notice};
+use super::sql::placeholders;
 use super::Backend;
 
 /// fencecron's migrations table.
@@ -181,35 +183,16 @@ fn legacy_exists(backend: Backend) -> &'static str {
     }
 }
 
-/// `sql` with PostgreSQL's `$n` placeholders as `?` for the other backends
-/// (the statements here bind in order).
-fn placeholders(backend: Backend, sql: &str) -> String {
-    if backend == Backend::Postgres {
-        return sql.to_string();
-    }
-    let mut out = String::with_capacity(sql.len());
-    let mut chars = sql.chars().peekable();
-    while let Some(c) = chars.next() {
-        if c == '$' && chars.peek().is_some_and(char::is_ascii_digit) {
-            while chars.peek().is_some_and(char::is_ascii_digit) {
-                chars.next();
-            }
-            out.push('?');
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
-
 /// Applies `migrator`'s pending migrations on `conn`, recording them in
 /// `fencecron_migrations`, after upgrading a database whose fencecron
 /// migrations are recorded in `_sqlx_migrations` (see the module docs). The
-/// caller holds the migration lock.
+/// caller holds the migration lock. A guard that could not be put on
+/// `_sqlx_migrations` is told to `hook` ([`Notice::MigrationGuardFailed`]).
 pub(crate) async fn run<DB>(
     conn: &mut DB::Connection,
     backend: Backend,
     migrator: &Migrator,
+    hook: &Hook,
 ) -> Result<(), MigrateError>
 where
     DB: Database,
@@ -238,7 +221,7 @@ where
     // `_sqlx_migrations`, an older binary migrating at the same time (it
     // does not take this lock) can no longer record them again.
     if has_legacy > 0 {
-        guard_legacy::<DB>(conn, backend, known).await;
+        guard_legacy::<DB>(conn, backend, known, hook).await;
     }
 
     if !plan.adopt.is_empty() || !plan.forget.is_empty() {
@@ -426,8 +409,12 @@ fn guard_exists(backend: Backend) -> &'static str {
 /// (docs/stores.md, "Upgrading"). Best effort: without the right to create a trigger on the
 /// table (an application's role may own it), fencecron warns and goes on;
 /// [`plan`] still removes any rows an older binary records.
-async fn guard_legacy<DB>(conn: &mut DB::Connection, backend: Backend, known: &[Migration])
-where
+async fn guard_legacy<DB>(
+    conn: &mut DB::Connection,
+    backend: Backend,
+    known: &[Migration],
+    hook: &Hook,
+) where
     DB: Database,
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
     for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
@@ -443,7 +430,14 @@ where
         Err(e) => Err(e),
     };
     if let Err(e) = result {
-        crate::events::migration_guard_failed(GUARD, &e.to_string());
+        let error = e.to_string();
+        notice(
+            hook,
+            Notice::MigrationGuardFailed {
+                guard: GUARD,
+                error: &error,
+            },
+        );
     }
 }
 
@@ -540,16 +534,6 @@ mod tests {
     }
 
     #[test]
-    fn placeholders_become_question_marks_except_on_postgres() {
-        let sql = "WHERE version = $1 AND checksum = $2";
-        assert_eq!(placeholders(Backend::Postgres, sql), sql);
-        assert_eq!(
-            placeholders(Backend::MySql, sql),
-            "WHERE version = ? AND checksum = ?"
-        );
-    }
-
-    #[test]
     fn a_fresh_database_applies_everything() {
         let p = plan(&known(), &[], &[]).unwrap();
         assert_eq!(p.apply, vec![1, 2, 3]);
@@ -638,5 +622,58 @@ mod tests {
             plan(&k, &[], &[row(&k[0]), partial]),
             Err(MigrateError::Dirty(3))
         ));
+    }
+
+    /// Records the notices a store tells its hook.
+    #[derive(Default)]
+    struct Heard(std::sync::Mutex<Vec<(String, String)>>);
+
+    impl super::super::StoreHook for Heard {
+        fn called(&self, _: &'static str, _: std::time::Duration, _: super::super::CallEnd) {}
+
+        fn noticed(&self, notice: Notice<'_>) {
+            if let Notice::MigrationGuardFailed { guard, error } = notice {
+                self.0
+                    .lock()
+                    .unwrap()
+                    .push((guard.to_string(), error.to_string()));
+            }
+        }
+    }
+
+    /// A guard that cannot be put on `_sqlx_migrations` (here: a database
+    /// this connection may not write) is not an error of the migration:
+    /// the store tells its hook, whose owner logs `migration_guard_failed`.
+    #[tokio::test]
+    async fn a_guard_that_cannot_be_created_is_told_to_the_hook() {
+        use sqlx::sqlite::SqliteConnectOptions;
+        use sqlx::ConnectOptions;
+
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("legacy.db");
+        let mut rw = SqliteConnectOptions::new()
+            .filename(&path)
+            .create_if_missing(true)
+            .connect()
+            .await
+            .unwrap();
+        sqlx::query("CREATE TABLE _sqlx_migrations (version BIGINT PRIMARY KEY)")
+            .execute(&mut rw)
+            .await
+            .unwrap();
+        rw.close().await.unwrap();
+        let mut ro = SqliteConnectOptions::new()
+            .filename(&path)
+            .read_only(true)
+            .connect()
+            .await
+            .unwrap();
+        let heard = std::sync::Arc::new(Heard::default());
+        let hook: Hook = Some(heard.clone());
+        guard_legacy::<sqlx::Sqlite>(&mut ro, Backend::Sqlite, &[], &hook).await;
+        let told = heard.0.lock().unwrap().clone();
+        assert_eq!(told.len(), 1, "{told:?}");
+        assert_eq!(told[0].0, GUARD);
+        assert!(told[0].1.contains("readonly"), "{told:?}");
     }
 }

@@ -4,8 +4,9 @@
 //! Everything that speaks SQL lives below this module. The rest of the crate
 //! sees typed outcomes ([`AcquireOutcome`], [`RenewOutcome`], [`PutOutcome`])
 //! and never a row. The semantics every backend must share are written once
-//! here, in the trait's docs, and proven once against every backend by
-//! `tests/it/store_conformance.rs`:
+//! here, in the trait's docs, and proven once against every backend (and
+//! the in-memory store of the crate's own tests) by the conformance suite,
+//! `src/store/conformance/`:
 //!
 //! * the fence of a resource only ever grows; release and expiry keep it;
 //! * acquiring is one atomic state transition decided by the **store's
@@ -27,12 +28,15 @@
 
 mod bench;
 mod classify;
+#[cfg(test)]
+mod conformance;
 mod diagnose;
 mod error;
 mod fleet;
-pub mod guard;
+mod hook;
 mod migrator;
 mod mysql;
+pub mod outages;
 mod postgres;
 mod probe;
 pub(crate) mod rows;
@@ -53,9 +57,12 @@ pub(crate) use classify::{
     classify_admission, classify_loss, classify_paused, classify_refusal, classify_rejection,
     run_binds, Admission, LeaseRow, LossRow, Rejection,
 };
+pub(crate) use diagnose::first_connection;
 pub use error::StoreError;
 pub(crate) use error::{migrate_error, timed, unavailable};
+pub use hook::{CallEnd, Notice, StoreHook};
 use mysql::MySqlStore;
+pub use outages::Outages;
 use postgres::PostgresStore;
 pub use probe::{probe, Clock, Migrations, Probe};
 use sqlite::SqliteStore;
@@ -78,7 +85,7 @@ pub trait Store: Send + Sync + 'static {
 
     /// The outages this handle's users are in: what decides whether a
     /// failure is logged at WARN (the first of an outage) or DEBUG.
-    fn outages(&self) -> &crate::events::Outages;
+    fn outages(&self) -> &Outages;
 
     /// Applies pending migrations. Safe when many processes start at once.
     async fn migrate(&self) -> Result<(), StoreError>;
@@ -142,17 +149,9 @@ pub trait Store: Send + Sync + 'static {
     /// occurrence identity, fence bump, pause, the run recorded, losers
     /// writing nothing), trying them in the request's order, winning at
     /// most the claim's limit, and skipping rows another caller has locked
-    /// instead of waiting for them. `None` when the backend does not claim
-    /// in batches (the caller acquires one by one).
-    async fn claim(&self, req: &ClaimRequest<'_>) -> Result<Option<ClaimOutcome>, StoreError> {
-        let _ = req;
-        Ok(None)
-    }
-
-    /// Whether [`Store::claim`] claims (every SQL backend) or answers `None`.
-    fn claims(&self) -> bool {
-        false
-    }
+    /// instead of waiting for them. Every backend claims; it is the
+    /// daemon's first attempt at every scheduled occurrence.
+    async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError>;
 
     /// `overlap = "replace"`: ends the unexpired lease generation `token` of
     /// `resource` early (expired as of when it was acquired, and not
@@ -350,12 +349,27 @@ pub trait Store: Send + Sync + 'static {
 pub const TRIGGER_POLL: Duration = Duration::from_secs(2);
 
 /// Options for opening a store.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct OpenOptions {
     /// Most connections the pool may open.
     pub max_connections: u32,
     /// Time limit for one store call, including waiting for a connection.
     pub call_timeout: Duration,
+    /// Told how every operation went and what the store noticed (the store
+    /// logs nothing itself): the opener logs the notices
+    /// (`events::store_hook`) and, with `[http]`, moves the store metrics.
+    /// Without one, notices go unheard.
+    pub hook: Option<Arc<dyn StoreHook>>,
+}
+
+impl std::fmt::Debug for OpenOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OpenOptions")
+            .field("max_connections", &self.max_connections)
+            .field("call_timeout", &self.call_timeout)
+            .field("hook", &self.hook.is_some())
+            .finish()
+    }
 }
 
 impl Default for OpenOptions {
@@ -363,6 +377,7 @@ impl Default for OpenOptions {
         OpenOptions {
             max_connections: 4,
             call_timeout: Duration::from_secs(10),
+            hook: None,
         }
     }
 }
@@ -375,6 +390,27 @@ pub fn open(url: &StoreUrl, opts: &OpenOptions) -> Result<Arc<dyn Store>, StoreE
         Backend::Postgres => Arc::new(PostgresStore::open(url.clone(), opts)?),
         Backend::MySql => Arc::new(MySqlStore::open(url.clone(), opts)?),
     })
+}
+
+/// PostgreSQL connection options for `url` made as the store makes its own
+/// (TLS left out on a loopback host when neither the URL nor `PGSSLMODE`
+/// asked for it), named `application_name`: for a pool on a database that
+/// is not the store (the SQL guard's).
+pub(crate) fn postgres_options(
+    url: &StoreUrl,
+    application_name: &str,
+) -> Result<sqlx::postgres::PgConnectOptions, StoreError> {
+    let c: sqlx::postgres::PgConnectOptions =
+        url.expose().parse().map_err(|e| unavailable(url, e))?;
+    let c = c.application_name(application_name);
+    let env_chose = std::env::var_os("PGSSLMODE").is_some();
+    Ok(
+        if postgres::loopback_without_ssl_choice(url.expose(), c.get_host(), env_chose) {
+            c.ssl_mode(sqlx::postgres::PgSslMode::Disable)
+        } else {
+            c
+        },
+    )
 }
 
 /// [`Store::give_back_unseen`] as one [`Store::give_back`] per item.

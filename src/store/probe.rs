@@ -80,6 +80,7 @@ pub async fn probe(url: &StoreUrl, limit: Duration) -> Result<Probe, StoreError>
     let opts = OpenOptions {
         max_connections: 1,
         call_timeout: limit * 2,
+        hook: None,
     };
     match url.backend() {
         Backend::Postgres => {

@@ -180,7 +180,7 @@ pub(super) fn claim_outcome<'r, R, DB>(
     rows: &'r [R],
     req: &ClaimRequest<'_>,
     url: &super::StoreUrl,
-) -> super::sql::Sql<ClaimOutcome>
+) -> super::error::Sql<ClaimOutcome>
 where
     DB: Database,
     R: Row<Database = DB>,
@@ -247,4 +247,28 @@ where
         )));
     }
     Ok(ClaimOutcome { items: out, limit })
+}
+
+/// How many rows a statement changed: each driver's result type has the
+/// method, but sqlx names it in no trait.
+pub(crate) trait Affected {
+    fn rows_affected(&self) -> u64;
+}
+
+impl Affected for sqlx::postgres::PgQueryResult {
+    fn rows_affected(&self) -> u64 {
+        self.rows_affected()
+    }
+}
+
+impl Affected for sqlx::mysql::MySqlQueryResult {
+    fn rows_affected(&self) -> u64 {
+        self.rows_affected()
+    }
+}
+
+impl Affected for sqlx::sqlite::SqliteQueryResult {
+    fn rows_affected(&self) -> u64 {
+        self.rows_affected()
+    }
 }

@@ -253,7 +253,7 @@ pub struct NodeBeat<'a> {
     pub hostname: &'a str,
     pub pid: u32,
     pub version: &'a str,
-    /// A digest of the whole job set ([`crate::fleet::config_digest`]).
+    /// A digest of the whole job set (`fleet::config_digest`).
     pub config_digest: &'a str,
     /// When this process registered (store time); `None` on its first
     /// beat: the beat's own time.
@@ -301,7 +301,7 @@ impl NodeInfo {
 pub struct PublishedJob {
     pub node: String,
     pub job: String,
-    /// [`crate::fleet::JobDef::digest`].
+    /// `fleet::JobDef::digest`.
     pub digest: String,
     /// The canonical JSON of the definition; read only when asked for.
     pub definition: Option<String>,

@@ -185,7 +185,7 @@ impl<'a> Watch<'a> {
             reason,
             detail,
         );
-        self.sup.record_lost(self.spec, self.lease, reason);
+        self.sup.record_lost(&self.spec.job, self.lease, reason);
     }
 
     /// Waits for the child while renewing and enforcing every deadline.
@@ -254,7 +254,7 @@ impl<'a> Watch<'a> {
                 (sent, result) = async { renewal.as_mut().expect("guarded").await }, if renewal.is_some() => {
                     renewal = None;
                     if result.is_ok() {
-                        self.sup.store.outages().answered(&self.spec.job);
+                        events::store_answered(self.sup.store.outages(), &self.spec.job);
                     }
                     match result {
                         Ok(RenewOutcome::Renewed { expires_at }) => {

@@ -17,6 +17,7 @@
 
 mod child;
 mod deadline;
+mod end;
 #[cfg(test)]
 mod tests;
 
@@ -30,6 +31,7 @@ use chrono::{DateTime, Utc};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::domain::{RunOutcome, Stage};
 use crate::events::{self, LossReason};
 use crate::fence;
 use crate::job_env::ChildEnv;
@@ -41,6 +43,8 @@ pub use crate::timing::{LeaseTiming, TimingError, DEFAULT_LEASE};
 use child::ShimLauncher;
 pub(crate) use child::{JobProcess, Launch};
 use deadline::Watch;
+use end::End;
+pub(crate) use end::Unused;
 
 /// Why the supervisor terminated a job.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -113,7 +117,7 @@ pub struct RunResult {
 
 impl RunResult {
     /// How the run ended, as `job_finished` names it.
-    pub fn outcome(&self) -> events::Outcome {
+    pub fn outcome(&self) -> RunOutcome {
         outcome_of(self.exit_code, self.cancelled, self.lease_lost)
     }
 
@@ -144,15 +148,14 @@ fn outcome_of(
     exit_code: Option<i32>,
     cancelled: Option<CancelReason>,
     lease_lost: bool,
-) -> events::Outcome {
-    use events::Outcome;
+) -> RunOutcome {
     match cancelled {
-        Some(CancelReason::LeaseLost | CancelReason::LeaseUnconfirmed) => Outcome::LeaseLost,
-        Some(CancelReason::Timeout) => Outcome::TimedOut,
-        Some(CancelReason::Shutdown) => Outcome::Shutdown,
-        None if lease_lost => Outcome::LeaseLost,
-        None if exit_code == Some(0) => Outcome::Succeeded,
-        None => Outcome::Failed,
+        Some(CancelReason::LeaseLost | CancelReason::LeaseUnconfirmed) => RunOutcome::LeaseLost,
+        Some(CancelReason::Timeout) => RunOutcome::TimedOut,
+        Some(CancelReason::Shutdown) => RunOutcome::Shutdown,
+        None if lease_lost => RunOutcome::LeaseLost,
+        None if exit_code == Some(0) => RunOutcome::Succeeded,
+        None => RunOutcome::Failed,
     }
 }
 
@@ -183,15 +186,6 @@ pub enum SuperviseError {
     Workdir { path: String, problem: String },
     #[error("the lease was acquired too late to run safely (the store took longer than the lease allows); skipped")]
     AcquiredTooLate,
-}
-
-/// Whether a release also gives the occurrence back.
-#[derive(Debug, Clone, Copy)]
-enum Unrun {
-    /// The occurrence ran (or started to): it stays taken.
-    Keep,
-    /// Nothing ran under the lease: the occurrence becomes takeable again.
-    GiveBack,
 }
 
 impl Supervisor {
@@ -252,7 +246,9 @@ impl Supervisor {
             // The acquire itself stalled for most of the lease: the job would
             // have to be terminated the moment it started. Nothing ran, so
             // the occurrence goes back with the lease.
-            self.release_as(spec, &lease, Unrun::GiveBack).await;
+            let job = (spec.job.as_str(), &spec.resource);
+            self.give_back_unused(job, &lease, spec.scheduled_at, Unused::TooLate)
+                .await;
             return Err(SuperviseError::AcquiredTooLate);
         }
         let workdir = spec.workdir.as_deref();
@@ -326,7 +322,7 @@ impl Supervisor {
             duration,
         };
         events::job_finished(&ended);
-        if outcome == events::Outcome::Shutdown {
+        if outcome == RunOutcome::Shutdown {
             events::job_stopped(&ended, watch.sent_signal().unwrap_or("SIGTERM"));
         }
         if let (Some(code), Some(stale_code)) = (exit_code, spec.stale_exit_code) {
@@ -346,11 +342,12 @@ impl Supervisor {
             elapsed_ms: millis(sent_at.elapsed()),
             output: &output,
         };
-        if watch.lost() {
-            self.finish_run(spec, &end).await;
+        let end = if watch.lost() {
+            End::Lost(&end)
         } else {
-            self.finish_and_release(spec, &lease, &end).await;
-        }
+            End::Release(&end)
+        };
+        self.end(spec, &lease, end).await;
         if let (Some(records), Some(path)) = (&self.records, record) {
             records.remove(&path);
         }
@@ -385,158 +382,35 @@ impl Supervisor {
         }
     }
 
-    /// Writes how a daemon's run ended into its history row: one statement,
-    /// tried twice; a store that cannot take it leaves the row to read as
-    /// `unknown` once the lease is gone.
-    async fn finish_run(&self, spec: &RunSpec, end: &RunEnd<'_>) {
-        if spec.history.is_none() {
-            return;
-        }
-        for attempt in 0..2 {
-            match self.store.finish_run(end).await {
-                Ok(_) => return self.store.outages().answered(&spec.job),
-                Err(e) => {
-                    let retry = (attempt == 0).then_some(Duration::from_millis(200));
-                    events::store_unavailable(
-                        self.store.outages(),
-                        "finish_run",
-                        Some(&spec.job),
-                        &e.to_string(),
-                        retry,
-                    );
-                    if let Some(d) = retry {
-                        tokio::time::sleep(d).await;
-                    }
-                }
-            }
-        }
-    }
-
-    /// A run ended under a lease still held: its history row gets its end
-    /// and the lease goes back, in one store call where the store can; if
-    /// that call fails, each is tried on its own with its retries (the
-    /// call changed both or neither, and both are safe to repeat).
-    async fn finish_and_release(&self, spec: &RunSpec, lease: &Lease, end: &RunEnd<'_>) {
-        if spec.history.is_none() {
-            return self.release(spec, lease).await;
-        }
-        match self
-            .store
-            .finish_and_release(&spec.resource, lease.owner_id, end)
-            .await
-        {
-            Ok((_, crate::store::ReleaseOutcome::Released)) => {
-                self.store.outages().answered(&spec.job);
-                events::lease_released(Some(&spec.job), lease)
-            }
-            Ok((_, crate::store::ReleaseOutcome::Refused(r))) => {
-                self.store.outages().answered(&spec.job);
-                self.release_refused(spec, lease, &r)
-            }
-            Err(e) => {
-                events::store_unavailable(
-                    self.store.outages(),
-                    "release",
-                    Some(&spec.job),
-                    &e.to_string(),
-                    Some(Duration::ZERO),
-                );
-                self.finish_run(spec, end).await;
-                self.release(spec, lease).await;
-            }
-        }
-    }
-
     /// The job could not be started: its history says so, and the lease
     /// goes back.
     async fn spawn_failed(&self, spec: &RunSpec, lease: &Lease, err: &SuperviseError) {
         let output = err.to_string();
-        self.finish_run(
-            spec,
-            &RunEnd {
-                resource: spec.resource.as_str(),
-                token: lease.token,
-                outcome: events::Outcome::SpawnFailed,
-                exit_code: None,
-                signal: None,
-                duration_ms: 0,
-                elapsed_ms: 0,
-                output: &output,
-            },
-        )
-        .await;
-        self.release(spec, lease).await;
-    }
-
-    /// Logs each stdout/stderr line of the child with the job's fields.
-    /// runs out by itself.
-    async fn release(&self, spec: &RunSpec, lease: &Lease) {
-        self.release_as(spec, lease, Unrun::Keep).await
-    }
-
-    /// `release`; with [`Unrun::GiveBack`] (nothing ran under the lease) a
-    /// scheduled occurrence is given back with it, so another node still
-    /// trying it can run it.
-    async fn release_as(&self, spec: &RunSpec, lease: &Lease, unrun: Unrun) {
-        let mut delay = Duration::from_millis(200);
-        let owner_id = lease.owner_id;
-        for attempt in 0..3 {
-            let released = match (unrun, spec.scheduled_at) {
-                (Unrun::GiveBack, Some(at)) => {
-                    self.store
-                        .give_back(
-                            &spec.resource,
-                            owner_id,
-                            Some(lease.token),
-                            crate::store::StoreTime::from_utc(at),
-                        )
-                        .await
-                }
-                _ => {
-                    self.store
-                        .release(&spec.resource, owner_id, lease.token)
-                        .await
-                }
-            };
-            if released.is_ok() {
-                self.store.outages().answered(&spec.job);
-            }
-            match released {
-                Ok(crate::store::ReleaseOutcome::Released) => {
-                    events::lease_released(Some(&spec.job), lease);
-                    return;
-                }
-                Ok(crate::store::ReleaseOutcome::Refused(r)) => {
-                    return self.release_refused(spec, lease, &r);
-                }
-                Err(e) => {
-                    let retry = (attempt < 2).then_some(delay);
-                    events::store_unavailable(
-                        self.store.outages(),
-                        "release",
-                        Some(&spec.job),
-                        &e.to_string(),
-                        retry,
-                    );
-                    tokio::time::sleep(delay).await;
-                    delay *= 2;
-                }
-            }
-        }
+        let end = RunEnd {
+            resource: spec.resource.as_str(),
+            token: lease.token,
+            outcome: RunOutcome::SpawnFailed,
+            exit_code: None,
+            signal: None,
+            duration_ms: 0,
+            elapsed_ms: 0,
+            output: &output,
+        };
+        self.end(spec, lease, End::Release(&end)).await;
     }
 
     /// The store refused to release: the lease was lost before the job
     /// ended (it finished while this process was paused, say): a
     /// stale-owner event like any other, so it is stored too.
-    fn release_refused(&self, spec: &RunSpec, lease: &Lease, r: &crate::store::Refusal) {
+    fn release_refused(&self, job: &str, lease: &Lease, r: &crate::store::Refusal) {
         events::lease_lost(
-            Some(&spec.job),
+            Some(job),
             lease,
             &self.node,
             LossReason::ReleaseRefused,
             &r.to_string(),
         );
-        self.record_lost(spec, lease, LossReason::ReleaseRefused);
+        self.record_lost(job, lease, LossReason::ReleaseRefused);
     }
 
     /// The job exited with its configured stale code: it reports a write its
@@ -578,19 +452,19 @@ impl Supervisor {
 
     /// Records a lost lease in the store, retrying in the background while
     /// the store is unreachable (the event itself is already logged).
-    fn record_lost(&self, spec: &RunSpec, lease: &Lease, reason: LossReason) {
+    fn record_lost(&self, job: &str, lease: &Lease, reason: LossReason) {
         fence::record_in_background(
             self.store.clone(),
             fence::PendingRecord {
                 kind: StaleKind::LeaseLost,
                 reason: reason.into(),
-                resource: spec.resource.to_string(),
+                resource: lease.resource.clone(),
                 owner_id: lease.owner_id,
                 token: lease.token,
                 accepted_token: None,
                 node: self.node.clone(),
-                job: Some(spec.job.clone()),
-                stage: crate::domain::Stage::Renew,
+                job: Some(job.to_string()),
+                stage: Stage::Renew,
             },
         );
     }

@@ -410,22 +410,22 @@ fn exit_statuses_of_fake_jobs_read_like_real_ones() {
 
 #[test]
 fn outcome_names_fencecrons_reason_before_the_exit_status() {
-    use crate::events::Outcome;
-    assert_eq!(outcome_of(Some(0), None, false), Outcome::Succeeded);
-    assert_eq!(outcome_of(Some(1), None, false), Outcome::Failed);
-    assert_eq!(outcome_of(None, None, false), Outcome::Failed);
-    assert_eq!(outcome_of(Some(0), None, true), Outcome::LeaseLost);
+    use crate::domain::RunOutcome;
+    assert_eq!(outcome_of(Some(0), None, false), RunOutcome::Succeeded);
+    assert_eq!(outcome_of(Some(1), None, false), RunOutcome::Failed);
+    assert_eq!(outcome_of(None, None, false), RunOutcome::Failed);
+    assert_eq!(outcome_of(Some(0), None, true), RunOutcome::LeaseLost);
     assert_eq!(
         outcome_of(Some(0), Some(CancelReason::Timeout), false),
-        Outcome::TimedOut
+        RunOutcome::TimedOut
     );
     assert_eq!(
         outcome_of(None, Some(CancelReason::LeaseUnconfirmed), true),
-        Outcome::LeaseLost
+        RunOutcome::LeaseLost
     );
     assert_eq!(
         outcome_of(None, Some(CancelReason::Shutdown), false),
-        Outcome::Shutdown
+        RunOutcome::Shutdown
     );
     assert_eq!(crate::events::signal_name(9), "SIGKILL");
     assert_eq!(crate::events::signal_name(200), "SIG200");

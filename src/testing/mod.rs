@@ -7,8 +7,9 @@
 
 pub(crate) mod events;
 pub(crate) mod job;
+mod layering;
 pub(crate) mod store;
-mod store_tests;
+mod store_faults;
 
 use chrono::{DateTime, Utc};
 

@@ -53,7 +53,7 @@ pub(crate) enum Op {
     GiveBack,
     /// `preempt` (`overlap = "replace"`).
     Preempt,
-    /// `claim` (batch claims, only with [`MemoryStore::claiming`]).
+    /// `claim` (batch claims, as the SQL backends make them).
     Claim,
     /// `give_back_unseen`: one entry per call, how many owner ids it
     /// sweeps (each also logged as a `GiveBack`).
@@ -196,10 +196,8 @@ pub(crate) struct MemoryStore {
     url: StoreUrl,
     clock: Clock,
     call_timeout: Option<Duration>,
-    /// Answers `claim` (as the SQL backends do) instead of `None`.
-    claims: bool,
     state: Arc<Mutex<State>>,
-    outages: Arc<crate::events::Outages>,
+    outages: Arc<crate::store::Outages>,
 }
 
 impl MemoryStore {
@@ -210,7 +208,6 @@ impl MemoryStore {
             url: StoreUrl::parse("sqlite://in-memory-test-store").expect("a valid URL"),
             clock,
             call_timeout: Some(Duration::from_secs(5)),
-            claims: false,
             state: Arc::default(),
             outages: Arc::default(),
         }
@@ -219,14 +216,6 @@ impl MemoryStore {
     /// Sets the time limit of each call (`None`: wait as long as it takes).
     pub(crate) fn with_call_timeout(mut self, limit: Option<Duration>) -> MemoryStore {
         self.call_timeout = limit;
-        self
-    }
-
-    /// Claims in batches, as the SQL backends do (by default `claim`
-    /// answers `None`, so the in-process tests of the single acquire stay
-    /// as they are).
-    pub(crate) fn claiming(mut self) -> MemoryStore {
-        self.claims = true;
         self
     }
 
@@ -584,7 +573,7 @@ impl Store for MemoryStore {
         &self.url
     }
 
-    fn outages(&self) -> &crate::events::Outages {
+    fn outages(&self) -> &crate::store::Outages {
         &self.outages
     }
 
@@ -605,14 +594,7 @@ impl Store for MemoryStore {
         .await
     }
 
-    fn claims(&self) -> bool {
-        self.claims
-    }
-
-    async fn claim(&self, req: &ClaimRequest<'_>) -> Result<Option<ClaimOutcome>, StoreError> {
-        if !self.claims {
-            return Ok(None);
-        }
+    async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
         let node = req.node.to_string();
         let items: Vec<OwnedAcquire> = req
             .items
@@ -678,7 +660,6 @@ impl Store for MemoryStore {
             ClaimOutcome { items: out, limit }
         })
         .await
-        .map(Some)
     }
 
     async fn renew(
@@ -1360,5 +1341,18 @@ impl MemoryStore {
     /// outcome).
     pub(crate) fn run_rows(&self) -> Vec<RunInfo> {
         self.lock().runs.clone()
+    }
+
+    /// The benchmark's purge (`BenchStore::purge_prefix`, which only the
+    /// SQL stores are): deletes every value, stale record and lease whose
+    /// resource starts with `prefix`, and counts them.
+    pub(crate) fn purge_prefix(&self, prefix: &str) -> u64 {
+        let mut s = self.lock();
+        let before = s.values.len() + s.stale.len() + s.leases.len();
+        s.values
+            .retain(|(resource, _), _| !resource.starts_with(prefix));
+        s.stale.retain(|r| !r.resource.starts_with(prefix));
+        s.leases.retain(|resource, _| !resource.starts_with(prefix));
+        (before - s.values.len() - s.stale.len() - s.leases.len()) as u64
     }
 }

@@ -26,7 +26,8 @@ use common::proxy::Proxy;
 use common::{unique, Backend, TestStore};
 
 /// Milliseconds since the Unix epoch by this host's real-time clock — the
-/// clock the SQLite store reads (with a raw `clock_gettime(CLOCK_REALTIME)`).
+/// clock the SQLite store reads (`clock_gettime(CLOCK_REALTIME)` without
+/// libc, through rustix).
 fn wall_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)

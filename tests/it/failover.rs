@@ -124,6 +124,7 @@ async fn store_at(url: &str, migrate: bool) -> Arc<dyn Store> {
         &OpenOptions {
             max_connections: 2,
             call_timeout: Duration::from_secs(10),
+            ..OpenOptions::default()
         },
     )
     .expect("store opens");

@@ -37,7 +37,6 @@ mod process_tree;
 mod proxy;
 mod recipes;
 mod retention;
-mod store_conformance;
 mod store_errors;
 mod takeover;
 mod watchdog;

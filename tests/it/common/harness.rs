@@ -21,6 +21,7 @@ pub async fn open_store(ts: &TestStore, max_connections: u32) -> Arc<dyn Store> 
         &OpenOptions {
             max_connections,
             call_timeout: Duration::from_secs(20),
+            ..OpenOptions::default()
         },
     )
     .expect("store opens");
