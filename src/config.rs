@@ -139,11 +139,7 @@ impl Default for Retry {
 impl Retry {
     /// The wait before retry number `attempt` (1-based).
     pub fn delay(&self, attempt: u32) -> Duration {
-        let doubled = self.backoff.saturating_mul(
-            1u32.checked_shl(attempt.saturating_sub(1))
-                .unwrap_or(u32::MAX),
-        );
-        doubled.min(self.backoff_max)
+        crate::backoff::Backoff::new(self.backoff, self.backoff_max).nth_wait(attempt)
     }
 }
 

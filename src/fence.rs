@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use tokio::task::JoinHandle;
 
+use crate::backoff::Backoff;
 use crate::events;
 use crate::store::{
     Lease, NewStaleRecord, PutOutcome, PutRequest, StaleKind, StaleRecord, Store, StoreError,
@@ -152,8 +153,8 @@ pub fn record_in_background(store: Arc<dyn Store>, rec: PendingRecord) -> JoinHa
             stage: &rec.stage,
             operation_id: &op,
         };
-        let give_up_at = tokio::time::Instant::now() + RECORD_WINDOW;
-        let mut delay = Duration::from_secs(1);
+        let mut backoff = Backoff::new(Duration::from_secs(1), RECORD_MAX_DELAY)
+            .until(tokio::time::Instant::now() + RECORD_WINDOW);
         let mut attempts = 0u32;
         loop {
             attempts += 1;
@@ -167,7 +168,7 @@ pub fn record_in_background(store: Arc<dyn Store>, rec: PendingRecord) -> JoinHa
                 }
                 Err(e) => e,
             };
-            let retry = (tokio::time::Instant::now() + delay <= give_up_at).then_some(delay);
+            let retry = backoff.next();
             events::store_unavailable(
                 store.outages(),
                 "record_stale",
@@ -175,11 +176,10 @@ pub fn record_in_background(store: Arc<dyn Store>, rec: PendingRecord) -> JoinHa
                 &e.to_string(),
                 retry,
             );
-            if retry.is_none() {
+            let Some(delay) = retry else {
                 break;
-            }
+            };
             tokio::time::sleep(delay).await;
-            delay = (delay * 2).min(RECORD_MAX_DELAY);
         }
         events::stale_record_failed(
             &rec.resource,
