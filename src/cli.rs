@@ -8,20 +8,6 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 pub use crate::logging::LogFormat;
 
-/// A duration flag in humantime syntax ("30s", "5m", "1h").
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct HumanDuration(pub Duration);
-
-impl std::str::FromStr for HumanDuration {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        humantime::parse_duration(s)
-            .map(HumanDuration)
-            .map_err(|e| format!("`{s}` is not a duration like 30s, 5m or 1h ({e})"))
-    }
-}
-
 /// `fencecron --version`: the package version and the commit it was built
 /// from (`unknown` outside a git checkout).
 pub const VERSION: &str = concat!(
@@ -171,14 +157,14 @@ pub struct ExecArgs {
     /// The resource to lease.
     pub resource: String,
     /// Lease length (5s..=300s) [default: 30s].
-    #[arg(long, value_name = "D")]
-    pub lease: Option<HumanDuration>,
+    #[arg(long, value_name = "D", value_parser = humantime::parse_duration)]
+    pub lease: Option<Duration>,
     /// Renewal interval [default: a third of the lease].
-    #[arg(long, value_name = "D")]
-    pub renew_every: Option<HumanDuration>,
+    #[arg(long, value_name = "D", value_parser = humantime::parse_duration)]
+    pub renew_every: Option<Duration>,
     /// SIGTERM-to-SIGKILL grace [default: a fifth of the lease].
-    #[arg(long, value_name = "D")]
-    pub kill_grace: Option<HumanDuration>,
+    #[arg(long, value_name = "D", value_parser = humantime::parse_duration)]
+    pub kill_grace: Option<Duration>,
     /// Log only warnings and errors (the lease lost, a stale write, a store
     /// outage), not the INFO events of every run: for cron and timers that
     /// mail or keep whatever reaches stderr. `FENCECRON_LOG` still wins.
@@ -197,8 +183,8 @@ pub enum LeaseCommand {
         /// The resource to lease (1..=200 characters, no control characters).
         resource: String,
         /// Lease length (5s..=300s) [default: 30s].
-        #[arg(long, value_name = "D")]
-        lease: Option<HumanDuration>,
+        #[arg(long, value_name = "D", value_parser = humantime::parse_duration)]
+        lease: Option<Duration>,
         /// Print JSON.
         #[arg(long)]
         json: bool,
@@ -214,8 +200,8 @@ pub enum LeaseCommand {
         #[arg(long, value_name = "T")]
         token: i64,
         /// Lease length (5s..=300s) [default: 30s].
-        #[arg(long, value_name = "D")]
-        lease: Option<HumanDuration>,
+        #[arg(long, value_name = "D", value_parser = humantime::parse_duration)]
+        lease: Option<Duration>,
         /// Print JSON.
         #[arg(long)]
         json: bool,
@@ -296,8 +282,8 @@ pub struct StaleArgs {
     #[arg(long)]
     pub json: bool,
     /// Only records newer than this (e.g. 1h).
-    #[arg(long, value_name = "D")]
-    pub since: Option<HumanDuration>,
+    #[arg(long, value_name = "D", value_parser = humantime::parse_duration)]
+    pub since: Option<Duration>,
     /// Only the newest N records (still listed oldest first); 0 lists all.
     #[arg(long, value_name = "N", default_value_t = 100)]
     pub limit: usize,
@@ -385,8 +371,8 @@ pub struct RunsArgs {
     /// Only this job's runs (a job named `show` is written `-- show`).
     pub job: Option<String>,
     /// Only runs started within this long (e.g. 1h), by the store's clock.
-    #[arg(long, value_name = "D")]
-    pub since: Option<HumanDuration>,
+    #[arg(long, value_name = "D", value_parser = humantime::parse_duration)]
+    pub since: Option<Duration>,
     /// Only runs that ended so.
     #[arg(long, value_name = "OUTCOME", value_parser = ["succeeded", "failed", "timed_out", "lease_lost", "shutdown"])]
     pub outcome: Option<String>,
@@ -430,8 +416,8 @@ pub struct TriggerArgs {
     pub wait: bool,
     /// How long to wait for a daemon to take the request before giving up
     /// (exit 1).
-    #[arg(long, value_name = "D", default_value = "15s")]
-    pub timeout: HumanDuration,
+    #[arg(long, value_name = "D", default_value = "15s", value_parser = humantime::parse_duration)]
+    pub timeout: Duration,
 }
 
 /// `fencecron pause`.
@@ -443,8 +429,8 @@ pub struct PauseArgs {
     #[arg(long, value_name = "TEXT")]
     pub note: Option<String>,
     /// Resume by itself after this long (e.g. 2h).
-    #[arg(long = "for", value_name = "D")]
-    pub for_: Option<HumanDuration>,
+    #[arg(long = "for", value_name = "D", value_parser = humantime::parse_duration)]
+    pub for_: Option<Duration>,
     /// Replace a pause in force (else a paused job's pause is refused,
     /// exit 75).
     #[arg(long)]
@@ -458,8 +444,8 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 1)]
     pub clients: usize,
     /// Measuring time per operation.
-    #[arg(long, value_name = "D", default_value = "2s")]
-    pub duration: HumanDuration,
+    #[arg(long, value_name = "D", default_value = "2s", value_parser = humantime::parse_duration)]
+    pub duration: Duration,
     /// Distinct bench resources to spread the load over.
     #[arg(long, default_value_t = 16)]
     pub resources: usize,
@@ -475,11 +461,11 @@ pub struct ProxyArgs {
     #[arg(long, value_name = "URL")]
     pub upstream: String,
     /// How long the upstream may take to answer a request (then 504).
-    #[arg(long, value_name = "D", default_value = "30s")]
-    pub upstream_timeout: HumanDuration,
+    #[arg(long, value_name = "D", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub upstream_timeout: Duration,
     /// How long in-flight requests may finish after SIGTERM/SIGINT.
-    #[arg(long, value_name = "D", default_value = "10s")]
-    pub drain: HumanDuration,
+    #[arg(long, value_name = "D", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub drain: Duration,
 }
 
 /// A command-line error as the rest of fencecron's errors read: one

@@ -140,11 +140,7 @@ impl Default for Retry {
 impl Retry {
     /// The wait before retry number `attempt` (1-based).
     pub fn delay(&self, attempt: u32) -> Duration {
-        let doubled = self.backoff.saturating_mul(
-            1u32.checked_shl(attempt.saturating_sub(1))
-                .unwrap_or(u32::MAX),
-        );
-        doubled.min(self.backoff_max)
+        crate::backoff::Backoff::new(self.backoff, self.backoff_max).nth_wait(attempt)
     }
 }
 
@@ -384,6 +380,7 @@ fn load_with(path: &Path, read_url_env: bool) -> Result<Config, ConfigError> {
     Parser {
         path,
         text: &text,
+        lines: Lines::new(&text),
         read_url_env,
     }
     .parse()
@@ -446,6 +443,7 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
     Parser {
         path,
         text,
+        lines: Lines::new(text),
         read_url_env: true,
     }
     .parse()
@@ -454,6 +452,7 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
 struct Parser<'a> {
     path: &'a Path,
     text: &'a str,
+    lines: Lines,
     /// Whether `store.url_env` and `store.url_file` are resolved (see
     /// [`load_store_given`]).
     read_url_env: bool,
@@ -467,7 +466,7 @@ impl Parser<'_> {
         key: impl Into<String>,
         message: impl Into<String>,
     ) -> ConfigError {
-        let (line, column) = line_col(self.text, span.start);
+        let (line, column) = self.lines.line_col(span.start);
         ConfigError {
             path: self.path.to_path_buf(),
             line: Some(line),
@@ -478,21 +477,23 @@ impl Parser<'_> {
     }
 
     fn parse(&self) -> Result<Config, ConfigError> {
-        let raw: RawConfig = toml::from_str(self.text).map_err(|e| {
-            let message = e.message().trim().to_string();
-            let (line, column, key) = match e.span() {
+        let raw: RawConfig = serde_path_to_error::deserialize(toml::Deserializer::new(self.text))
+            .map_err(|e| {
+            let key = key_path(e.path(), e.inner().message());
+            let e = e.into_inner();
+            let (line, column) = match e.span() {
                 Some(span) => {
-                    let (l, c) = line_col(self.text, span.start);
-                    (Some(l), Some(c), self.key_at(span.start, &message))
+                    let (l, c) = self.lines.line_col(span.start);
+                    (Some(l), Some(c))
                 }
-                None => (None, None, None),
+                None => (None, None),
             };
             ConfigError {
                 path: self.path.to_path_buf(),
                 line,
                 column,
                 key,
-                message,
+                message: e.message().trim().to_string(),
             }
         })?;
 
@@ -702,60 +703,6 @@ impl Parser<'_> {
                 })?;
         }
         Ok(h)
-    }
-
-    /// The dotted key a TOML error at `offset` is about, such as
-    /// `job[1].colour` or `defaults.lease`: the field named in the message
-    /// (unknown or missing field), else the key left of `=` on that line,
-    /// qualified by the table header above it.
-    fn key_at(&self, offset: usize, message: &str) -> Option<String> {
-        let offset = offset.min(self.text.len());
-        let named = ["unknown field `", "missing field `"]
-            .iter()
-            .find_map(|p| message.strip_prefix(p))
-            .and_then(|rest| rest.split('`').next())
-            .map(str::to_string);
-        let line_start = self.text[..offset].rfind('\n').map_or(0, |i| i + 1);
-        let line = self.text[line_start..].lines().next().unwrap_or("");
-        let leaf = named.or_else(|| {
-            line.split_once('=')
-                .map(|(k, _)| k.trim().trim_matches('"').to_string())
-                .filter(|k| !k.is_empty() && !k.starts_with('['))
-        });
-        // A missing field is reported at its table's header line.
-        let upto = if line.trim_start().starts_with('[') {
-            line_start + line.len()
-        } else {
-            line_start
-        };
-        let before = &self.text[..upto];
-        let header = before
-            .lines()
-            .rev()
-            .map(str::trim)
-            .find(|l| l.starts_with('['));
-        let table = match header {
-            Some(h) if h.starts_with("[[") => {
-                let name = h.trim_matches(|c| c == '[' || c == ']').trim();
-                let index = before
-                    .lines()
-                    .filter(|l| {
-                        l.trim().trim_matches(|c| c == '[' || c == ']').trim() == name
-                            && l.trim().starts_with("[[")
-                    })
-                    .count()
-                    .saturating_sub(1);
-                Some(format!("{name}[{index}]"))
-            }
-            Some(h) => Some(h.trim_matches(|c| c == '[' || c == ']').trim().to_string()),
-            None => None,
-        };
-        match (table, leaf) {
-            (Some(t), Some(k)) => Some(format!("{t}.{k}")),
-            (None, Some(k)) => Some(k),
-            (Some(t), None) => Some(t),
-            (None, None) => None,
-        }
     }
 
     fn store(&self, s: &Spanned<RawStore>) -> Result<Option<StoreUrl>, ConfigError> {
@@ -1089,11 +1036,11 @@ impl Parser<'_> {
             overlap,
             on_failure,
             place: Place {
-                command: line_col(self.text, raw.command.span().start),
+                command: self.lines.line_col(raw.command.span().start),
                 workdir: raw
                     .workdir
                     .as_ref()
-                    .map(|w| line_col(self.text, w.span().start)),
+                    .map(|w| self.lines.line_col(w.span().start)),
             },
         })
     }
@@ -1176,13 +1123,72 @@ fn job_or_default<'a, T>(
     }
 }
 
-/// 1-based line and column of a byte offset.
-fn line_col(text: &str, offset: usize) -> (usize, usize) {
-    let offset = offset.min(text.len());
-    let before = &text[..offset];
-    let line = before.matches('\n').count() + 1;
-    let column = before.rfind('\n').map_or(offset, |nl| offset - nl - 1) + 1;
-    (line, column)
+/// The dotted key a TOML error is about, such as `job[1].colour` or
+/// `defaults.lease`: the path serde was at (without the private fields of
+/// `toml::Spanned`), plus the field an unknown or missing field error names
+/// (serde reports those at the table holding it). `None` for a syntax error,
+/// which has no key.
+fn key_path(path: &serde_path_to_error::Path, message: &str) -> Option<String> {
+    use serde_path_to_error::Segment;
+    let mut key = String::new();
+    let mut last = None;
+    for segment in path.iter() {
+        match segment {
+            Segment::Seq { index } => key.push_str(&format!("[{index}]")),
+            Segment::Map { key: k } | Segment::Enum { variant: k } => {
+                if k.starts_with("$__") {
+                    continue;
+                }
+                if !key.is_empty() {
+                    key.push('.');
+                }
+                key.push_str(k);
+                last = Some(k.as_str());
+            }
+            Segment::Unknown => {}
+        }
+    }
+    // An unknown field is already the path's last key; a missing one is not.
+    let named = ["unknown field `", "missing field `"]
+        .iter()
+        .find_map(|p| message.trim().strip_prefix(p))
+        .and_then(|rest| rest.split('`').next())
+        .filter(|field| last != Some(*field));
+    if let Some(field) = named {
+        if !key.is_empty() {
+            key.push('.');
+        }
+        key.push_str(field);
+    }
+    (!key.is_empty()).then_some(key)
+}
+
+/// Where each line of a text starts, found once, so that turning a byte
+/// offset into a line and column costs a binary search instead of a scan
+/// of the text before it (one per job made loading quadratic).
+struct Lines {
+    starts: Vec<usize>,
+    len: usize,
+}
+
+impl Lines {
+    fn new(text: &str) -> Lines {
+        let starts = std::iter::once(0)
+            .chain(text.match_indices('\n').map(|(i, _)| i + 1))
+            .collect();
+        Lines {
+            starts,
+            len: text.len(),
+        }
+    }
+
+    /// 1-based line and column (in bytes) of a byte offset.
+    fn line_col(&self, offset: usize) -> (usize, usize) {
+        let offset = offset.min(self.len);
+        // The last line starting at or before `offset`.
+        let line = self.starts.partition_point(|&start| start <= offset);
+        (line, offset - self.starts[line - 1] + 1)
+    }
 }
 
 #[cfg(test)]
@@ -1481,5 +1487,78 @@ mod tests {
         let e = err(&format!("{JOB}{JOB}"));
         assert_eq!(e.line, Some(6));
         assert!(e.message.contains("already used"));
+    }
+
+    /// `n` jobs, each with a command and a workdir (whose places are
+    /// recorded), a resource and a timeout.
+    fn jobs(n: usize) -> String {
+        (0..n)
+            .map(|i| {
+                format!(
+                    "[[job]]\nname = \"j{i}\"\nschedule = \"0 */5 * * * *\"\ncommand = [\"true\", \"{i}\"]\nworkdir = \"/\"\ntimeout = \"1m\"\n\n"
+                )
+            })
+            .collect()
+    }
+
+    /// CPU time this thread has used.
+    fn thread_cpu() -> Duration {
+        let ts = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+        Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+    }
+
+    /// The least CPU time of three parses of `text`.
+    fn parse_cpu(text: &str) -> Duration {
+        (0..3)
+            .map(|_| {
+                let t0 = thread_cpu();
+                let config = parse(Path::new("jobs.toml"), text).unwrap();
+                let spent = thread_cpu() - t0;
+                drop(config);
+                spent
+            })
+            .min()
+            .unwrap()
+    }
+
+    /// Loading grows linearly with the number of jobs (issue 30: every
+    /// job's line and column used to be found by scanning the text before
+    /// it, so 10,000 jobs took seconds, at start and on every SIGHUP). No
+    /// wall-clock threshold: the CPU time of 8N jobs against N jobs, best of
+    /// three each, is about 8x when linear (8.1x measured) and tends to 64x
+    /// when quadratic; at these sizes a single scan of the text before each
+    /// job already makes it about 20x (17x with 400 and 3,200 jobs); the bound,
+    /// 14x, leaves room for a loaded machine's cache misses.
+    #[test]
+    fn load_time_is_linear_in_the_number_of_jobs() {
+        let (small, large) = (jobs(600), jobs(4800));
+        let (t_small, t_large) = (parse_cpu(&small), parse_cpu(&large));
+        let ratio = t_large.as_secs_f64() / t_small.as_secs_f64().max(1e-6);
+        assert!(
+            ratio < 14.0,
+            "8x the jobs took {ratio:.1}x the CPU time ({t_small:?} -> {t_large:?}): loading is not linear"
+        );
+    }
+
+    /// Lines and columns from the line index agree with counting from the
+    /// start of the text, at every offset (a multi-byte character, an empty
+    /// line, no final newline).
+    #[test]
+    fn line_and_column_of_every_offset() {
+        let text = "a = 1\n\n[b]\nc = \"\u{e9}\"\nd";
+        let lines = Lines::new(text);
+        for offset in 0..=text.len() + 2 {
+            let clamped = offset.min(text.len());
+            if !text.is_char_boundary(clamped) {
+                continue;
+            }
+            let before = &text[..clamped];
+            let line = before.matches('\n').count() + 1;
+            let column = before.rfind('\n').map_or(clamped, |nl| clamped - nl - 1) + 1;
+            assert_eq!(lines.line_col(offset), (line, column), "offset {offset}");
+        }
+        let c = parse(Path::new("jobs.toml"), &jobs(3)).unwrap();
+        assert_eq!(c.jobs[2].place.command, (18, 11));
+        assert_eq!(c.jobs[2].place.workdir, Some((19, 11)));
     }
 }

@@ -10,11 +10,12 @@ use std::time::Duration;
 
 use tokio::task::JoinHandle;
 
+use crate::backoff::Backoff;
 use crate::domain::{self, Stage, StaleReason};
 use crate::events;
 use crate::store::{
     Lease, NewStaleRecord, OwnerId, PutOutcome, PutRequest, StaleKind, StaleRecord, Store,
-    StoreError, Token,
+    StoreError, StoreTime, Token,
 };
 
 /// The largest value `fencecron put` stores under one key: 8 MiB. A fenced
@@ -55,25 +56,40 @@ pub fn job_report_line(rec: &StaleRecord) -> Option<String> {
 /// the job named `job`. The record in the store is the authority; this line
 /// only carries it to the daemon's log.
 pub fn parse_job_report(line: &str, job: &str) -> Option<StaleRecord> {
-    let v: serde_json::Value = serde_json::from_str(line.strip_prefix(JOB_REPORT_PREFIX)?).ok()?;
-    let text = |k: &str| v.get(k).and_then(|x| x.as_str()).map(str::to_string);
-    let at = text("at")?.parse::<chrono::DateTime<chrono::Utc>>().ok()?;
-    let rec = StaleRecord {
-        at: crate::store::StoreTime::from_utc(at),
+    let r: JobReport = serde_json::from_str(line.strip_prefix(JOB_REPORT_PREFIX)?).ok()?;
+    (r.job.as_deref() == Some(job)).then_some(StaleRecord {
+        at: r.at,
         kind: StaleKind::WriteRejected,
-        reason: domain::stored(&text("reason")?),
-        resource: text("resource")?,
-        key: text("key"),
+        reason: domain::stored(&r.reason),
+        resource: r.resource,
+        key: r.key,
         // A job's line: an owner id that is not one is not shown as one.
-        owner_id: text("owner_id").and_then(|o| o.parse().ok()),
-        token: v.get("token")?.as_i64()?,
-        accepted_token: v.get("accepted_token").and_then(|t| t.as_i64()),
-        node: text("node")?,
-        job: text("job"),
-        stage: domain::stored(&text("stage")?),
-        operation_id: text("operation_id")?,
-    };
-    (rec.job.as_deref() == Some(job)).then_some(rec)
+        owner_id: r.owner_id.and_then(|o| o.parse().ok()),
+        token: r.token,
+        accepted_token: r.accepted_token,
+        node: r.node,
+        job: r.job,
+        stage: domain::stored(&r.stage),
+        operation_id: r.operation_id,
+    })
+}
+
+/// What [`parse_job_report`] reads of a [`StaleRecord`]'s JSON: every field
+/// but `kind` (a job reports only rejected writes); other fields are
+/// ignored.
+#[derive(serde::Deserialize)]
+struct JobReport {
+    at: StoreTime,
+    reason: String,
+    resource: String,
+    key: Option<String>,
+    owner_id: Option<String>,
+    token: Token,
+    accepted_token: Option<Token>,
+    node: String,
+    job: Option<String>,
+    stage: String,
+    operation_id: String,
 }
 
 /// Stores a stale-owner record that happened outside `put` (a lost lease, a
@@ -139,8 +155,8 @@ pub fn record_in_background(store: Arc<dyn Store>, rec: PendingRecord) -> JoinHa
             stage: rec.stage.clone(),
             operation_id: &op,
         };
-        let give_up_at = tokio::time::Instant::now() + RECORD_WINDOW;
-        let mut delay = Duration::from_secs(1);
+        let mut backoff = Backoff::new(Duration::from_secs(1), RECORD_MAX_DELAY)
+            .until(tokio::time::Instant::now() + RECORD_WINDOW);
         let mut attempts = 0u32;
         loop {
             attempts += 1;
@@ -154,7 +170,7 @@ pub fn record_in_background(store: Arc<dyn Store>, rec: PendingRecord) -> JoinHa
                 }
                 Err(e) => e,
             };
-            let retry = (tokio::time::Instant::now() + delay <= give_up_at).then_some(delay);
+            let retry = backoff.next();
             events::store_unavailable(
                 store.outages(),
                 "record_stale",
@@ -162,11 +178,10 @@ pub fn record_in_background(store: Arc<dyn Store>, rec: PendingRecord) -> JoinHa
                 &e.to_string(),
                 retry,
             );
-            if retry.is_none() {
+            let Some(delay) = retry else {
                 break;
-            }
+            };
             tokio::time::sleep(delay).await;
-            delay = (delay * 2).min(RECORD_MAX_DELAY);
         }
         events::stale_record_failed(
             &rec.resource,
@@ -223,7 +238,6 @@ pub async fn finish_recording(task: Option<JoinHandle<()>>, resource: &str, limi
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::StoreTime;
 
     #[test]
     fn a_job_report_line_carries_the_record_and_only_for_its_job() {
@@ -247,5 +261,28 @@ mod tests {
         assert_eq!(parse_job_report(&line, "other"), None);
         assert_eq!(parse_job_report("FENCECRON_STALE_WRITE {}", "j"), None);
         assert_eq!(parse_job_report(&line[1..], "j"), None);
+        assert_eq!(
+            parse_job_report("FENCECRON_STALE_WRITE not json", "j"),
+            None
+        );
+        // `kind` is not read (a job reports rejected writes only) and
+        // fields this version does not know are ignored.
+        let other = line
+            .replace("\"write_rejected\"", "\"lease_lost\"")
+            .replace("\"stage\":", "\"added_later\":1,\"stage\":");
+        assert_ne!(other, line);
+        assert_eq!(parse_job_report(&other, "j"), Some(rec.clone()));
+        // A required field missing, or of the wrong type, is no report.
+        let no_token = line.replace("\"token\":4,", "");
+        assert_ne!(no_token, line);
+        assert_eq!(parse_job_report(&no_token, "j"), None);
+        assert_eq!(
+            parse_job_report(&line.replace("\"token\":4", "\"token\":\"4\""), "j"),
+            None
+        );
+        assert_eq!(
+            parse_job_report(&line.replace("\"at\":\"", "\"at\":\"x"), "j"),
+            None
+        );
     }
 }

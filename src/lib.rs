@@ -10,6 +10,7 @@
 // panics (a closed pipe, a full disk).
 #![deny(clippy::print_stdout, clippy::print_stderr)]
 
+pub mod backoff;
 pub mod cli;
 pub mod clock;
 pub mod commands;

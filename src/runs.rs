@@ -25,6 +25,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::backoff::Backoff;
 use crate::events;
 use crate::names::Name;
 use crate::store::{Lease, OwnerId, ReleaseOutcome, Store, StoreUrl};
@@ -211,7 +212,8 @@ async fn recover_one(
         return;
     };
     // The lease cannot outlive its own length: retrying longer is pointless.
-    let mut delay = Duration::from_millis(200);
+    let mut backoff =
+        Backoff::new(Duration::from_millis(200), Duration::from_secs(5)).until(give_up);
     loop {
         let released = store.release(&resource, rec.owner_id, rec.token).await;
         if released.is_ok() {
@@ -232,25 +234,18 @@ async fn recover_one(
                 break;
             }
             Err(e) => {
-                if tokio::time::Instant::now() + delay >= give_up {
-                    events::store_unavailable(
-                        store.outages(),
-                        "release",
-                        Some(rec.job.as_str()),
-                        &e.to_string(),
-                        None,
-                    );
-                    break;
-                }
+                let retry = backoff.next();
                 events::store_unavailable(
                     store.outages(),
                     "release",
                     Some(rec.job.as_str()),
                     &e.to_string(),
-                    Some(delay),
+                    retry,
                 );
+                let Some(delay) = retry else {
+                    break;
+                };
                 tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(5));
             }
         }
     }

@@ -3,12 +3,11 @@
 //!
 //! Once caught, a signal no longer ends the process by default; the command
 //! turns it into an orderly stop (terminate jobs, release leases, remove
-//! its rows) or, for the daemon, a reload. signal-hook's handlers only
-//! write to a pipe that a tokio task reads, so nothing runs inside the
-//! handler itself.
+//! its rows) or, for the daemon, a reload. tokio's handlers only note the
+//! signal and wake the runtime's driver, so nothing runs inside the handler
+//! itself.
 
-use futures::StreamExt;
-use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -24,34 +23,42 @@ pub enum Received {
 }
 
 /// Signals being caught.
-pub struct Signals(signal_hook_tokio::Signals);
+pub struct Signals {
+    term: Signal,
+    int: Signal,
+    /// `None` when SIGHUP is not caught (its default action stays).
+    hup: Option<Signal>,
+}
 
 impl Signals {
     /// Catches SIGTERM, SIGINT and SIGHUP from now on.
     pub fn stop_and_hangup() -> Result<Signals> {
-        Self::catch(&[SIGTERM, SIGINT, SIGHUP])
+        let mut signals = Self::stop()?;
+        signals.hup = Some(catch(SignalKind::hangup())?);
+        Ok(signals)
     }
 
     /// Catches SIGTERM and SIGINT from now on.
     pub fn stop() -> Result<Signals> {
-        Self::catch(&[SIGTERM, SIGINT])
-    }
-
-    fn catch(signals: &[i32]) -> Result<Signals> {
-        signal_hook_tokio::Signals::new(signals)
-            .map(Signals)
-            .map_err(|e| Error::Runtime(format!("cannot install signal handlers: {e}")))
+        Ok(Signals {
+            term: catch(SignalKind::terminate())?,
+            int: catch(SignalKind::interrupt())?,
+            hup: None,
+        })
     }
 
     /// The next signal; `None` once no more can arrive.
     pub async fn next(&mut self) -> Option<Received> {
-        loop {
-            match self.0.next().await? {
-                SIGTERM => return Some(Received::Stop("SIGTERM")),
-                SIGINT => return Some(Received::Stop("SIGINT")),
-                SIGHUP => return Some(Received::Hangup),
-                _ => {}
+        let hup = async {
+            match &mut self.hup {
+                Some(hup) => hup.recv().await,
+                None => std::future::pending().await,
             }
+        };
+        tokio::select! {
+            got = self.term.recv() => got.map(|()| Received::Stop("SIGTERM")),
+            got = self.int.recv() => got.map(|()| Received::Stop("SIGINT")),
+            got = hup => got.map(|()| Received::Hangup),
         }
     }
 
@@ -63,4 +70,8 @@ impl Signals {
             }
         })
     }
+}
+
+fn catch(kind: SignalKind) -> Result<Signal> {
+    signal(kind).map_err(|e| Error::Runtime(format!("cannot install signal handlers: {e}")))
 }

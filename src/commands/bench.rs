@@ -116,7 +116,7 @@ pub async fn run(cli: &Cli, args: &BenchArgs) -> Result<Exit> {
         store.backend(),
         args.clients,
         args.resources,
-        humantime::format_duration(args.duration.0)
+        humantime::format_duration(args.duration)
     )?;
     let result = tokio::select! {
         r = measure(&store, &prefix, args) => Some(r),
@@ -154,7 +154,7 @@ async fn measure(
             let store = store.clone();
             let resource = Name::parse("resource", &format!("{prefix}{}", client % args.resources))
                 .map_err(Error::Usage)?;
-            let duration = args.duration.0;
+            let duration = args.duration;
             tasks.spawn(async move { client_loop(store.as_ref(), op, &resource, duration).await });
         }
         let mut per_client = Vec::new();

@@ -15,6 +15,7 @@
 //! store the daemon could not use (unreachable, refused login, missing
 //! database, migrations it cannot apply, missing privileges) exits 1.
 
+use std::collections::HashMap;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -283,9 +284,22 @@ fn host_findings(
             config.path.display()
         )));
     }
+    // Each directory and program is looked at once, however many jobs
+    // name it (10,000 jobs running `true` in `/` would stat PATH 10,000
+    // times).
+    let path_dirs: Vec<PathBuf> = path_var
+        .map(|p| std::env::split_paths(p).collect())
+        .unwrap_or_default();
+    let mut workdirs: HashMap<&Path, Option<String>> = HashMap::new();
+    let mut found_on_path: HashMap<&str, bool> = HashMap::new();
     for job in &config.jobs {
+        let mut workdir_ok = false;
         if let Some(dir) = &job.workdir {
-            if let Some(problem) = workdir_problem(dir) {
+            let problem = workdirs
+                .entry(dir.as_path())
+                .or_insert_with(|| workdir_problem(dir));
+            workdir_ok = problem.is_none();
+            if let Some(problem) = problem {
                 let message = format!(
                     "{} {problem}; create the directory or fix the path",
                     dir.display()
@@ -293,7 +307,17 @@ fn host_findings(
                 found.push(classify(config, job, "workdir", dir, message, volatile));
             }
         }
-        found.extend(command_finding(config, job, path_var, volatile));
+        let program = job.command[0].as_str();
+        let on_path = || {
+            *found_on_path.entry(program).or_insert_with(|| {
+                path_dirs
+                    .iter()
+                    .any(|d| executable_problem(&d.join(program)).is_none())
+            })
+        };
+        found.extend(command_finding(
+            config, job, workdir_ok, on_path, path_var, volatile,
+        ));
     }
     found
 }
@@ -319,9 +343,13 @@ fn classify(
     }
 }
 
+/// What is wrong with a job's program, if anything: `workdir_ok` when its
+/// workdir exists, `on_path` whether a bare program name is found on PATH.
 fn command_finding(
     config: &Config,
     job: &Job,
+    workdir_ok: bool,
+    on_path: impl FnOnce() -> bool,
     path_var: Option<&std::ffi::OsStr>,
     volatile: &[&str],
 ) -> Option<Finding> {
@@ -331,7 +359,7 @@ fn command_finding(
             (_, true) => program.to_path_buf(),
             // Relative to the workdir; without one, to the daemon's own
             // working directory, which `check` cannot know.
-            (Some(dir), false) if workdir_problem(dir).is_none() => dir.join(program),
+            (Some(dir), false) if workdir_ok => dir.join(program),
             _ => return None,
         };
         let problem = executable_problem(&full)?;
@@ -341,13 +369,7 @@ fn command_finding(
         );
         return Some(classify(config, job, "command", &full, message, volatile));
     }
-    let dirs: Vec<PathBuf> = path_var
-        .map(|p| std::env::split_paths(p).collect())
-        .unwrap_or_default();
-    if dirs
-        .iter()
-        .any(|d| executable_problem(&d.join(program)).is_none())
-    {
+    if on_path() {
         return None;
     }
     let (line, _) = job.place.command;

@@ -20,9 +20,9 @@ pub async fn run(cli: &Cli, args: &ExecArgs) -> Result<Exit> {
     let ctx = Context::load(cli, false)?;
     let resource = Name::parse("resource", &args.resource).map_err(Error::Usage)?;
     let timing = LeaseTiming::new(
-        args.lease.map_or(DEFAULT_LEASE, |l| l.0),
-        args.renew_every.map(|d| d.0),
-        args.kill_grace.map(|d| d.0),
+        args.lease.unwrap_or(DEFAULT_LEASE),
+        args.renew_every,
+        args.kill_grace,
     )
     .map_err(|e| Error::Usage(e.to_string()))?;
     // Before the lease is taken: failing to set up the job's environment

@@ -183,7 +183,7 @@ pub async fn stale(cli: &Cli, args: &StaleArgs) -> Result<Exit> {
     let since = match args.since {
         Some(d) => {
             let now = store.now().await?;
-            Some(StoreTime(now.0 - crate::store::millis(d.0)))
+            Some(StoreTime(now.0 - crate::store::millis(d)))
         }
         None => None,
     };

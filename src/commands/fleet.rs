@@ -47,7 +47,7 @@ pub async fn runs(cli: &Cli, args: &RunsArgs) -> Result<Exit> {
         return show_run(store.as_ref(), run, *json).await;
     }
     let since = match args.since {
-        Some(d) => Some(StoreTime(store.now().await?.0 - millis(d.0))),
+        Some(d) => Some(StoreTime(store.now().await?.0 - millis(d))),
         None => None,
     };
     let runs = store
@@ -470,7 +470,7 @@ pub async fn pause(cli: &Cli, args: &PauseArgs) -> Result<Exit> {
         job: job.name.to_string(),
         note: args.note.clone(),
         since: now,
-        until: args.for_.map(|d| StoreTime(now.0 + millis(d.0))),
+        until: args.for_.map(|d| StoreTime(now.0 + millis(d))),
         paused_by: requester(),
     };
     // Refused in the store itself, atomically: of two CLIs pausing at
@@ -549,7 +549,7 @@ pub async fn trigger(cli: &Cli, args: &TriggerArgs) -> Result<Exit> {
         detail: None,
     };
     store.request_trigger(&request).await?;
-    let taken = await_taken(store.as_ref(), &request, args.timeout.0).await?;
+    let taken = await_taken(store.as_ref(), &request, args.timeout).await?;
     let (node, token) = (
         taken.node.clone().unwrap_or_default(),
         taken.token.unwrap_or_default(),

@@ -23,7 +23,7 @@ pub async fn run(cli: &Cli, cmd: &LeaseCommand) -> Result<Exit> {
             json,
         } => {
             let resource = Name::parse("resource", resource).map_err(Error::Usage)?;
-            let lease = checked_lease(lease.map(|l| l.0))?;
+            let lease = checked_lease(*lease)?;
             let store = ctx.store(&OpenOptions::default()).await?;
             let outcome = store
                 .acquire(&AcquireRequest {
@@ -67,7 +67,7 @@ pub async fn run(cli: &Cli, cmd: &LeaseCommand) -> Result<Exit> {
         } => {
             let resource = Name::parse("resource", resource).map_err(Error::Usage)?;
             let owner_id = owner_id_arg(owner_id)?;
-            let lease = checked_lease(lease.map(|l| l.0))?;
+            let lease = checked_lease(*lease)?;
             let store = ctx.store(&OpenOptions::default()).await?;
             match store.renew(&resource, owner_id, *token, lease).await? {
                 RenewOutcome::Renewed { expires_at } => {

@@ -51,8 +51,8 @@ pub async fn run(cli: &Cli, args: &ProxyArgs) -> Result<Exit> {
         Settings {
             upstream,
             node: ctx.node.clone(),
-            upstream_timeout: args.upstream_timeout.0,
-            drain: args.drain.0,
+            upstream_timeout: args.upstream_timeout,
+            drain: args.drain,
         },
     );
     let abandoned = proxy::serve(proxy, listener, stop).await;

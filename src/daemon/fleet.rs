@@ -32,6 +32,7 @@ use tokio::time::Instant;
 
 use super::occurrence::{on_failure, run_under_lease, Slot};
 use super::{ensure_ready, Shared};
+use crate::backoff::Backoff;
 use crate::config::Job;
 use crate::domain::TriggerState;
 use crate::events::{self, AbandonReason};
@@ -175,11 +176,10 @@ async fn run_triggered(shared: Shared, job: Arc<Job>, trigger: TriggerInfo, _slo
 /// it waiting. A store down for longer leaves the trigger `started` (and
 /// `store_unavailable` logged each time).
 async fn settle_ended(store: &Arc<dyn store::Store>, trigger: &TriggerInfo, token: store::Token) {
-    let mut backoff = Duration::from_secs(1);
+    let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(8));
     for attempt in 0..5 {
         if attempt > 0 {
-            tokio::time::sleep(backoff).await;
-            backoff *= 2;
+            tokio::time::sleep(backoff.wait()).await;
         }
         match store
             .settle_trigger(&trigger.id, TriggerState::Ended, Some(token), None)

@@ -46,6 +46,7 @@ use tokio::sync::{mpsc, watch, OnceCell};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::backoff::Backoff;
 use crate::clock::Clock;
 use crate::config::{History, Job};
 use crate::domain::NodeId;
@@ -353,12 +354,13 @@ async fn reload(jobs: Result<Vec<Job>, String>, tx: &mpsc::Sender<Vec<Job>>, rea
 /// the daemon stops; each failure is logged (`store_unavailable`) and shown
 /// in systemd's STATUS=.
 async fn await_store(ready: &OnceCell<()>, store: &dyn Store, shutdown: &CancellationToken) {
-    let mut wait = STARTUP_RETRY;
+    let mut backoff = Backoff::new(STARTUP_RETRY, STARTUP_RETRY_MAX);
     loop {
         let error = match ensure_ready(ready, store).await {
             Ok(()) => return,
             Err(e) => e.to_string(),
         };
+        let wait = backoff.wait();
         events::store_unavailable(store.outages(), "migrate", None, &error, Some(wait));
         notify(&[NotifyState::Status(&format!(
             "waiting for the store: {error}; retrying in {}s",
@@ -368,7 +370,6 @@ async fn await_store(ready: &OnceCell<()>, store: &dyn Store, shutdown: &Cancell
             _ = shutdown.cancelled() => return,
             _ = tokio::time::sleep(wait) => {}
         }
-        wait = (wait * 2).min(STARTUP_RETRY_MAX);
     }
 }
 

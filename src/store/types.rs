@@ -77,6 +77,16 @@ impl Serialize for StoreTime {
     }
 }
 
+/// The RFC 3339 text [`Serialize`] writes (any offset is taken).
+impl<'de> serde::Deserialize<'de> for StoreTime {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = std::borrow::Cow::<str>::deserialize(d)?;
+        text.parse::<DateTime<Utc>>()
+            .map(StoreTime::from_utc)
+            .map_err(serde::de::Error::custom)
+    }
+}
+
 /// RFC 3339 in UTC with milliseconds and a `Z` suffix.
 pub fn rfc3339(t: DateTime<Utc>) -> String {
     t.to_rfc3339_opts(SecondsFormat::Millis, true)

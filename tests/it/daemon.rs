@@ -49,6 +49,31 @@ fn first_on_any(
     }
 }
 
+/// Waits until the job recording into `runs_file` has run an instant at
+/// least `window` after `t0` (a slow machine gets a full window rather than
+/// fewer instants), up to a minute longer; returns the time then, the end
+/// of the window [`check_runs`] looks at.
+fn run_through(
+    runs_file: &Path,
+    t0: DateTime<Utc>,
+    window: Duration,
+    daemons: &[&Daemon],
+) -> DateTime<Utc> {
+    let end = t0 + chrono::Duration::from_std(window).expect("window");
+    wait_until(
+        window + secs(60),
+        || read_runs(runs_file).iter().any(|r| r.scheduled_at >= end),
+        || {
+            let summaries: Vec<String> = daemons
+                .iter()
+                .map(|d| format!("[{}] {}", d.node, d.summary()))
+                .collect();
+            format!("no run of an instant at or after {end}: {summaries:?}")
+        },
+    );
+    Utc::now()
+}
+
 fn job_is(job: &str) -> impl Fn(&Value) -> bool + '_ {
     move |e| str_field(e, "job") == Some(job)
 }
@@ -96,8 +121,7 @@ fn fleet_dedup(backend: Backend, test: &str, nodes: usize, run_for: Duration) {
         assert_eq!(str_field(&e, "scope"), Some(scope), "{e}");
     }
     let t0 = Utc::now();
-    std::thread::sleep(run_for);
-    let t1 = Utc::now();
+    let t1 = run_through(&runs_file, t0, run_for, &daemons.iter().collect::<Vec<_>>());
     for d in &daemons {
         d.signal(Signal::SIGTERM);
     }
@@ -307,8 +331,7 @@ fn clock_behind(backend: Backend, test: &str) {
     ));
     correct.expect("daemon_started", ev("daemon_started"), secs(60));
     let t0 = Utc::now();
-    std::thread::sleep(secs(20));
-    let t1 = Utc::now();
+    let t1 = run_through(&runs_file, t0, secs(20), &[&lagging, &correct]);
     for d in [&lagging, &correct] {
         d.signal(Signal::SIGTERM);
     }
