@@ -106,15 +106,16 @@ impl Db {
         Db { rt, conn }
     }
 
-    /// Another owner takes the lease: new owner id, next fence, same expiry.
-    /// Returns the number of rows changed.
+    /// Another owner takes the lease: new owner id (a UUID, as every owner
+    /// id the store holds: a row with anything else does not decode), next
+    /// fence, same expiry. Returns the number of rows changed.
     pub(crate) fn intrude(&mut self, resource: &str) -> u64 {
         let rt = &self.rt;
         match &mut self.conn {
             Conn::Pg(c) => rt
                 .block_on(
                     sqlx::query(
-                        "UPDATE fencecron_leases SET owner_id = 'intruder', fence = fence + 1 \
+                        "UPDATE fencecron_leases SET owner_id = '00000000-0000-4000-8000-00000000beef', fence = fence + 1 \
                          WHERE resource = $1",
                     )
                     .bind(resource)
@@ -125,7 +126,7 @@ impl Db {
             Conn::Sqlite(c) => rt
                 .block_on(
                     sqlx::query(
-                        "UPDATE fencecron_leases SET owner_id = 'intruder', fence = fence + 1 \
+                        "UPDATE fencecron_leases SET owner_id = '00000000-0000-4000-8000-00000000beef', fence = fence + 1 \
                          WHERE resource = ?1",
                     )
                     .bind(resource)
