@@ -59,7 +59,11 @@ where
         reason: crate::domain::stored(&get::<_, String>(r, "reason")?),
         resource: get(r, "resource")?,
         key: get(r, "key")?,
-        owner_id: get(r, "owner_id")?,
+        // A stale record's owner is what the refused writer claimed (a job's
+        // own report, before releases that checked it), not an owner the
+        // store issued: one that is not a UUID lists as none rather than
+        // making the whole listing unreadable.
+        owner_id: get::<_, Option<String>>(r, "owner_id")?.and_then(|s| s.parse().ok()),
         token: get(r, "token")?,
         accepted_token: get(r, "accepted_token")?,
         node: get(r, "node")?,

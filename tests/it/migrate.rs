@@ -131,7 +131,7 @@ async fn mysql_upgrade_from_0001_keeps_fences() {
         old.execute(
             "INSERT INTO fencecron_leases
                (resource, fence, owner_id, node, acquired_at_ms, expires_at_ms, last_occurrence_ms)
-             VALUES ('upgraded', 41, 'old-owner', 'old-node', 0, 0, NULL)",
+             VALUES ('upgraded', 41, '00000000-0000-4000-8000-0000000001d0', 'old-node', 0, 0, NULL)",
         )
         .await
         .expect("old lease row");
@@ -187,8 +187,8 @@ async fn previous_version_database(backend: Backend, url: &str, files: &[&str]) 
         .expect("read old migrations");
     let rows = "INSERT INTO fencecron_leases
            (resource, fence, owner_id, node, acquired_at_ms, expires_at_ms, last_occurrence_ms)
-         VALUES ('upgraded', 41, 'old-owner', 'old-node', 0, 0, NULL),
-                ('held', 7, 'old-holder', 'old-node', 0, 4102444800000, NULL)";
+         VALUES ('upgraded', 41, '00000000-0000-4000-8000-0000000001d0', 'old-node', 0, 0, NULL),
+                ('held', 7, '00000000-0000-4000-8000-0000000001d1', 'old-node', 0, 4102444800000, NULL)";
     match backend {
         Backend::Sqlite => {
             let opts = url
@@ -646,7 +646,7 @@ async fn shared_with_an_application(backend: Backend, test: &str) {
         db.exec(
             "INSERT INTO fencecron_leases
                (resource, fence, owner_id, node, acquired_at_ms, expires_at_ms)
-             VALUES ('shared', 41, 'old-owner', 'old-node', 0, 0)",
+             VALUES ('shared', 41, '00000000-0000-4000-8000-0000000001d0', 'old-node', 0, 0)",
         )
         .await;
         let before = db.timings(LEGACY).await;
