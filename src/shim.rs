@@ -15,8 +15,11 @@
 //!   call so that a faked libc clock (libfaketime) cannot shift them; every
 //!   renewal the daemon confirms moves them later through the control pipe
 //!   (fd 3, lines `D TERM_AT KILL_AT`). When the daemon terminates the job
-//!   itself it says so first (`T`: SIGTERM sent, SIGKILL after the grace;
-//!   `K`: SIGKILL sent), so the shim kills by the same points;
+//!   itself it says so first (`T`: SIGTERM sent; `K`: SIGKILL sent). After
+//!   a `K` the shim kills at once too; after a `T` it SIGKILLs one grace
+//!   after the daemon's own SIGKILL is due (never after `KILL_AT`), so a
+//!   daemon that is alive kills first and logs it, and the shim stays the
+//!   backstop should the daemon stall;
 //! * when the control pipe reaches end-of-file, its daemon is gone (crash,
 //!   SIGKILL, OOM kill, abort): SIGTERM at once, SIGKILL after the grace but
 //!   never after `KILL_AT`;
@@ -102,12 +105,18 @@ impl Deadlines {
     }
 
     /// The daemon has sent SIGTERM to the job's tree itself (a timeout, a
-    /// lost lease, a shutdown): the termination is under way, SIGKILL
-    /// follows after the grace, and the rest of the tree keeps that grace
-    /// should the leader exit first.
+    /// lost lease, a shutdown): the termination is under way, and the rest
+    /// of the tree keeps its grace should the leader exit first. The daemon
+    /// SIGKILLs after the grace and logs it; the shim's own SIGKILL is the
+    /// backstop, one grace later (never after the lease deadline): were it
+    /// due at the same point, the two would race and a healthy daemon's
+    /// `job_cancelled` SIGKILL would go missing whenever the shim won. A
+    /// daemon that dies meanwhile closes the pipe, which brings the SIGKILL
+    /// back to one grace from then ([`Deadlines::terminate_now`]).
     fn terminating(&mut self, now: u64) {
         self.term_sent = true;
-        self.kill_at = self.kill_at.min(now.saturating_add(self.grace_ns));
+        let backstop = self.grace_ns.saturating_mul(2);
+        self.kill_at = self.kill_at.min(now.saturating_add(backstop));
     }
 
     /// The daemon has sent SIGKILL to the job's tree: so does the shim, now,
@@ -549,11 +558,15 @@ mod tests {
 
     #[test]
     fn the_daemons_termination_keeps_the_grace_and_the_lease_deadline() {
-        // SIGTERM sent by the daemon: SIGKILL after the grace...
+        // SIGTERM sent by the daemon: the daemon SIGKILLs after the grace,
+        // the shim one grace later...
         let mut x = d();
         x.terminating(100);
         assert!(x.term_sent && !x.kill_sent);
-        assert_eq!(x.kill_at, 600);
+        assert_eq!(x.kill_at, 1_100);
+        // ...or one grace after the daemon is gone, if that is earlier...
+        x.terminate_now(200);
+        assert_eq!(x.kill_at, 700);
         // ...but never after the lease deadline.
         let mut x = d();
         x.terminating(1_800);
