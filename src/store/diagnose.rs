@@ -142,9 +142,13 @@ pub(super) fn sqlite_path(url: &str) -> Option<PathBuf> {
 
 /// `host:port` of a server URL, with the backend's default port.
 pub(super) fn host_port(url: &str, backend: Backend) -> String {
-    let Ok(u) = url::Url::parse(url) else {
+    let Ok((u, list)) = super::parse_lenient(url) else {
         return url.to_string();
     };
+    // Several PostgreSQL hosts: the list as written.
+    if let Some(list) = list {
+        return list;
+    }
     // A Unix socket (PostgreSQL `?host=/run/postgresql`, MySQL `?socket=`).
     if let Some((_, path)) = u
         .query_pairs()
@@ -166,7 +170,8 @@ pub(super) fn host_port(url: &str, backend: Backend) -> String {
 
 /// The database a server URL names.
 pub(super) fn database(url: &str) -> String {
-    url::Url::parse(url)
+    super::parse_lenient(url)
+        .map(|(u, _)| u)
         .ok()
         .map(|u| u.path().trim_start_matches('/').to_string())
         .filter(|d| !d.is_empty())
@@ -177,7 +182,7 @@ pub(super) fn database(url: &str) -> String {
 /// Whether the URL carries a password (in its user part or a password
 /// parameter; a redacted URL keeps `***` in its place).
 fn url_has_password(url: &str) -> bool {
-    url::Url::parse(url).is_ok_and(|u| {
+    super::parse_lenient(url).is_ok_and(|(u, _)| {
         u.password().is_some_and(|p| !p.is_empty())
             || u.query_pairs()
                 .any(|(k, v)| super::is_secret_param(&k) && !v.is_empty())
@@ -185,7 +190,8 @@ fn url_has_password(url: &str) -> bool {
 }
 
 fn user(url: &str) -> String {
-    url::Url::parse(url)
+    super::parse_lenient(url)
+        .map(|(u, _)| u)
         .ok()
         .map(|u| u.username().to_string())
         .filter(|u| !u.is_empty())
@@ -274,7 +280,7 @@ pub(crate) fn migrate_message(backend: Backend, url: &str, source: &MigrateError
 
 /// How long the first connection may take before [`first_connection`]
 /// asks the server directly why.
-const PROBE_AFTER: Duration = Duration::from_millis(300);
+pub(crate) const PROBE_AFTER: Duration = Duration::from_millis(300);
 
 /// The pool's first connection, failing fast with the real reason. sqlx's
 /// pool retries a refused connection (the server may be starting) until
