@@ -37,6 +37,9 @@ pub(crate) enum Cause {
     HostNotAllowed,
     /// Nothing listens at the host and port.
     Refused,
+    /// PostgreSQL 25006 read_only_sql_transaction: the server is a standby
+    /// or read-only, so a write was refused.
+    ReadOnly,
     /// A row or value this version cannot decode.
     Decode,
     /// The SQLite database's directory does not exist.
@@ -64,6 +67,7 @@ pub(crate) fn cause(url: &str, e: &sqlx::Error) -> Option<Cause> {
         sqlx::Error::Database(db) => match backend? {
             Backend::Postgres => match db.code().as_deref()? {
                 "3D000" => Some(Cause::MissingDatabase),
+                "25006" => Some(Cause::ReadOnly),
                 "28P01" => Some(Cause::WrongPassword),
                 "28000" if db.message().contains("pg_hba.conf") => Some(Cause::HostNotAllowed),
                 "28000" if db.message().contains("does not exist") => Some(Cause::MissingRole),
@@ -233,6 +237,9 @@ pub(crate) fn explain(url: &str, source: &sqlx::Error) -> Option<String> {
         ),
         Cause::Refused => format!(
             "the {server} store {url} is unreachable: connection refused at {at}, where nothing accepts connections ({source}); check that the database server is running and listens on that address and port, and that the store URL names the right host and port"
+        ),
+        Cause::ReadOnly => format!(
+            "the PostgreSQL server at {at} takes no writes: it is a standby or read-only ({source}); point the store URL at the primary, or list the cluster's hosts with ?target_session_attrs=read-write so that each connection finds it"
         ),
         Cause::Decode => format!(
             "the store at {url} returned a row this fencecron cannot read ({source}); its tables differ from what this version expects: check that every fencecron using this store runs the same version and that nobody changed fencecron's tables by hand"

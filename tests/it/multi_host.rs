@@ -256,7 +256,12 @@ async fn each_target_session_attrs_value_picks_the_host_libpq_would() {
     assert!(matches!(rw, Ok(AcquireOutcome::Acquired(_))), "{rw:?}");
     let any = acquire_through(&url(&[s, p], "")).await;
     let e = any.expect_err("a write on the standby fails");
-    assert!(e.contains("read-only transaction"), "{e}");
+    assert!(
+        e.contains("read-only transaction")
+            && e.contains("takes no writes")
+            && e.contains("target_session_attrs=read-write"),
+        "{e}"
+    );
 
     // Errors: every host named with its reason, the password never shown.
     let dead2 = common::free_port();

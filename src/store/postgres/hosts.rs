@@ -255,6 +255,10 @@ impl Hosts {
     /// given) is kept, or replaced by one to an earlier or later host, as
     /// the walk decides.
     async fn settle(&self, conn: &mut PgConnection) -> Result<(), sqlx::Error> {
+        // The host the pool was given (a connection does not say which
+        // host it reached). Should the anchor move while the pool connects,
+        // the connection is taken for the new anchor's: its session is
+        // still checked, only the order may be off for that connection.
         let at = self.given.load(Ordering::Relaxed);
         match self.walk(Some((at, &mut *conn))).await {
             Ok(None) => {
