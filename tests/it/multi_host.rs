@@ -19,6 +19,7 @@
 
 use crate::common;
 
+use std::net::SocketAddr;
 use std::path::Path;
 use std::process::Output;
 use std::time::{Duration, Instant};
@@ -33,6 +34,7 @@ use common::daemon::{
 };
 use common::harness::{code, describe, fencecron, run};
 use common::pg::{as_postgres, postgres_dir, skip_unless_available, Instance};
+use common::proxy::Proxy;
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -241,6 +243,28 @@ async fn each_target_session_attrs_value_picks_the_host_libpq_would() {
             assert_eq!(code(&out), 0, "{attrs}: {}", describe(&out));
         }
     }
+    // A host that takes the TCP connection and never answers (powered
+    // off behind a load balancer, black-holed) costs its connect_timeout,
+    // not the command's whole limit.
+    let silent = Proxy::start(SocketAddr::from(([127, 0, 0, 1], p)));
+    silent.blackhole();
+    let started = Instant::now();
+    let (port, out) = answering_port(
+        &url(
+            &[silent.addr.port(), p],
+            "target_session_attrs=read-write&connect_timeout=2",
+        ),
+        &[],
+    );
+    assert_eq!(port, p, "{}", describe(&out));
+    assert_eq!(code(&out), 0, "{}", describe(&out));
+    assert!(
+        started.elapsed() >= Duration::from_secs(2),
+        "the silent host had its connect_timeout: {:?}",
+        started.elapsed()
+    );
+    drop(silent);
+
     // From the environment when the URL does not say; the URL wins.
     let (port, _) = answering_port(&url(&[s, p], ""), &[("PGTARGETSESSIONATTRS", "read-write")]);
     assert_eq!(port, p);

@@ -279,21 +279,24 @@ impl Hosts {
     }
 
     /// Walks the hosts beside a call that waits, and moves the anchor to
-    /// the first that qualifies (the pool's next attempt reads it). One
-    /// walk at a time: a call that finds one under way does not add its
-    /// own. Its error: no host qualifies.
-    pub(crate) async fn look(&self, pool: &PgPool) -> Result<(), NoHost> {
+    /// the first that qualifies (the pool's next attempt reads it): whether
+    /// that is another host than the pool was given. One walk at a time: a
+    /// call that finds one under way does not add its own. Its error: no
+    /// host qualifies.
+    pub(crate) async fn look(&self, pool: &PgPool) -> Result<bool, NoHost> {
         let Ok(_one) = self.looking.try_lock() else {
-            return Ok(());
+            return Ok(false);
         };
         match self.walk(None).await {
             Ok(found) => {
-                if let Some((host, conn)) = found {
-                    let _ = conn.close().await;
-                    self.chose(host);
-                    self.sync(pool);
-                }
-                Ok(())
+                let Some((host, conn)) = found else {
+                    return Ok(false);
+                };
+                let _ = conn.close().await;
+                self.chose(host);
+                let moved = self.given.load(Ordering::Relaxed) != host;
+                self.sync(pool);
+                Ok(moved)
             }
             Err(no) => {
                 self.failed(&no);
@@ -431,8 +434,7 @@ pub(crate) async fn first_connection(
         return super::super::diagnose::first_connection(pool).await;
     };
     hosts.sync(pool);
-    let acquire = pool.acquire();
-    tokio::pin!(acquire);
+    let mut acquire = Box::pin(pool.acquire());
     tokio::select! {
         r = &mut acquire => return r,
         () = tokio::time::sleep(PROBE_AFTER) => {}
@@ -442,7 +444,14 @@ pub(crate) async fn first_connection(
     tokio::select! {
         r = &mut acquire => r,
         l = &mut look => match l {
-            Ok(()) => acquire.await,
+            // The pool's attempt may hang on a host that does not answer
+            // (the driver bounds it only by the call's limit): dropped, and
+            // made again to the host the walk found.
+            Ok(true) => {
+                drop(acquire);
+                pool.acquire().await
+            }
+            Ok(false) => acquire.await,
             Err(no) => Err(no.into_sqlx()),
         },
     }
