@@ -309,7 +309,13 @@ impl StoreUrl {
             pg = Some(pg_targets(raw, env)?);
         }
         if backend != Backend::Sqlite {
-            let (u, _) = parse_lenient(raw)
+            // Several hosts are PostgreSQL's alone.
+            let parsed = if backend == Backend::Postgres {
+                parse_lenient(raw).map(|(u, _)| u)
+            } else {
+                url::Url::parse(raw)
+            };
+            let u = parsed
                 .map_err(|e| format!("store URL `{}` is not a valid URL: {e}", redact(raw)))?;
             // sqlx's PostgreSQL driver reads only `password` (names are
             // case-sensitive) and logs any parameter it does not know *with
@@ -844,6 +850,9 @@ mod tests {
         );
         // Not read for other backends.
         assert!(StoreUrl::parse_with_env("mysql://root@h/db", &bad).is_ok());
+        // Nor are several hosts.
+        let e = StoreUrl::parse_with_env("mysql://root@h1:3306,h2:3306/db", &no_env).unwrap_err();
+        assert!(e.contains("not a valid URL"), "{e}");
     }
 
     #[test]
