@@ -183,7 +183,8 @@ impl Credentials {
                 secrets: Vec::new(),
             };
         }
-        let Ok(mut url) = url::Url::parse(&raw) else {
+        // A multi-host PostgreSQL URL is read with its host list set aside.
+        let Ok((mut url, hosts)) = crate::store::parse_lenient(&raw) else {
             // StoreUrl::parse accepted it as a URL; nothing else to find.
             return Credentials {
                 url: raw,
@@ -214,7 +215,7 @@ impl Credentials {
                     url.query_pairs_mut().append_pair("password", pw);
                 }
                 return Credentials {
-                    url: url.to_string(),
+                    url: crate::store::unparse(&url, hosts.as_deref()),
                     secrets,
                 };
             }
@@ -399,6 +400,26 @@ mod tests {
         let c = build("mysql://root@db/f", None, &[("MYSQL_PWD", "pw")]);
         assert_eq!(get(&c, "FENCECRON_STORE"), Some("mysql://root@db/f"));
         assert!(removes(&c, "MYSQL_PWD") && !removes(&c, "PGPASSWORD"));
+    }
+
+    #[test]
+    fn a_multi_host_urls_password_is_a_secret_and_pgpassword_fills_it() {
+        let c = build(
+            "postgres://fencecron:hunter2@h1:5432,h2:5433/f?target_session_attrs=read-write",
+            None,
+            &[("COPY", "hunter2")],
+        );
+        assert!(
+            removes(&c, "COPY"),
+            "the password is found in a multi-host URL"
+        );
+        let c = build(
+            "postgres://fencecron@h1:5432,h2:5433/f",
+            None,
+            &[("PGPASSWORD", "s3cr3t")],
+        );
+        let url = read_url_file(c.url_file().expect("PGPASSWORD needs the file")).unwrap();
+        assert_eq!(url, "postgres://fencecron:s3cr3t@h1:5432,h2:5433/f");
     }
 
     #[test]

@@ -213,6 +213,12 @@ fn report(p: &Probe) -> Report {
             ));
         }
     }
+    if let Some(why) = &p.read_only {
+        r.problems.push(format!(
+            "the store's server ({}) is {why}: the daemon cannot write there; point the store URL at the primary, or list the cluster's hosts with ?target_session_attrs=read-write so that the primary is found",
+            p.answered
+        ));
+    }
     if p.missing.is_empty() {
         r.lines.push(format!(
             "store: privileges: user {} has what the daemon needs ({})",
@@ -413,6 +419,7 @@ mod tests {
             missing: Vec::new(),
             checked: "everything".into(),
             clock,
+            read_only: None,
         }
     }
 

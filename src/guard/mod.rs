@@ -48,8 +48,8 @@ use sqlx::Row;
 use crate::domain::Stage;
 use crate::names::Name;
 use crate::store::{
-    first_connection, postgres_options, timed, unavailable, Backend, OwnerId, RejectReason,
-    StaleKind, StaleRecord, StoreError, StoreTime, StoreUrl,
+    first_connection, pg_first_connection, postgres_options, timed, unavailable, Backend, OwnerId,
+    PgHosts, RejectReason, StaleKind, StaleRecord, StoreError, StoreTime, StoreUrl,
 };
 pub use ddl::{script, statements, trigger_script, MESSAGE_PREFIX, SQLSTATE};
 use ddl::{MYSQL, POSTGRES, SQLITE};
@@ -62,6 +62,8 @@ const CALL_LIMIT: Duration = Duration::from_secs(30);
 pub struct GuardDb {
     url: StoreUrl,
     pool: Pool,
+    /// A multi-host PostgreSQL URL's hosts, walked as the store walks them.
+    hosts: Option<std::sync::Arc<PgHosts>>,
 }
 
 enum Pool {
@@ -102,15 +104,19 @@ impl GuardDb {
     /// as the application set them.
     pub fn open(url: &StoreUrl) -> Result<GuardDb, StoreError> {
         let url = url.clone();
+        let hosts = match url.backend() {
+            Backend::Postgres => PgHosts::new(&url, "fencecron-guard", CALL_LIMIT)?,
+            _ => None,
+        };
         let pool = match url.backend() {
             Backend::Postgres => {
-                let c = postgres_options(&url, "fencecron-guard")?;
-                Pool::Pg(
-                    PgPoolOptions::new()
-                        .max_connections(2)
-                        .acquire_timeout(CALL_LIMIT)
-                        .connect_lazy_with(c),
-                )
+                let pool = PgPoolOptions::new()
+                    .max_connections(2)
+                    .acquire_timeout(CALL_LIMIT);
+                Pool::Pg(match &hosts {
+                    Some(h) => h.pool_options(pool).connect_lazy_with(h.first_options()),
+                    None => pool.connect_lazy_with(postgres_options(&url, "fencecron-guard")?),
+                })
             }
             Backend::MySql => {
                 let c: MySqlConnectOptions =
@@ -135,7 +141,7 @@ impl GuardDb {
                 )
             }
         };
-        Ok(GuardDb { url, pool })
+        Ok(GuardDb { url, pool, hosts })
     }
 
     /// The (redacted) URL, for messages.
@@ -148,7 +154,9 @@ impl GuardDb {
     /// timeout and report only that): every operation starts here.
     async fn connected(&self) -> Result<(), sqlx::Error> {
         match &self.pool {
-            Pool::Pg(p) => first_connection(p).await.map(drop),
+            Pool::Pg(p) => pg_first_connection(self.hosts.as_deref(), p)
+                .await
+                .map(drop),
             Pool::My(p) => first_connection(p).await.map(drop),
             Pool::Lite(p) => first_connection(p).await.map(drop),
         }

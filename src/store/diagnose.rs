@@ -37,6 +37,9 @@ pub(crate) enum Cause {
     HostNotAllowed,
     /// Nothing listens at the host and port.
     Refused,
+    /// PostgreSQL 25006 read_only_sql_transaction: the server is a standby
+    /// or read-only, so a write was refused.
+    ReadOnly,
     /// A row or value this version cannot decode.
     Decode,
     /// The SQLite database's directory does not exist.
@@ -64,6 +67,7 @@ pub(crate) fn cause(url: &str, e: &sqlx::Error) -> Option<Cause> {
         sqlx::Error::Database(db) => match backend? {
             Backend::Postgres => match db.code().as_deref()? {
                 "3D000" => Some(Cause::MissingDatabase),
+                "25006" => Some(Cause::ReadOnly),
                 "28P01" => Some(Cause::WrongPassword),
                 "28000" if db.message().contains("pg_hba.conf") => Some(Cause::HostNotAllowed),
                 "28000" if db.message().contains("does not exist") => Some(Cause::MissingRole),
@@ -142,9 +146,13 @@ pub(super) fn sqlite_path(url: &str) -> Option<PathBuf> {
 
 /// `host:port` of a server URL, with the backend's default port.
 pub(super) fn host_port(url: &str, backend: Backend) -> String {
-    let Ok(u) = url::Url::parse(url) else {
+    let Ok((u, list)) = super::parse_lenient(url) else {
         return url.to_string();
     };
+    // Several PostgreSQL hosts: the list as written.
+    if let Some(list) = list {
+        return list;
+    }
     // A Unix socket (PostgreSQL `?host=/run/postgresql`, MySQL `?socket=`).
     if let Some((_, path)) = u
         .query_pairs()
@@ -166,7 +174,8 @@ pub(super) fn host_port(url: &str, backend: Backend) -> String {
 
 /// The database a server URL names.
 pub(super) fn database(url: &str) -> String {
-    url::Url::parse(url)
+    super::parse_lenient(url)
+        .map(|(u, _)| u)
         .ok()
         .map(|u| u.path().trim_start_matches('/').to_string())
         .filter(|d| !d.is_empty())
@@ -177,7 +186,7 @@ pub(super) fn database(url: &str) -> String {
 /// Whether the URL carries a password (in its user part or a password
 /// parameter; a redacted URL keeps `***` in its place).
 fn url_has_password(url: &str) -> bool {
-    url::Url::parse(url).is_ok_and(|u| {
+    super::parse_lenient(url).is_ok_and(|(u, _)| {
         u.password().is_some_and(|p| !p.is_empty())
             || u.query_pairs()
                 .any(|(k, v)| super::is_secret_param(&k) && !v.is_empty())
@@ -185,7 +194,8 @@ fn url_has_password(url: &str) -> bool {
 }
 
 fn user(url: &str) -> String {
-    url::Url::parse(url)
+    super::parse_lenient(url)
+        .map(|(u, _)| u)
         .ok()
         .map(|u| u.username().to_string())
         .filter(|u| !u.is_empty())
@@ -227,6 +237,9 @@ pub(crate) fn explain(url: &str, source: &sqlx::Error) -> Option<String> {
         ),
         Cause::Refused => format!(
             "the {server} store {url} is unreachable: connection refused at {at}, where nothing accepts connections ({source}); check that the database server is running and listens on that address and port, and that the store URL names the right host and port"
+        ),
+        Cause::ReadOnly => format!(
+            "the PostgreSQL server at {at} takes no writes: it is a standby or read-only ({source}); point the store URL at the primary, or list the cluster's hosts with ?target_session_attrs=read-write so that each connection finds it"
         ),
         Cause::Decode => format!(
             "the store at {url} returned a row this fencecron cannot read ({source}); its tables differ from what this version expects: check that every fencecron using this store runs the same version and that nobody changed fencecron's tables by hand"
@@ -274,7 +287,7 @@ pub(crate) fn migrate_message(backend: Backend, url: &str, source: &MigrateError
 
 /// How long the first connection may take before [`first_connection`]
 /// asks the server directly why.
-const PROBE_AFTER: Duration = Duration::from_millis(300);
+pub(crate) const PROBE_AFTER: Duration = Duration::from_millis(300);
 
 /// The pool's first connection, failing fast with the real reason. sqlx's
 /// pool retries a refused connection (the server may be starting) until

@@ -89,6 +89,9 @@ pub(crate) type Sql<T> = Result<T, Failure>;
 /// cause: a database at its connection limit needs a different fix from one
 /// that is down.
 fn unavailable_message(url: &str, source: &sqlx::Error) -> String {
+    if let Some(no) = super::postgres::NoHost::of(source) {
+        return no.message(url);
+    }
     if let Some(m) = super::diagnose::explain(url, source) {
         return m;
     }

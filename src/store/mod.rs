@@ -64,12 +64,15 @@ pub use hook::{CallEnd, Notice, StoreHook};
 use mysql::MySqlStore;
 pub use outages::Outages;
 use postgres::PostgresStore;
+pub(crate) use postgres::{first_connection as pg_first_connection, Hosts as PgHosts};
 pub use probe::{probe, Clock, Migrations, Probe};
 use sqlite::SqliteStore;
 pub use types::*;
 pub use url::{
-    group_name, is_secret_param, read_url_file, redact, url_in_file_text, Backend, StoreUrl,
+    group_name, is_secret_param, read_url_file, redact, url_in_file_text, Backend, PgTargets,
+    StoreUrl, TargetSessionAttrs,
 };
+pub(crate) use url::{parse_lenient, unparse};
 
 /// The lease store. One SQL implementation (one dialect per backend), and
 /// the in-memory one of the crate's own tests; every method is one
@@ -400,17 +403,8 @@ pub(crate) fn postgres_options(
     url: &StoreUrl,
     application_name: &str,
 ) -> Result<sqlx::postgres::PgConnectOptions, StoreError> {
-    let c: sqlx::postgres::PgConnectOptions =
-        url.expose().parse().map_err(|e| unavailable(url, e))?;
-    let c = c.application_name(application_name);
     let env_chose = std::env::var_os("PGSSLMODE").is_some();
-    Ok(
-        if postgres::loopback_without_ssl_choice(url.expose(), c.get_host(), env_chose) {
-            c.ssl_mode(sqlx::postgres::PgSslMode::Disable)
-        } else {
-            c
-        },
-    )
+    postgres::host_options(url, 0, application_name, env_chose)
 }
 
 /// [`Store::give_back_unseen`] as one [`Store::give_back`] per item.

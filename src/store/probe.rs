@@ -14,7 +14,7 @@ use sqlx::{Connection, MySql, Postgres, Row};
 use super::diagnose::{first_connection, host_port, migrate_message, sqlite_path};
 use super::migrator::{self, Plan};
 use super::mysql::MySqlStore;
-use super::postgres::PostgresStore;
+use super::postgres::{first_connection as pg_first_connection, Hosts, PostgresStore};
 use super::{migrate_error, timed, unavailable, Backend, OpenOptions, StoreError, StoreUrl};
 
 /// What the store said.
@@ -36,6 +36,9 @@ pub struct Probe {
     /// What was checked, as a phrase, for the line that says it is there.
     pub checked: String,
     pub clock: Clock,
+    /// PostgreSQL: why the session cannot write (a standby, read-only),
+    /// when it cannot.
+    pub read_only: Option<String>,
 }
 
 /// The migrations: applied, pending, and whether they can be applied.
@@ -85,7 +88,8 @@ pub async fn probe(url: &StoreUrl, limit: Duration) -> Result<Probe, StoreError>
     match url.backend() {
         Backend::Postgres => {
             let store = PostgresStore::open(url.clone(), &opts)?;
-            let result = timed(url, limit, postgres(&store.db.pool, url)).await;
+            let hosts = store.dialect.hosts.as_deref();
+            let result = timed(url, limit, postgres(&store.db.pool, hosts, url)).await;
             if result.is_ok() {
                 store.db.pool.close().await;
             }
@@ -258,15 +262,20 @@ const PG_NOT_OWNED: &str = "SELECT c.relname::text FROM pg_class c
     AND NOT pg_has_role(p.proowner, 'USAGE')
   ORDER BY 1";
 
-async fn postgres(pool: &sqlx::PgPool, url: &StoreUrl) -> Result<Probe, StoreError> {
+async fn postgres(
+    pool: &sqlx::PgPool,
+    hosts: Option<&Hosts>,
+    url: &StoreUrl,
+) -> Result<Probe, StoreError> {
     let err = |e| unavailable(url, e);
     let start = Instant::now();
-    let mut conn = first_connection(pool).await.map_err(err)?;
+    let mut conn = pg_first_connection(hosts, pool).await.map_err(err)?;
     let connect_time = start.elapsed();
     let row = sqlx::query(
         "SELECT current_setting('server_version'), current_user::text, current_database()::text,
                 current_schema()::text,
-                COALESCE(has_schema_privilege(current_schema(), 'CREATE'), FALSE)",
+                COALESCE(has_schema_privilege(current_schema(), 'CREATE'), FALSE),
+                pg_is_in_recovery(), current_setting('transaction_read_only') = 'on'",
     )
     .fetch_one(&mut *conn)
     .await
@@ -278,6 +287,13 @@ async fn postgres(pool: &sqlx::PgPool, url: &StoreUrl) -> Result<Probe, StoreErr
     );
     let schema: Option<String> = row.try_get(3).map_err(err)?;
     let can_create: bool = row.try_get(4).map_err(err)?;
+    let (standby, read_only): (bool, bool) =
+        (row.try_get(5).map_err(err)?, row.try_get(6).map_err(err)?);
+    let read_only = match (standby, read_only) {
+        (true, _) => Some("a standby (in recovery)".to_string()),
+        (false, true) => Some("read-only (default_transaction_read_only is on)".to_string()),
+        (false, false) => None,
+    };
 
     let migrator = sqlx::migrate!("migrations/postgres");
     let status = migrator::status::<Postgres>(&mut conn, Backend::Postgres, &migrator).await;
@@ -335,7 +351,11 @@ async fn postgres(pool: &sqlx::PgPool, url: &StoreUrl) -> Result<Probe, StoreErr
         backend: Backend::Postgres,
         answered: format!(
             "PostgreSQL {version} at {}, database {database}, user {user}",
-            host_port(&url.to_string(), Backend::Postgres)
+            match hosts {
+                // The host the walk chose, of the URL's several.
+                Some(h) => h.current().to_string(),
+                None => host_port(&url.to_string(), Backend::Postgres),
+            }
         ),
         user,
         connect_time: Some(connect_time),
@@ -349,6 +369,7 @@ async fn postgres(pool: &sqlx::PgPool, url: &StoreUrl) -> Result<Probe, StoreErr
             )
         },
         clock,
+        read_only,
     })
 }
 
@@ -453,6 +474,7 @@ async fn mysql(pool: &sqlx::MySqlPool, url: &StoreUrl) -> Result<Probe, StoreErr
             procedures.len()
         ),
         clock,
+        read_only: None,
     })
 }
 
@@ -707,6 +729,7 @@ async fn sqlite(url: &StoreUrl) -> Result<Probe, StoreError> {
         missing,
         checked: "the database and its directory writable by this user and by no other".into(),
         clock: Clock::Kernel,
+        read_only: None,
     })
 }
 

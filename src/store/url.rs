@@ -26,11 +26,271 @@ impl fmt::Display for Backend {
 pub struct StoreUrl {
     raw: String,
     backend: Backend,
+    /// PostgreSQL: the hosts in order and what a session must be.
+    pg: Option<PgTargets>,
+}
+
+/// libpq's `target_session_attrs`: which of a URL's servers a session may
+/// use. The first host in the URL's order whose session qualifies is used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TargetSessionAttrs {
+    /// Any server that accepts the connection (libpq's default).
+    Any,
+    /// A session that accepts writes: not a standby, and
+    /// `default_transaction_read_only` off.
+    ReadWrite,
+    /// A session that does not accept writes (the converse).
+    ReadOnly,
+    /// A server that is not a standby (not in recovery).
+    Primary,
+    /// A standby (in recovery).
+    Standby,
+    /// A standby if any host is one, else any server.
+    PreferStandby,
+}
+
+impl TargetSessionAttrs {
+    /// Every value, as written in a URL.
+    pub const ALL: [TargetSessionAttrs; 6] = [
+        TargetSessionAttrs::Any,
+        TargetSessionAttrs::ReadWrite,
+        TargetSessionAttrs::ReadOnly,
+        TargetSessionAttrs::Primary,
+        TargetSessionAttrs::Standby,
+        TargetSessionAttrs::PreferStandby,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TargetSessionAttrs::Any => "any",
+            TargetSessionAttrs::ReadWrite => "read-write",
+            TargetSessionAttrs::ReadOnly => "read-only",
+            TargetSessionAttrs::Primary => "primary",
+            TargetSessionAttrs::Standby => "standby",
+            TargetSessionAttrs::PreferStandby => "prefer-standby",
+        }
+    }
+
+    /// The value named `s` (as libpq spells it); the error lists the
+    /// accepted values.
+    pub fn parse(s: &str) -> Result<TargetSessionAttrs, String> {
+        Self::ALL
+            .into_iter()
+            .find(|a| a.as_str() == s)
+            .ok_or_else(|| {
+                let all: Vec<&str> = Self::ALL.iter().map(|a| a.as_str()).collect();
+                format!(
+                    "`{s}` is not a target_session_attrs value; use one of {}",
+                    all.join(", ")
+                )
+            })
+    }
+
+    /// Whether a session on a server in recovery (`standby`) whose
+    /// `transaction_read_only` is `read_only` qualifies.
+    pub fn accepts(self, standby: bool, read_only: bool) -> bool {
+        match self {
+            TargetSessionAttrs::Any | TargetSessionAttrs::PreferStandby => true,
+            TargetSessionAttrs::ReadWrite => !read_only,
+            TargetSessionAttrs::ReadOnly => read_only,
+            TargetSessionAttrs::Primary => !standby,
+            TargetSessionAttrs::Standby => standby,
+        }
+    }
+}
+
+impl fmt::Display for TargetSessionAttrs {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Where a PostgreSQL URL's sessions go: its hosts in the order they are
+/// tried (`postgres://h1:5432,h2:5433,h3/db`, default port 5432), the
+/// session they must give (`target_session_attrs`, else
+/// `$PGTARGETSESSIONATTRS`, else `any`) and how long each host may take to
+/// answer (`connect_timeout` in seconds, else `$PGCONNECT_TIMEOUT`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PgTargets {
+    /// Each host as written (`h1:5432`, `[::1]:5433`, `db`); one empty
+    /// entry for a URL without a host (a Unix socket or the driver's
+    /// default).
+    pub hosts: Vec<String>,
+    pub attrs: TargetSessionAttrs,
+    /// Where `attrs` came from: `"the URL"`, `"PGTARGETSESSIONATTRS"` or
+    /// `"the default"`.
+    pub attrs_from: &'static str,
+    /// Per host; `None`: not set.
+    pub connect_timeout: Option<std::time::Duration>,
+}
+
+impl PgTargets {
+    /// Whether the driver's one host and no check suffice: a single host
+    /// and `any`.
+    pub fn is_plain(&self) -> bool {
+        self.hosts.len() == 1 && self.attrs == TargetSessionAttrs::Any
+    }
+}
+
+/// The query parameters fencecron reads itself for PostgreSQL and does
+/// not hand to the driver (which does not know them).
+const PG_OWN_PARAMS: [&str; 2] = ["target_session_attrs", "connect_timeout"];
+
+/// A placeholder for a multi-host list while the url crate reads the rest
+/// of the URL (it accepts one host only).
+const HOSTS_PLACEHOLDER: &str = "fencecron-host-list.invalid";
+
+/// Where the host list of `raw` is: the byte range of the authority's
+/// host part (after any `user:password@`, before the path or query), if it
+/// names several hosts (`h1,h2`).
+fn host_list_range(raw: &str) -> Option<std::ops::Range<usize>> {
+    let start = raw.find("://")? + 3;
+    let end = raw[start..]
+        .find(['/', '?', '#'])
+        .map_or(raw.len(), |i| start + i);
+    let host_start = raw[start..end]
+        .rfind('@')
+        .map_or(start, |at| start + at + 1);
+    raw[host_start..end]
+        .contains(',')
+        .then_some(host_start..end)
+}
+
+/// `raw` read by the url crate even when it names several hosts: the list
+/// is replaced by a placeholder, returned beside the URL to be put back by
+/// [`unparse`].
+pub(crate) fn parse_lenient(raw: &str) -> Result<(url::Url, Option<String>), url::ParseError> {
+    match host_list_range(raw) {
+        None => url::Url::parse(raw).map(|u| (u, None)),
+        Some(r) => {
+            let single = format!("{}{HOSTS_PLACEHOLDER}{}", &raw[..r.start], &raw[r.end..]);
+            url::Url::parse(&single).map(|u| (u, Some(raw[r].to_string())))
+        }
+    }
+}
+
+/// The text of a URL from [`parse_lenient`], with its host list back.
+pub(crate) fn unparse(u: &url::Url, hosts: Option<&str>) -> String {
+    match hosts {
+        None => u.to_string(),
+        Some(list) => u.to_string().replacen(HOSTS_PLACEHOLDER, list, 1),
+    }
+}
+
+/// Splits a host list at its commas (not inside `[…]`).
+fn split_hosts(list: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let (mut depth, mut from) = (0, 0);
+    for (i, c) in list.char_indices() {
+        match c {
+            '[' => depth += 1,
+            ']' => depth -= 1,
+            ',' if depth == 0 => {
+                out.push(&list[from..i]);
+                from = i + 1;
+            }
+            _ => {}
+        }
+    }
+    out.push(&list[from..]);
+    out
+}
+
+/// The PostgreSQL part of [`StoreUrl::parse`]: each host checked (the
+/// error names the one that is wrong), the parameters fencecron reads
+/// itself, and the environment's `PGTARGETSESSIONATTRS` and
+/// `PGCONNECT_TIMEOUT` (`env` looks a variable up).
+fn pg_targets(raw: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<PgTargets, String> {
+    let shown = redact(raw);
+    let (u, list) =
+        parse_lenient(raw).map_err(|e| format!("store URL `{shown}` is not a valid URL: {e}"))?;
+    let hosts: Vec<String> = match &list {
+        None => vec![match (u.host_str(), u.port()) {
+            (Some(h), Some(p)) => format!("{h}:{p}"),
+            (Some(h), None) => h.to_string(),
+            _ => String::new(),
+        }],
+        Some(list) => split_hosts(list).into_iter().map(str::to_string).collect(),
+    };
+    if list.is_some() {
+        for (i, h) in hosts.iter().enumerate() {
+            if h.is_empty() {
+                return Err(format!(
+                    "store URL `{shown}` has an empty host (number {}) in its host list; write the hosts as host:port separated by commas, e.g. postgres://h1:5432,h2:5432/db",
+                    i + 1
+                ));
+            }
+            let one = format!("postgres://{h}/");
+            url::Url::parse(&one).map_err(|e| {
+                format!(
+                    "store URL `{shown}` is not a valid URL: its host `{h}` (number {}): {e}; write each host as host, host:port or [IPv6]:port",
+                    i + 1
+                )
+            })?;
+        }
+    }
+    if let Some((_, v)) = u
+        .query_pairs()
+        .find(|(k, v)| k == "host" && v.contains(','))
+    {
+        return Err(format!(
+            "store URL `{shown}` lists several hosts in `host={v}`, which fencecron does not read; write them in the URL's host part instead, e.g. postgres://h1:5432,h2:5432/db"
+        ));
+    }
+    let param = |name: &str| {
+        u.query_pairs()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.into_owned())
+    };
+    let (attrs, attrs_from) = match (param("target_session_attrs"), env("PGTARGETSESSIONATTRS")) {
+        (Some(v), _) => (
+            TargetSessionAttrs::parse(&v).map_err(|e| format!("store URL `{shown}`: {e}"))?,
+            "the URL",
+        ),
+        (None, Some(v)) if !v.is_empty() => (
+            TargetSessionAttrs::parse(&v).map_err(|e| {
+                format!("the environment variable PGTARGETSESSIONATTRS (for the store URL `{shown}`): {e}")
+            })?,
+            "PGTARGETSESSIONATTRS",
+        ),
+        _ => (TargetSessionAttrs::Any, "the default"),
+    };
+    let seconds = |v: &str, from: &str| -> Result<Option<std::time::Duration>, String> {
+        let n: i64 = v.trim().parse().map_err(|_| {
+            format!("{from}: connect_timeout `{v}` is not a whole number of seconds; write e.g. connect_timeout=2")
+        })?;
+        // libpq: zero or negative waits indefinitely; 1 means 2.
+        Ok((n > 0).then(|| std::time::Duration::from_secs(n.max(2) as u64)))
+    };
+    let connect_timeout = match (param("connect_timeout"), env("PGCONNECT_TIMEOUT")) {
+        (Some(v), _) => seconds(&v, &format!("store URL `{shown}`"))?,
+        (None, Some(v)) if !v.is_empty() => {
+            seconds(&v, "the environment variable PGCONNECT_TIMEOUT")?
+        }
+        _ => None,
+    };
+    Ok(PgTargets {
+        hosts,
+        attrs,
+        attrs_from,
+        connect_timeout,
+    })
 }
 
 impl StoreUrl {
     /// Parses and classifies a store URL; the error says which schemes work.
+    /// A PostgreSQL URL may name several hosts and read
+    /// `$PGTARGETSESSIONATTRS` and `$PGCONNECT_TIMEOUT` ([`PgTargets`]).
     pub fn parse(raw: &str) -> Result<StoreUrl, String> {
+        Self::parse_with_env(raw, &|name| std::env::var(name).ok())
+    }
+
+    /// [`StoreUrl::parse`] with the environment given (`env` looks a
+    /// variable up).
+    pub fn parse_with_env(
+        raw: &str,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<StoreUrl, String> {
         let raw = raw.trim();
         let backend = if raw.starts_with("sqlite:") {
             Backend::Sqlite
@@ -44,8 +304,18 @@ impl StoreUrl {
                 redact(raw)
             ));
         };
+        let mut pg = None;
+        if backend == Backend::Postgres {
+            pg = Some(pg_targets(raw, env)?);
+        }
         if backend != Backend::Sqlite {
-            let u = url::Url::parse(raw)
+            // Several hosts are PostgreSQL's alone.
+            let parsed = if backend == Backend::Postgres {
+                parse_lenient(raw).map(|(u, _)| u)
+            } else {
+                url::Url::parse(raw)
+            };
+            let u = parsed
                 .map_err(|e| format!("store URL `{}` is not a valid URL: {e}", redact(raw)))?;
             // sqlx's PostgreSQL driver reads only `password` (names are
             // case-sensitive) and logs any parameter it does not know *with
@@ -74,7 +344,7 @@ impl StoreUrl {
         } else {
             raw.to_string()
         };
-        Ok(StoreUrl { raw, backend })
+        Ok(StoreUrl { raw, backend, pg })
     }
 
     /// The embedded default: `fencecron.db` in `$STATE_DIRECTORY` (set by
@@ -92,6 +362,7 @@ impl StoreUrl {
         StoreUrl {
             raw: format!("sqlite://{path}"),
             backend: Backend::Sqlite,
+            pg: None,
         }
     }
 
@@ -125,6 +396,7 @@ impl StoreUrl {
         StoreUrl {
             raw,
             backend: Backend::Sqlite,
+            pg: None,
         }
     }
 
@@ -160,6 +432,50 @@ impl StoreUrl {
     /// a child process's environment; never for logs or messages.
     pub fn expose(&self) -> &str {
         &self.raw
+    }
+
+    /// A PostgreSQL URL's hosts and session requirement.
+    pub fn pg_targets(&self) -> Option<&PgTargets> {
+        self.pg.as_ref()
+    }
+
+    /// The URL as the PostgreSQL driver is to read it (with any password):
+    /// for host number `host` of a multi-host URL, that host alone; the
+    /// parameters fencecron reads itself ([`PgTargets`]) left out. Other
+    /// backends' URLs unchanged.
+    pub(crate) fn driver_url(&self, host: usize) -> String {
+        if self.backend != Backend::Postgres {
+            return self.raw.clone();
+        }
+        let Ok((mut u, list)) = parse_lenient(&self.raw) else {
+            return self.raw.clone();
+        };
+        if u.query_pairs().any(|(k, _)| PG_OWN_PARAMS.contains(&&*k)) {
+            let kept: Vec<(String, String)> = u
+                .query_pairs()
+                .filter(|(k, _)| !PG_OWN_PARAMS.contains(&&**k))
+                .map(|(k, v)| (k.into_owned(), v.into_owned()))
+                .collect();
+            if kept.is_empty() {
+                u.set_query(None);
+            } else {
+                u.query_pairs_mut().clear().extend_pairs(kept);
+            }
+        }
+        match list {
+            None => u.to_string(),
+            Some(list) => {
+                let hosts = split_hosts(&list);
+                let one = hosts.get(host).or(hosts.first()).copied().unwrap_or("");
+                unparse(&u, Some(one))
+            }
+        }
+    }
+
+    /// The redacted URL of host number `host` alone (for messages about
+    /// that host).
+    pub fn host_url(&self, host: usize) -> String {
+        redact(&self.driver_url(host))
     }
 }
 
@@ -282,8 +598,8 @@ pub fn is_secret_param(name: &str) -> bool {
 /// that holds a secret ([`is_secret_param`]) with `***`, for every message
 /// and log line that mentions a store.
 pub fn redact(raw: &str) -> String {
-    match url::Url::parse(raw) {
-        Ok(mut u)
+    match parse_lenient(raw) {
+        Ok((mut u, list))
             if u.password().is_some() || u.query_pairs().any(|(k, _)| is_secret_param(&k)) =>
         {
             if u.password().is_some() {
@@ -303,7 +619,7 @@ pub fn redact(raw: &str) -> String {
                     .collect();
                 u.query_pairs_mut().clear().extend_pairs(pairs);
             }
-            u.to_string()
+            unparse(&u, list.as_deref())
         }
         Ok(_) => raw.to_string(),
         // Not parseable as a URL: still hide anything between `:` and `@`
@@ -412,5 +728,167 @@ mod tests {
             .contains("unsupported"));
         let u = StoreUrl::parse("postgres://u:pw@h/db").unwrap();
         assert!(!format!("{u} {u:?}").contains("pw"));
+    }
+
+    fn no_env(_: &str) -> Option<String> {
+        None
+    }
+
+    fn pg(raw: &str) -> PgTargets {
+        StoreUrl::parse_with_env(raw, &no_env)
+            .unwrap_or_else(|e| panic!("{raw}: {e}"))
+            .pg_targets()
+            .cloned()
+            .unwrap()
+    }
+
+    #[test]
+    fn multi_host_urls_list_their_hosts_in_order() {
+        let t = pg("postgres://u:pw@h1:5432,h2:5433,h3/db?target_session_attrs=read-write&connect_timeout=3");
+        assert_eq!(t.hosts, ["h1:5432", "h2:5433", "h3"]);
+        assert_eq!(t.attrs, TargetSessionAttrs::ReadWrite);
+        assert_eq!(t.attrs_from, "the URL");
+        assert_eq!(t.connect_timeout, Some(std::time::Duration::from_secs(3)));
+        assert!(!t.is_plain());
+        let t = pg("postgresql://[::1]:5432,127.0.0.1:5433/db");
+        assert_eq!(t.hosts, ["[::1]:5432", "127.0.0.1:5433"]);
+        assert_eq!(
+            (t.attrs, t.attrs_from, t.connect_timeout),
+            (TargetSessionAttrs::Any, "the default", None)
+        );
+        let t = pg("postgres://u@db.internal/x");
+        assert_eq!(t.hosts, ["db.internal"]);
+        assert!(t.is_plain());
+        assert!(!pg("postgres://u@db/x?target_session_attrs=primary").is_plain());
+    }
+
+    #[test]
+    fn each_host_alone_goes_to_the_driver_without_fencecrons_own_parameters() {
+        let u = StoreUrl::parse_with_env(
+            "postgres://u:p%40ss@h1:5432,[::1]:5433,h3/db?sslmode=require&target_session_attrs=primary&connect_timeout=2",
+            &no_env,
+        )
+        .unwrap();
+        assert_eq!(
+            u.driver_url(0),
+            "postgres://u:p%40ss@h1:5432/db?sslmode=require"
+        );
+        assert_eq!(
+            u.driver_url(1),
+            "postgres://u:p%40ss@[::1]:5433/db?sslmode=require"
+        );
+        assert_eq!(u.driver_url(2), "postgres://u:p%40ss@h3/db?sslmode=require");
+        assert_eq!(u.host_url(2), "postgres://u:***@h3/db?sslmode=require");
+        let one = StoreUrl::parse_with_env("postgres://u@h/db?connect_timeout=5", &no_env).unwrap();
+        assert_eq!(one.driver_url(0), "postgres://u@h/db");
+        let plain = StoreUrl::parse_with_env("postgres://u@h/db?sslmode=disable", &no_env).unwrap();
+        assert_eq!(plain.driver_url(0), "postgres://u@h/db?sslmode=disable");
+    }
+
+    #[test]
+    fn every_target_session_attrs_value_and_a_wrong_one() {
+        for a in TargetSessionAttrs::ALL {
+            let t = pg(&format!("postgres://h1,h2/db?target_session_attrs={a}"));
+            assert_eq!(t.attrs, a);
+            assert_eq!(TargetSessionAttrs::parse(a.as_str()), Ok(a));
+        }
+        let e = StoreUrl::parse_with_env(
+            "postgres://u:hunter2@h1,h2/db?target_session_attrs=master",
+            &no_env,
+        )
+        .unwrap_err();
+        assert!(
+            e.contains("`master`")
+                && e.contains("any, read-write, read-only, primary, standby, prefer-standby"),
+            "{e}"
+        );
+        assert!(!e.contains("hunter2") && e.contains("u:***@h1,h2"), "{e}");
+        // What each accepts: (standby, read_only).
+        use TargetSessionAttrs::*;
+        assert!(ReadWrite.accepts(false, false) && !ReadWrite.accepts(true, true));
+        assert!(
+            !ReadWrite.accepts(false, true),
+            "a read-only primary is not read-write"
+        );
+        assert!(ReadOnly.accepts(true, true) && ReadOnly.accepts(false, true));
+        assert!(Primary.accepts(false, true) && !Primary.accepts(true, true));
+        assert!(Standby.accepts(true, true) && !Standby.accepts(false, false));
+        assert!(Any.accepts(true, true) && PreferStandby.accepts(false, false));
+    }
+
+    #[test]
+    fn the_environment_gives_what_the_url_does_not_say() {
+        let env = |name: &str| match name {
+            "PGTARGETSESSIONATTRS" => Some("primary".to_string()),
+            "PGCONNECT_TIMEOUT" => Some("1".to_string()),
+            _ => None,
+        };
+        let t = StoreUrl::parse_with_env("postgres://h1,h2/db", &env).unwrap();
+        let t = t.pg_targets().unwrap();
+        assert_eq!(
+            (t.attrs, t.attrs_from),
+            (TargetSessionAttrs::Primary, "PGTARGETSESSIONATTRS")
+        );
+        // libpq: a timeout of 1 second means 2.
+        assert_eq!(t.connect_timeout, Some(std::time::Duration::from_secs(2)));
+        let t = StoreUrl::parse_with_env(
+            "postgres://h1,h2/db?target_session_attrs=any&connect_timeout=0",
+            &env,
+        )
+        .unwrap();
+        let t = t.pg_targets().unwrap();
+        assert_eq!(
+            (t.attrs, t.attrs_from),
+            (TargetSessionAttrs::Any, "the URL")
+        );
+        assert_eq!(t.connect_timeout, None);
+        let bad = |name: &str| (name == "PGTARGETSESSIONATTRS").then(|| "rw".to_string());
+        let e = StoreUrl::parse_with_env("postgres://h1,h2/db", &bad).unwrap_err();
+        assert!(
+            e.contains("PGTARGETSESSIONATTRS") && e.contains("read-write"),
+            "{e}"
+        );
+        // Not read for other backends.
+        assert!(StoreUrl::parse_with_env("mysql://root@h/db", &bad).is_ok());
+        // Nor are several hosts.
+        let e = StoreUrl::parse_with_env("mysql://root@h1:3306,h2:3306/db", &no_env).unwrap_err();
+        assert!(e.contains("not a valid URL"), "{e}");
+    }
+
+    #[test]
+    fn a_wrong_host_in_the_list_is_named() {
+        let e =
+            StoreUrl::parse_with_env("postgres://u:pw@h1:5432,h2:54x3/db", &no_env).unwrap_err();
+        assert!(
+            e.contains("`h2:54x3`") && e.contains("number 2") && !e.contains("pw@"),
+            "{e}"
+        );
+        let e = StoreUrl::parse_with_env("postgres://h1,,h3/db", &no_env).unwrap_err();
+        assert!(e.contains("empty host"), "{e}");
+        let e = StoreUrl::parse_with_env("postgres:///db?host=h1,h2", &no_env).unwrap_err();
+        assert!(e.contains("host part"), "{e}");
+        let e = StoreUrl::parse_with_env("postgres://h1,h2/db?connect_timeout=soon", &no_env)
+            .unwrap_err();
+        assert!(e.contains("connect_timeout `soon`"), "{e}");
+    }
+
+    #[test]
+    fn multi_host_urls_print_without_their_passwords() {
+        for raw in [
+            "postgres://u:hunter2@h1:5432,h2:5433/db",
+            "postgres://u@h1,h2/db?password=hunter2&target_session_attrs=read-write",
+            "postgresql://u:hunter2@[::1]:5432,h2/db?sslmode=disable",
+        ] {
+            let u = StoreUrl::parse_with_env(raw, &no_env).unwrap();
+            for shown in [u.to_string(), format!("{u:?}"), redact(raw), u.host_url(1)] {
+                assert!(!shown.contains("hunter2"), "{raw} -> {shown}");
+                assert!(shown.contains("***"), "{raw} -> {shown}");
+            }
+            assert!(u.to_string().contains("h2"), "{u}");
+        }
+        assert_eq!(
+            redact("postgres://u:pw@h1:5432,h2:5433/db?target_session_attrs=primary"),
+            "postgres://u:***@h1:5432,h2:5433/db?target_session_attrs=primary"
+        );
     }
 }

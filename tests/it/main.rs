@@ -31,6 +31,7 @@ mod guard;
 mod hardening;
 mod job_credentials;
 mod migrate;
+mod multi_host;
 mod nodes;
 mod policies;
 mod process_tree;

@@ -30,7 +30,9 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sqlx::postgres::{PgConnectOptions, PgSslMode};
+use std::sync::Arc;
+
+use sqlx::postgres::PgConnectOptions;
 use sqlx::{Postgres, Row, Transaction};
 
 use super::bench::{like_escape, RawDialect};
@@ -64,14 +66,19 @@ macro_rules! epoch_floor {
     };
 }
 
+mod hosts;
 mod lease;
 mod values;
 
+pub(crate) use hosts::{first_connection, host_options, Hosts, NoHost};
 use lease::*;
 use values::*;
 
-/// The PostgreSQL dialect.
-pub(super) struct Pg;
+/// The PostgreSQL dialect: with the hosts of a multi-host URL (or one
+/// with a `target_session_attrs` to check), which every call watches.
+pub(super) struct Pg {
+    pub(super) hosts: Option<Arc<Hosts>>,
+}
 
 /// The PostgreSQL store.
 pub(super) type PostgresStore = SqlStore<Pg>;
@@ -79,18 +86,18 @@ pub(super) type PostgresStore = SqlStore<Pg>;
 impl PostgresStore {
     /// Prepares a lazily connecting pool.
     pub fn open(url: StoreUrl, opts: &OpenOptions) -> Result<Self, StoreError> {
-        let connect: PgConnectOptions = url.expose().parse().map_err(|e| unavailable(&url, e))?;
-        let connect = connect.application_name("fencecron");
+        let hosts = Hosts::new(&url, "fencecron", opts.call_timeout)?;
         let env_chose = std::env::var_os("PGSSLMODE").is_some();
-        let connect = if loopback_without_ssl_choice(url.expose(), connect.get_host(), env_chose) {
-            connect.ssl_mode(PgSslMode::Disable)
-        } else {
-            connect
+        let connect: PgConnectOptions = match &hosts {
+            Some(h) => h.first_options(),
+            None => host_options(&url, 0, "fencecron", env_chose)?,
         };
-        Ok(SqlStore::new(
-            Db::connect_lazy(url, opts, connect, |pool| pool),
-            Pg,
-        ))
+        let tune = |pool| match &hosts {
+            Some(h) => h.pool_options(pool),
+            None => pool,
+        };
+        let db = Db::connect_lazy(url, opts, connect, tune);
+        Ok(SqlStore::new(db, Pg { hosts }))
     }
 }
 
@@ -153,12 +160,48 @@ impl Dialect for Pg {
     const ADVANCE_EPOCH: &'static str = ADVANCE_EPOCH;
     const ADMIT_STATE: &'static str = ADMIT_STATE;
     const ADMIT_RAISE: &'static str = ADMIT_RAISE;
+    // Not `async fn`: under `#[async_trait]` it would become a boxed
+    // future, which is not the trait's signature.
+    #[allow(clippy::manual_async_fn)]
+    fn watch<'a, T, F>(
+        &'a self,
+        db: &'a Db<Postgres>,
+        op: F,
+    ) -> impl std::future::Future<Output = T> + Send + 'a
+    where
+        T: Send + 'a,
+        F: std::future::Future<Output = T> + Send + 'a,
+    {
+        async move {
+            match &self.hosts {
+                None => op.await,
+                Some(h) => hosts::watched(h, &db.pool, op).await,
+            }
+        }
+    }
+
+    /// With several hosts: a write refused as read-only retires the pooled
+    /// connections, and a call that could not connect fails with every
+    /// host's reason when the last walk found none.
+    fn error(&self, url: &StoreUrl, e: sqlx::Error) -> StoreError {
+        let Some(h) = &self.hosts else {
+            return unavailable(url, e);
+        };
+        h.saw(&e);
+        let connecting =
+            matches!(e, sqlx::Error::PoolTimedOut | sqlx::Error::Io(_)) && NoHost::of(&e).is_none();
+        match h.recent_failure() {
+            Some(no) if connecting => unavailable(url, no.into_sqlx()),
+            _ => unavailable(url, e),
+        }
+    }
+
     async fn migrate(&self, db: &Db<Postgres>) -> Result<(), StoreError> {
         // Under fencecron's advisory lock, so many instances starting at
         // once apply each migration exactly once.
         timed(&db.url, db.call_timeout * 3, async {
             let fail = |source| migrate_error(Backend::Postgres, &db.url, source);
-            let mut conn = super::diagnose::first_connection(&db.pool)
+            let mut conn = first_connection(self.hosts.as_deref(), &db.pool)
                 .await
                 .map_err(|e| unavailable(&db.url, e))?;
             let key = super::migrator::lock_postgres(&mut conn)

@@ -137,6 +137,22 @@ pub(super) trait Dialect: Send + Sync + 'static {
         db.pool.begin().await
     }
 
+    /// Runs one call on the backend's pool: as it is, unless the backend
+    /// watches its calls (PostgreSQL with several hosts follows which one
+    /// to use).
+    fn watch<'a, T, F>(
+        &'a self,
+        db: &'a Db<Self::DB>,
+        op: F,
+    ) -> impl std::future::Future<Output = T> + Send + 'a
+    where
+        T: Send + 'a,
+        F: std::future::Future<Output = T> + Send + 'a,
+    {
+        let _ = db;
+        op
+    }
+
     /// A driver error as the caller sees it: unreachable or failing, unless
     /// the backend can name the cause better.
     fn error(&self, url: &StoreUrl, e: sqlx::Error) -> StoreError {

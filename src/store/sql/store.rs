@@ -8,22 +8,25 @@ impl<D: Dialect> SqlStore<D> {
     /// Runs the store operation `operation` as one statement (or one
     /// transaction) under the per-call time limit, names its error and
     /// tells the hook ([`SqlStore::observe`]).
-    pub(in crate::store) async fn call<T>(
+    pub(in crate::store) async fn call<T: Send>(
         &self,
         operation: &'static str,
-        op: impl std::future::Future<Output = Sql<T>>,
+        op: impl std::future::Future<Output = Sql<T>> + Send,
     ) -> Result<T, StoreError> {
         self.observe(operation, self.limited(op)).await
     }
 
     /// One statement (or transaction) of an operation under the per-call
     /// time limit, its error named; the operation as a whole is observed.
-    pub(in crate::store) async fn limited<T>(
+    pub(in crate::store) async fn limited<T: Send>(
         &self,
-        op: impl std::future::Future<Output = Sql<T>>,
+        op: impl std::future::Future<Output = Sql<T>> + Send,
     ) -> Result<T, StoreError> {
         timed(&self.db.url, self.db.call_timeout, async {
-            op.await.map_err(|f| self.failed(f))
+            self.dialect
+                .watch(&self.db, op)
+                .await
+                .map_err(|f| self.failed(f))
         })
         .await
     }
