@@ -7,9 +7,11 @@
 //!
 //! The job definitions are published (`fencecron_node_jobs`) when the job
 //! set changes (start, reload), not on every beat; the row carries a
-//! digest of the whole set, so each beat's drift check reads only the node
-//! rows and reads a node's per-job digests only while the live nodes' set
-//! digests differ, and only again when that node's set digest changed.
+//! digest of the whole set, so each beat's drift check reads only the live
+//! node rows, which the beat itself answers (one statement per beat on
+//! PostgreSQL and MySQL), and reads a node's per-job digests only while the
+//! live nodes' set digests differ, and only again when that node's set
+//! digest changed.
 //! A drift is logged (`config_drift`) when it appears or changes, and
 //! `config_drift_resolved` when it ends.
 
@@ -25,7 +27,9 @@ use crate::clock::Clock;
 use crate::domain::NodeState;
 use crate::events;
 use crate::fleet::{self, Drift};
-use crate::store::{millis, NodeBeat, NodeInfo, PublishedJob, Store, StoreTime, HEARTBEAT};
+use crate::store::{
+    millis, BeatAnswer, NodeBeat, NodeInfo, PublishedJob, Store, StoreTime, HEARTBEAT,
+};
 
 /// How long the exit waits for the beat that marks the node stopped.
 const LAST_BEAT: Duration = Duration::from_secs(2);
@@ -202,19 +206,20 @@ impl Heartbeat {
         } else {
             NodeState::Running
         };
-        let now = match self.store.beat(&self.row(b, &set, state)).await {
-            Ok(now) => {
+        let answer = match self.store.beat(&self.row(b, &set, state)).await {
+            Ok(answer) => {
                 // The store answers: every outage this daemon is in ends.
                 events::store_answered_all(self.store.outages());
-                now
+                answer
             }
             Err(e) => {
                 events::store_unavailable(self.store.outages(), "beat", None, &e.to_string(), None);
                 return;
             }
         };
+        let now = answer.now;
         b.started_at.get_or_insert(now);
-        if let Err(e) = self.check_drift(b, now).await {
+        if let Err(e) = self.check_drift(b, &answer).await {
             events::store_unavailable(self.store.outages(), "nodes", None, &e.to_string(), None);
         }
         if b.last_prune.is_none_or(|t| t.elapsed() >= PRUNE_EVERY) {
@@ -254,13 +259,14 @@ impl Heartbeat {
         Ok(())
     }
 
+    /// The drift among the live nodes the beat answered: no statement
+    /// unless their set digests differ.
     async fn check_drift(
         &self,
         b: &mut Beats,
-        now: StoreTime,
+        beat: &BeatAnswer,
     ) -> Result<(), crate::store::StoreError> {
-        let nodes = self.store.nodes().await?;
-        let drift = current_drift(self.store.as_ref(), &nodes, now, &mut b.seen).await?;
+        let drift = current_drift(self.store.as_ref(), &beat.live, beat.now, &mut b.seen).await?;
         let count = drift.len();
         let (changed, resolved) = b.drift.update(drift);
         for d in &changed {
@@ -549,7 +555,7 @@ mod tests {
             state: NodeState::Running,
             running: 0,
         };
-        let seen = store.beat(&beat).await.unwrap();
+        let seen = store.beat(&beat).await.unwrap().now;
         let row = store.nodes().await.unwrap().remove(0);
         tokio::time::sleep(crate::store::NODE_LIVE - ms(1)).await;
         assert!(row.live(store.now().await.unwrap()));

@@ -317,8 +317,11 @@ pub trait Store: Send + Sync + 'static {
     // [`HEARTBEAT`], the rest at start, reload and on a drift.
 
     /// Registers or refreshes this node's row, `last_seen` (and on the
-    /// first beat `started_at`) being the store's clock; answers that time.
-    async fn beat(&self, beat: &NodeBeat<'_>) -> Result<StoreTime, StoreError>;
+    /// first beat `started_at`) being the store's clock; answers that time
+    /// and the nodes live then, this one included ([`BeatAnswer`]). One
+    /// statement on PostgreSQL (a CTE) and MySQL (a procedure, migration
+    /// 0010); on SQLite, whose clock is the host's, the upsert and the read.
+    async fn beat(&self, beat: &NodeBeat<'_>) -> Result<BeatAnswer, StoreError>;
 
     /// Every node row, by node id.
     async fn nodes(&self) -> Result<Vec<NodeInfo>, StoreError>;

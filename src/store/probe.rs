@@ -787,13 +787,14 @@ mod tests {
         );
         assert!(tables.contains(&"fencecron_runs".to_string()), "{tables:?}");
         // Every version of the acquire stays (older binaries of a rolling
-        // upgrade call theirs), with the claim.
+        // upgrade call theirs), with the claim and the heartbeat.
         assert!(
             [
                 "fencecron_acquire",
                 "fencecron_acquire_v2",
                 "fencecron_acquire_v3",
-                "fencecron_claim_v1"
+                "fencecron_claim_v1",
+                "fencecron_beat_v1"
             ]
             .iter()
             .all(|p| procedures.contains(&p.to_string())),

@@ -248,8 +248,9 @@ impl ClaimOutcome {
 pub const NODE_LIVE: Duration = Duration::from_secs(15);
 
 /// How often a daemon refreshes its row in `fencecron_nodes`: one small
-/// upsert (and one read of the store's clock) per node every 5 s, whatever
-/// the number of jobs.
+/// statement per node every 5 s (the upsert, which reads the store's clock
+/// and answers the live nodes; [`super::Store::beat`]), whatever the number
+/// of jobs.
 pub const HEARTBEAT: Duration = Duration::from_secs(5);
 
 /// A node's row is deleted (with its published job definitions) once it
@@ -304,6 +305,17 @@ impl NodeInfo {
             NodeState::GONE
         }
     }
+}
+
+/// What a heartbeat answers ([`super::Store::beat`]): the store's time the
+/// row was written with, and the node rows live at that time
+/// ([`NodeInfo::live`]; the beating node's own among them unless it said
+/// `stopped`), by node id: what the drift check reads, with the beat, in
+/// one statement on PostgreSQL and MySQL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BeatAnswer {
+    pub now: StoreTime,
+    pub live: Vec<NodeInfo>,
 }
 
 /// One job definition a node published (`fencecron_node_jobs`).

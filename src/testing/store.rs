@@ -41,7 +41,7 @@ use crate::store::{
     StoreError, StoreTime, StoreUrl, StoredValue, Takeover, Token, TriggerInfo, Unseen,
     EPOCH_SHIFT,
 };
-use crate::store::{NodeBeat, NodeInfo, PublishedJob};
+use crate::store::{BeatAnswer, NodeBeat, NodeInfo, PublishedJob};
 
 /// The operations faults can be aimed at.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -1198,7 +1198,7 @@ impl Store for MemoryStore {
         .await
     }
 
-    async fn beat(&self, beat: &NodeBeat<'_>) -> Result<StoreTime, StoreError> {
+    async fn beat(&self, beat: &NodeBeat<'_>) -> Result<BeatAnswer, StoreError> {
         let row = NodeInfo {
             node: beat.node.to_string(),
             hostname: beat.hostname.to_string(),
@@ -1219,7 +1219,8 @@ impl Store for MemoryStore {
                 ..row
             };
             s.nodes.insert(row.node.clone(), row);
-            now
+            let live = s.nodes.values().filter(|n| n.live(now)).cloned().collect();
+            BeatAnswer { now, live }
         })
         .await
     }

@@ -1,6 +1,8 @@
 //! The registry of nodes: beats, published definitions, live nodes for a
 //! claim's share, pruning.
 
+use std::time::Duration;
+
 use super::kit::*;
 use super::Subject;
 use crate::store::*;
@@ -23,7 +25,11 @@ async fn case_nodes_register_publish_and_are_forgotten(subject: Subject) {
         state,
         running,
     };
-    let t1 = s.beat(&beat(NodeState::Running, None, 0)).await.unwrap();
+    let t1 = s
+        .beat(&beat(NodeState::Running, None, 0))
+        .await
+        .unwrap()
+        .now;
     assert!(t1 >= before, "the store's clock");
     let row = |nodes: Vec<NodeInfo>, node: &str| nodes.into_iter().find(|n| n.node == node);
     let x = row(s.nodes().await.unwrap(), "node-x").expect("registered");
@@ -44,7 +50,8 @@ async fn case_nodes_register_publish_and_are_forgotten(subject: Subject) {
     let t2 = s
         .beat(&beat(NodeState::Draining, Some(t1), 2))
         .await
-        .unwrap();
+        .unwrap()
+        .now;
     let x = row(s.nodes().await.unwrap(), "node-x").unwrap();
     assert_eq!(
         (x.started_at, x.last_seen, x.state.as_str(), x.running),
@@ -131,9 +138,132 @@ async fn case_nodes_register_publish_and_are_forgotten(subject: Subject) {
     assert_eq!(s.published_jobs("node-new", false).await.unwrap().len(), 1);
 }
 
+/// A beat answers, with the store's time it wrote, exactly the rows
+/// [`NodeInfo::live`] at that time (what the drift check reads, in the
+/// same statement on PostgreSQL and MySQL): its own row as written, the
+/// other live nodes by node id, not a node that said `stopped` (the beating
+/// node's own `stopped` beat included), and no longer a node once it is
+/// [`NODE_LIVE`] past its last beat.
+async fn case_a_beat_answers_its_time_and_the_live_nodes(subject: Subject) {
+    let s = subject.store.as_ref();
+    let beat = |node: &'static str, state: NodeState, started_at: Option<StoreTime>| NodeBeat {
+        node,
+        hostname: "host",
+        pid: 7,
+        version: "9.9.9",
+        config_digest: "digest",
+        started_at,
+        state,
+        running: 1,
+    };
+    // What `nodes` holds live at `now`: the answer must be the same rows.
+    let live_at = |nodes: Vec<NodeInfo>, now: StoreTime| -> Vec<NodeInfo> {
+        nodes.into_iter().filter(|n| n.live(now)).collect()
+    };
+    let before = s.now().await.unwrap();
+    let b = s
+        .beat(&beat("node-b", NodeState::Running, None))
+        .await
+        .unwrap();
+    assert!(b.now >= before, "the store's clock");
+    assert_eq!(b.live.len(), 1, "{:?}", b.live);
+    let own = &b.live[0];
+    assert_eq!(
+        (
+            own.node.as_str(),
+            own.started_at,
+            own.last_seen,
+            own.state.as_str()
+        ),
+        ("node-b", b.now, b.now, "running"),
+        "its own row as written, the first beat's time as its start"
+    );
+    assert_eq!(b.live, live_at(s.nodes().await.unwrap(), b.now));
+
+    let a = s
+        .beat(&beat("node-a", NodeState::Draining, Some(before)))
+        .await
+        .unwrap();
+    assert!(a.now >= b.now);
+    assert_eq!(
+        a.live.iter().map(|n| n.node.as_str()).collect::<Vec<_>>(),
+        ["node-a", "node-b"],
+        "by node id"
+    );
+    assert_eq!(
+        (
+            a.live[0].started_at,
+            a.live[0].last_seen,
+            a.live[0].state.as_str()
+        ),
+        (before, a.now, "draining")
+    );
+    assert_eq!(a.live[1].last_seen, b.now, "another node as it last beat");
+    assert_eq!(a.live, live_at(s.nodes().await.unwrap(), a.now));
+
+    // A node that says it stopped is not live, in its own answer either;
+    // with nobody live the answer still has the time.
+    let c = s
+        .beat(&beat("node-c", NodeState::Stopped, Some(before)))
+        .await
+        .unwrap();
+    assert_eq!(
+        c.live.iter().map(|n| n.node.as_str()).collect::<Vec<_>>(),
+        ["node-a", "node-b"]
+    );
+    assert_eq!(c.live, live_at(s.nodes().await.unwrap(), c.now));
+    s.beat(&beat("node-a", NodeState::Stopped, Some(before)))
+        .await
+        .unwrap();
+    s.beat(&beat("node-b", NodeState::Stopped, Some(b.now)))
+        .await
+        .unwrap();
+    let none = s
+        .beat(&beat("node-c", NodeState::Stopped, Some(before)))
+        .await
+        .unwrap();
+    assert!(none.live.is_empty(), "{:?}", none.live);
+    assert!(none.now >= c.now);
+
+    // node-b beats again, node-a no more: node-a is answered until
+    // NODE_LIVE past its last beat, and not from then on (a wait on that
+    // condition, with a deadline well past NODE_LIVE).
+    let last_a = s
+        .beat(&beat("node-a", NodeState::Running, Some(before)))
+        .await
+        .unwrap()
+        .now;
+    let deadline = tokio::time::Instant::now() + NODE_LIVE * 4;
+    loop {
+        let b = s
+            .beat(&beat("node-b", NodeState::Running, Some(b.now)))
+            .await
+            .unwrap();
+        let has_a = b.live.iter().any(|n| n.node == "node-a");
+        assert!(b.live.iter().any(|n| n.node == "node-b"));
+        let within = b.now.0 - last_a.0 < millis(NODE_LIVE);
+        assert_eq!(
+            has_a,
+            within,
+            "node-a at {} ms after its beat",
+            b.now.0 - last_a.0
+        );
+        if !has_a {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "node-a still answered live {} ms after its last beat",
+            b.now.0 - last_a.0
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
 conformance!(
     [],
     isolated: [
         case_nodes_register_publish_and_are_forgotten,
+        case_a_beat_answers_its_time_and_the_live_nodes,
     ]
 );

@@ -376,22 +376,20 @@ where
 
     async fn nodes(pool: &Pool<Self>, sql: &FleetSql) -> Result<Vec<NodeInfo>, sqlx::Error> {
         let found = sqlx::query(&sql.nodes).fetch_all(pool).await?;
-        found
-            .iter()
-            .map(|r| {
-                Ok(NodeInfo {
-                    node: r.try_get("node")?,
-                    hostname: r.try_get("hostname")?,
-                    pid: r.try_get("pid")?,
-                    version: r.try_get("version")?,
-                    config_digest: r.try_get("config_digest")?,
-                    started_at: StoreTime(r.try_get("started_at_ms")?),
-                    last_seen: StoreTime(r.try_get("seen_ms")?),
-                    state: domain::stored(&r.try_get::<String, _>("state")?),
-                    running: r.try_get("running")?,
-                })
-            })
-            .collect()
+        found.iter().map(node_info).collect()
+    }
+
+    async fn live_nodes(
+        pool: &Pool<Self>,
+        sql: &FleetSql,
+        now: StoreTime,
+    ) -> Result<Vec<NodeInfo>, sqlx::Error> {
+        let found = sqlx::query(&sql.live_nodes)
+            .bind(NodeState::Stopped.as_str())
+            .bind(now.0 - super::super::millis(super::super::NODE_LIVE))
+            .fetch_all(pool)
+            .await?;
+        found.iter().map(node_info).collect()
     }
 
     async fn publish(

@@ -16,10 +16,10 @@ use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Pool,
 use super::rows::Affected;
 use super::sql::placeholders;
 use super::{
-    Backend, NodeBeat, NodeInfo, OwnerId, PauseInfo, PublishedJob, RunEnd, RunInfo, RunQuery,
-    StoreTime, TriggerInfo,
+    Backend, BeatAnswer, NodeBeat, NodeInfo, OwnerId, PauseInfo, PublishedJob, RunEnd, RunInfo,
+    RunQuery, StoreTime, TriggerInfo,
 };
-use crate::domain::{self, RunOutcome, RunState, TriggerState};
+use crate::domain::{self, NodeState, RunOutcome, RunState, TriggerState};
 
 mod db;
 
@@ -146,6 +146,14 @@ const NODES: &str = "SELECT node, seen_ms, hostname, pid, version, config_digest
        state, running
   FROM fencecron_nodes ORDER BY node";
 
+/// The nodes live at the time a beat wrote (`$2` = that time minus
+/// [`super::NODE_LIVE`], `$1` = `stopped`): [`NodeInfo::live`] in SQL. The
+/// backends that answer a beat in one statement (PostgreSQL, MySQL) hold
+/// the same condition in it.
+const LIVE_NODES: &str = "SELECT node, seen_ms, hostname, pid, version, config_digest,
+       started_at_ms, state, running
+  FROM fencecron_nodes WHERE state <> $1 AND seen_ms > $2 ORDER BY node";
+
 const UNPUBLISH: &str = "DELETE FROM fencecron_node_jobs WHERE node = $1";
 
 const PUBLISH: &str = "INSERT INTO fencecron_node_jobs (node, job, digest, definition)
@@ -205,6 +213,7 @@ pub(super) struct FleetSql {
     prune_pauses: String,
     beat: String,
     nodes: String,
+    live_nodes: String,
     unpublish: String,
     publish: String,
     published_digests: String,
@@ -256,6 +265,7 @@ impl FleetSql {
                 _ => BEAT,
             }),
             nodes: sql(NODES),
+            live_nodes: sql(LIVE_NODES),
             unpublish: sql(UNPUBLISH),
             publish: sql(PUBLISH),
             published_digests: sql(PUBLISHED_DIGESTS),
@@ -417,6 +427,13 @@ pub(super) trait FleetDb: Database {
 
     async fn nodes(pool: &Pool<Self>, sql: &FleetSql) -> Result<Vec<NodeInfo>, sqlx::Error>;
 
+    /// The nodes live at `now` ([`LIVE_NODES`]).
+    async fn live_nodes(
+        pool: &Pool<Self>,
+        sql: &FleetSql,
+        now: StoreTime,
+    ) -> Result<Vec<NodeInfo>, sqlx::Error>;
+
     /// Replaces `node`'s definitions, on the caller's transaction.
     async fn publish(
         conn: &mut Self::Connection,
@@ -437,6 +454,64 @@ pub(super) trait FleetDb: Database {
         sql: &FleetSql,
         before: StoreTime,
     ) -> Result<u64, sqlx::Error>;
+}
+
+/// A row of `fencecron_nodes`, by column name.
+pub(super) fn node_info<R>(r: &R) -> Result<NodeInfo, sqlx::Error>
+where
+    R: Row,
+    for<'c> &'c str: ColumnIndex<R>,
+    i64: Type<R::Database> + for<'r> Decode<'r, R::Database>,
+    String: Type<R::Database> + for<'r> Decode<'r, R::Database>,
+{
+    Ok(NodeInfo {
+        node: r.try_get("node")?,
+        hostname: r.try_get("hostname")?,
+        pid: r.try_get("pid")?,
+        version: r.try_get("version")?,
+        config_digest: r.try_get("config_digest")?,
+        started_at: StoreTime(r.try_get("started_at_ms")?),
+        last_seen: StoreTime(r.try_get("seen_ms")?),
+        state: domain::stored(&r.try_get::<String, _>("state")?),
+        running: r.try_get("running")?,
+    })
+}
+
+/// A one-statement beat's answer, read by position (sqlx describes a
+/// MySQL `CALL` without its column names): one row per live node, each
+/// `now_ms` (the beat's time), then `node`, `seen_ms`, `hostname`, `pid`,
+/// `version`, `config_digest`, `started_at_ms`, `state`, `running`; or one
+/// row with `now_ms` and a NULL node when no node is live (the beat said
+/// `stopped` and nobody else beats).
+pub(super) fn beat_answer<R>(rows: &[R]) -> Result<BeatAnswer, sqlx::Error>
+where
+    R: Row,
+    usize: ColumnIndex<R>,
+    i64: Type<R::Database> + for<'r> Decode<'r, R::Database>,
+    String: Type<R::Database> + for<'r> Decode<'r, R::Database>,
+{
+    let first = rows.first().ok_or_else(|| {
+        sqlx::Error::Protocol("the heartbeat statement answered no row".to_string())
+    })?;
+    let now = StoreTime(first.try_get(0)?);
+    let mut live = Vec::with_capacity(rows.len());
+    for r in rows {
+        let Some(node) = r.try_get::<Option<String>, _>(1)? else {
+            continue;
+        };
+        live.push(NodeInfo {
+            node,
+            last_seen: StoreTime(r.try_get(2)?),
+            hostname: r.try_get(3)?,
+            pid: r.try_get(4)?,
+            version: r.try_get(5)?,
+            config_digest: r.try_get(6)?,
+            started_at: StoreTime(r.try_get(7)?),
+            state: domain::stored(&r.try_get::<String, _>(8)?),
+            running: r.try_get(9)?,
+        });
+    }
+    Ok(BeatAnswer { now, live })
 }
 
 /// A run's end bound to [`FINISH_RUN`]'s `$1`..`$8`.
@@ -501,6 +576,7 @@ mod tests {
             BEAT,
             BEAT_MYSQL,
             NODES,
+            LIVE_NODES,
             UNPUBLISH,
             PUBLISH,
             PUBLISHED_DIGESTS,

@@ -54,6 +54,10 @@ mod values;
 use lease::*;
 use values::*;
 
+/// A node's heartbeat in one round trip: the procedure of migration 0010
+/// upserts the row with `SYSDATE(3)` and answers the live nodes with it.
+const CALL_BEAT: &str = "CALL fencecron_beat_v1(?, ?, ?, ?, ?, ?, ?, ?, ?)";
+
 /// The MySQL/MariaDB dialect.
 pub(super) struct My;
 
@@ -295,6 +299,28 @@ impl Dialect for My {
         } else {
             unavailable(&db.url, source)
         }
+    }
+
+    /// One call of `fencecron_beat_v1` (migration 0010).
+    async fn beat(
+        &self,
+        db: &Db<MySql>,
+        _fleet: &super::fleet::FleetSql,
+        beat: &NodeBeat<'_>,
+    ) -> Sql<BeatAnswer> {
+        let rows = sqlx::query(CALL_BEAT)
+            .bind(beat.node)
+            .bind(beat.hostname)
+            .bind(i64::from(beat.pid))
+            .bind(beat.version)
+            .bind(beat.config_digest)
+            .bind(beat.started_at.map(|t| t.0))
+            .bind(beat.state.as_str())
+            .bind(i64::from(beat.running))
+            .bind(millis(NODE_LIVE))
+            .fetch_all(&db.pool)
+            .await?;
+        Ok(super::fleet::beat_answer(&rows)?)
     }
 
     async fn now(&self, db: &Db<MySql>) -> Sql<StoreTime> {

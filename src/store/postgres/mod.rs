@@ -148,6 +148,41 @@ impl Pg {
     }
 }
 
+/// A node's heartbeat in one statement: the store's clock read once (`t`),
+/// the node's row upserted with it (`$1`..`$8`; `$6`, `started_at`, NULL
+/// on the first beat: this beat's time), and the rows live at that time
+/// answered (`$9` = `stopped`, `$10` = `NODE_LIVE` in ms: `NodeInfo::live`),
+/// each with the time; one row with a NULL node when none is. The node's
+/// own row comes from `RETURNING`: the main query's snapshot does not see
+/// the upsert, so the table read leaves that node out.
+const BEAT: &str = concat!(
+    "WITH t AS (SELECT ",
+    now_ms!(),
+    " AS now_ms),
+beat AS (
+  INSERT INTO fencecron_nodes AS n
+    (node, seen_ms, hostname, pid, version, config_digest, started_at_ms, state, running)
+  SELECT $1, t.now_ms, $2, $3, $4, $5, COALESCE($6::bigint, t.now_ms), $7, $8 FROM t
+  ON CONFLICT (node) DO UPDATE
+     SET seen_ms = excluded.seen_ms, hostname = excluded.hostname, pid = excluded.pid,
+         version = excluded.version, config_digest = excluded.config_digest,
+         started_at_ms = excluded.started_at_ms, state = excluded.state,
+         running = excluded.running
+  RETURNING n.node, n.seen_ms, n.hostname, n.pid, n.version, n.config_digest,
+            n.started_at_ms, n.state, n.running
+),
+nodes AS (
+  SELECT * FROM beat
+  UNION ALL
+  SELECT node, seen_ms, hostname, pid, version, config_digest, started_at_ms, state, running
+    FROM fencecron_nodes WHERE node NOT IN (SELECT node FROM beat)
+)
+SELECT t.now_ms, l.node, l.seen_ms, l.hostname, l.pid, l.version, l.config_digest,
+       l.started_at_ms, l.state, l.running
+  FROM t LEFT JOIN nodes l ON l.state <> $9 AND l.seen_ms > t.now_ms - $10
+ ORDER BY l.node"
+);
+
 #[async_trait]
 impl Dialect for Pg {
     type DB = Postgres;
@@ -370,6 +405,29 @@ impl Dialect for Pg {
     async fn record_stale(&self, db: &Db<Postgres>, rec: &NewStaleRecord<'_>) -> Sql<StaleRecord> {
         let at = insert_stale(&db.pool, rec).await?;
         Ok(rec.stored(at))
+    }
+
+    /// One statement ([`BEAT`]).
+    async fn beat(
+        &self,
+        db: &Db<Postgres>,
+        _fleet: &super::fleet::FleetSql,
+        beat: &NodeBeat<'_>,
+    ) -> Sql<BeatAnswer> {
+        let rows = sqlx::query(BEAT)
+            .bind(beat.node)
+            .bind(beat.hostname)
+            .bind(i64::from(beat.pid))
+            .bind(beat.version)
+            .bind(beat.config_digest)
+            .bind(beat.started_at.map(|t| t.0))
+            .bind(beat.state.as_str())
+            .bind(i64::from(beat.running))
+            .bind(crate::domain::NodeState::Stopped.as_str())
+            .bind(millis(NODE_LIVE))
+            .fetch_all(&db.pool)
+            .await?;
+        Ok(super::fleet::beat_answer(&rows)?)
     }
 
     async fn now(&self, db: &Db<Postgres>) -> Sql<StoreTime> {

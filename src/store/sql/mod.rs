@@ -278,6 +278,22 @@ pub(super) trait Dialect: Send + Sync + 'static {
 
     async fn now(&self, db: &Db<Self::DB>) -> Sql<StoreTime>;
 
+    /// [`Store::beat`]: the store's clock, the upsert and the read of the
+    /// live nodes, one after the other, unless the backend does it in one
+    /// statement (PostgreSQL, MySQL). Left as is on SQLite, whose clock is
+    /// the host's (no round trip) and whose statements run in process.
+    async fn beat(
+        &self,
+        db: &Db<Self::DB>,
+        fleet: &FleetSql,
+        beat: &NodeBeat<'_>,
+    ) -> Sql<super::BeatAnswer> {
+        let now = self.now(db).await?;
+        Self::DB::beat(&db.pool, fleet, beat, now).await?;
+        let live = Self::DB::live_nodes(&db.pool, fleet, now).await?;
+        Ok(super::BeatAnswer { now, live })
+    }
+
     async fn epoch(&self, db: &Db<Self::DB>) -> Sql<EpochInfo> {
         Ok(Self::DB::epoch(&db.pool, Self::EPOCH).await?)
     }

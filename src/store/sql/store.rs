@@ -412,15 +412,9 @@ impl<D: Dialect> Store for SqlStore<D> {
         .await
     }
 
-    async fn beat(&self, beat: &NodeBeat<'_>) -> Result<StoreTime, StoreError> {
-        // The store's clock, read first: the fleet statements bind every
-        // time they write (one text for all backends).
-        self.call("beat", async {
-            let now = self.dialect.now(&self.db).await?;
-            D::DB::beat(&self.db.pool, &self.fleet, beat, now).await?;
-            Ok(now)
-        })
-        .await
+    async fn beat(&self, beat: &NodeBeat<'_>) -> Result<crate::store::BeatAnswer, StoreError> {
+        self.call("beat", self.dialect.beat(&self.db, &self.fleet, beat))
+            .await
     }
 
     async fn nodes(&self) -> Result<Vec<NodeInfo>, StoreError> {
