@@ -260,8 +260,10 @@ impl Heartbeat {
         now: StoreTime,
     ) -> Result<(), crate::store::StoreError> {
         let nodes = self.store.nodes().await?;
+        crate::metrics::nodes(nodes.iter().map(|n| n.shown_state(now)));
         let drift = current_drift(self.store.as_ref(), &nodes, now, &mut b.seen).await?;
         let count = drift.len();
+        crate::web::drift_seen(&drift);
         let (changed, resolved) = b.drift.update(drift);
         for d in &changed {
             events::config_drift(d, count);
