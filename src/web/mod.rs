@@ -772,3 +772,77 @@ async fn act(
     }
     Ok(r)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{CallEnd, Notice, OpenOptions, StoreHook, StoreUrl};
+
+    /// Every store operation, by name.
+    #[derive(Default)]
+    struct Calls(Mutex<Vec<&'static str>>);
+
+    impl StoreHook for Calls {
+        fn called(&self, operation: &'static str, _: Duration, _: CallEnd) {
+            self.0.lock().unwrap().push(operation);
+        }
+        fn noticed(&self, _: Notice<'_>) {}
+    }
+
+    impl Calls {
+        fn take(&self) -> Vec<&'static str> {
+            let mut v = std::mem::take(&mut *self.0.lock().unwrap());
+            v.sort_unstable();
+            v
+        }
+    }
+
+    /// What a page view costs the store, whatever the fleet's size: one
+    /// read per table (each bounded in rows by its query), and the store's
+    /// clock; serving `/` every second is five small reads a second.
+    #[tokio::test]
+    async fn a_page_view_reads_each_table_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let url =
+            StoreUrl::parse(&format!("sqlite://{}", dir.path().join("s.db").display())).unwrap();
+        let calls = Arc::new(Calls::default());
+        let store = crate::store::open(
+            &url,
+            &OpenOptions {
+                hook: Some(calls.clone()),
+                ..OpenOptions::default()
+            },
+        )
+        .unwrap();
+        store.migrate().await.unwrap();
+        let config = crate::config::parse(
+            std::path::Path::new("jobs.toml"),
+            "[[job]]\nname = \"a\"\nschedule = \"* * * * * *\"\ncommand = [\"true\"]\n\
+             [[job]]\nname = \"b\"\nschedule = \"@daily\"\ncommand = [\"true\"]\n",
+        )
+        .unwrap();
+        let web = Web::new(store, config.jobs, None, "n".into());
+        calls.take();
+        for _ in 0..3 {
+            assert_eq!(index(&web).await.unwrap().status(), StatusCode::OK);
+        }
+        let mut want = Vec::new();
+        for _ in 0..3 {
+            want.extend(["nodes", "now", "pauses", "runs", "stale"]);
+        }
+        want.sort_unstable();
+        assert_eq!(calls.take(), want);
+        assert_eq!(job_page(&web, "a").await.unwrap().status(), StatusCode::OK);
+        assert_eq!(calls.take(), ["now", "pauses", "runs"]);
+        assert_eq!(
+            job_page(&web, "nope").await.unwrap().status(),
+            StatusCode::NOT_FOUND
+        );
+        let missing = uuid::Uuid::new_v4().to_string();
+        assert_eq!(
+            run_page(&web, &missing).await.unwrap().status(),
+            StatusCode::NOT_FOUND
+        );
+        assert_eq!(calls.take(), ["runs"]);
+    }
+}
