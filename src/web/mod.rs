@@ -6,7 +6,7 @@
 //! http-equiv="refresh">`.
 //!
 //! A page view reads the store at most once per table, each read bounded
-//! in rows ([`PAGE_RUNS`], [`JOB_RUNS`], [`STALE_SHOWN`] of the last
+//! in rows ([`PAGE_RUNS`], [`JOB_RUNS`], twice [`STALE_SHOWN`] of the last
 //! [`STALE_WINDOW`]); drift comes from what the heartbeat last computed
 //! ([`drift_seen`]). `/metrics` never comes here.
 //!
@@ -49,8 +49,9 @@ pub const PAGE_RUNS: u32 = 500;
 pub const JOB_RUNS: u32 = 50;
 /// How far back `/` reads stale-owner records and lease losses...
 pub const STALE_WINDOW: Duration = Duration::from_secs(24 * 3600);
-/// ...and how many of the newest it shows.
-pub const STALE_SHOWN: usize = 20;
+/// ...and how many of the newest of each it shows (it reads twice as many
+/// of both kinds together).
+pub const STALE_SHOWN: u32 = 20;
 /// How often the pages refresh themselves (seconds).
 pub const REFRESH_SECS: u32 = 10;
 /// The largest form an action accepts.
@@ -243,7 +244,7 @@ async fn index(web: &Web) -> Result<Answer> {
     let pauses = store.pauses(now).await?;
     let nodes = store.nodes().await?;
     let stale = store
-        .stale(Some(StoreTime(now.0 - millis(STALE_WINDOW))))
+        .latest_stale(StoreTime(now.0 - millis(STALE_WINDOW)), STALE_SHOWN * 2)
         .await?;
     let drift = drift();
     let jobs = web.jobs();
@@ -350,9 +351,9 @@ async fn index(web: &Web) -> Result<Answer> {
             .raw(" node row(s) gone (see <code>fencecron nodes</code>)</p>");
     }
 
+    // Newest first, both kinds: each table shows up to STALE_SHOWN.
     let (losses, rejected): (Vec<&StaleRecord>, Vec<&StaleRecord>) = stale
         .iter()
-        .rev()
         .partition(|s| s.kind != StaleKind::WriteRejected);
     stale_table(&mut h, now, "Stale-owner records", &rejected);
     stale_table(&mut h, now, "Lease losses and takeovers", &losses);
@@ -403,7 +404,7 @@ fn stale_table(h: &mut Html, now: StoreTime, title: &'static str, rows: &[&Stale
         return;
     }
     h.raw("<table><tr><th>when</th><th>kind</th><th>reason</th><th>job</th><th>resource</th><th>key</th><th>node</th><th>token</th><th>accepted</th><th>stage</th></tr>");
-    for s in rows.iter().take(STALE_SHOWN) {
+    for s in rows.iter().take(STALE_SHOWN as usize) {
         h.raw("<tr>");
         h.cell(&ago(now, s.at))
             .cell(s.kind.as_str())
@@ -828,7 +829,7 @@ mod tests {
         }
         let mut want = Vec::new();
         for _ in 0..3 {
-            want.extend(["nodes", "now", "pauses", "runs", "stale"]);
+            want.extend(["latest_stale", "nodes", "now", "pauses", "runs"]);
         }
         want.sort_unstable();
         assert_eq!(calls.take(), want);
