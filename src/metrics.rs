@@ -426,8 +426,9 @@ pub fn paused(name: &str, paused: bool) {
         .set(i64::from(paused));
 }
 
-/// The node states `fencecron_nodes` always has a series for.
-pub const NODE_STATES: [&str; 4] = ["running", "draining", "stopped", "gone"];
+/// The node states `fencecron_nodes` always has a series for: the states
+/// `NodeInfo::shown_state` shows (a stopped node shows as `gone`).
+pub const NODE_STATES: [&str; 3] = ["running", "draining", "gone"];
 
 /// The node rows by shown state (`NodeInfo::shown_state`), as a heartbeat
 /// read them: every state of [`NODE_STATES`] is set, to zero if none.
