@@ -70,7 +70,13 @@ pub async fn run(cli: &Cli, node_flag: Option<String>) -> Result<Exit> {
                 Some(file) => Some(file.load()?),
                 None => None,
             };
-            let web = Web::new(store.clone(), config.jobs.clone(), tokens, node.to_string());
+            let web = Web::new(
+                store.clone(),
+                config.jobs.clone(),
+                tokens,
+                node.to_string(),
+                addr,
+            );
             let listener = metrics::bind(addr).await.map_err(Error::Runtime)?;
             tokio::spawn(metrics::serve(
                 listener,

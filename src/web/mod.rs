@@ -64,15 +64,20 @@ pub struct Web {
     tokens: Option<Tokens>,
     csrf: String,
     node: String,
+    /// The listener is on a loopback address: a page answers only a
+    /// loopback `Host` (see [`host_allowed`]).
+    loopback: bool,
 }
 
 impl Web {
-    /// The view of `node`'s jobs; with `tokens`, its actions too.
+    /// The view of `node`'s jobs, served on `listen`; with `tokens`, its
+    /// actions too.
     pub fn new(
         store: Arc<dyn Store>,
         jobs: Vec<Job>,
         tokens: Option<Tokens>,
         node: String,
+        listen: std::net::SocketAddr,
     ) -> Arc<Web> {
         let csrf = format!(
             "{}{}",
@@ -85,6 +90,7 @@ impl Web {
             tokens,
             csrf,
             node,
+            loopback: listen.ip().is_loopback(),
         })
     }
 
@@ -148,8 +154,43 @@ fn page(status: StatusCode, body: String) -> Answer {
     respond(status, "text/html; charset=utf-8", body)
 }
 
+/// Whether a page answers a request for `host` (its `Host` header): on a
+/// loopback listener only a loopback name (`127.0.0.1`, `[::1]`,
+/// `localhost`, any port), so that a page of another site whose name was
+/// made to resolve to 127.0.0.1 (DNS rebinding) cannot read the view
+/// through the browser of someone on this host.
+fn host_allowed(loopback: bool, host: Option<&str>) -> bool {
+    if !loopback {
+        return true;
+    }
+    let Some(host) = host else {
+        return false;
+    };
+    let name = match host.strip_prefix('[') {
+        Some(rest) => rest.split(']').next().unwrap_or(""),
+        None => host.rsplit_once(':').map_or(host, |(n, _)| n),
+    };
+    name.eq_ignore_ascii_case("localhost")
+        || name
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
 /// Answers a request the metrics endpoints did not take.
 pub async fn answer(web: &Web, req: Request<hyper::body::Incoming>) -> Answer {
+    let host = req
+        .headers()
+        .get(hyper::header::HOST)
+        .and_then(|h| h.to_str().ok());
+    if !host_allowed(web.loopback, host) {
+        return plain(
+            StatusCode::MISDIRECTED_REQUEST,
+            format!(
+                "refused: Host {:?} is not a loopback name, and this listener is on loopback (where another site could reach it by DNS rebinding); open http://127.0.0.1:PORT/, or have the proxy send Host 127.0.0.1:PORT",
+                host.unwrap_or("")
+            ),
+        );
+    }
     let path = req.uri().path().to_string();
     let parts: Vec<&str> = path.split('/').skip(1).collect();
     let method = req.method().clone();
@@ -798,6 +839,33 @@ mod tests {
         }
     }
 
+    #[test]
+    fn a_loopback_listener_answers_loopback_hosts_only() {
+        for ok in [
+            "127.0.0.1:9464",
+            "127.0.0.1",
+            "localhost:9464",
+            "LOCALHOST",
+            "[::1]:9464",
+            "[::1]",
+            "127.0.0.2:1",
+        ] {
+            assert!(host_allowed(true, Some(ok)), "{ok}");
+        }
+        for refused in [
+            "evil.example:9464",
+            "evil.example",
+            "10.0.0.1:9464",
+            "[2001:db8::1]:80",
+            "",
+        ] {
+            assert!(!host_allowed(true, Some(refused)), "{refused}");
+        }
+        assert!(!host_allowed(true, None));
+        assert!(host_allowed(false, Some("fencecron.example")));
+        assert!(host_allowed(false, None));
+    }
+
     /// What a page view costs the store, whatever the fleet's size: one
     /// read per table (each bounded in rows by its query), and the store's
     /// clock; serving `/` every second is five small reads a second.
@@ -822,7 +890,13 @@ mod tests {
              [[job]]\nname = \"b\"\nschedule = \"@daily\"\ncommand = [\"true\"]\n",
         )
         .unwrap();
-        let web = Web::new(store, config.jobs, None, "n".into());
+        let web = Web::new(
+            store,
+            config.jobs,
+            None,
+            "n".into(),
+            "127.0.0.1:9464".parse().unwrap(),
+        );
         calls.take();
         for _ in 0..3 {
             assert_eq!(index(&web).await.unwrap().status(), StatusCode::OK);

@@ -47,9 +47,12 @@ fn http(port: u16, method: &str, path: &str, headers: &[(&str, &str)], body: &st
     };
     s.set_read_timeout(Some(secs(30))).unwrap();
     let mut req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\nContent-Length: {}\r\n",
+        "{method} {path} HTTP/1.1\r\nConnection: close\r\nContent-Length: {}\r\n",
         body.len()
     );
+    if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
+        req.push_str(&format!("Host: 127.0.0.1:{port}\r\n"));
+    }
     if !body.is_empty() {
         req.push_str("Content-Type: application/x-www-form-urlencoded\r\n");
     }
@@ -435,6 +438,25 @@ fn the_page_shows_the_fleet_with_every_value_escaped_and_no_action_without_a_tok
         404
     );
     assert_eq!(get(port, "/jobs/no-such-job").status, 404);
+    // On loopback, a page answers a loopback Host only (DNS rebinding).
+    let rebound = http(port, "GET", "/", &[("Host", "evil.example:80")], "");
+    assert_eq!(rebound.status, 421, "{}", rebound.body);
+    assert!(
+        !rebound.body.contains(&escaped(&hostile)),
+        "{}",
+        rebound.body
+    );
+    assert_eq!(
+        http(
+            port,
+            "GET",
+            "/",
+            &[("Host", &format!("localhost:{port}"))],
+            ""
+        )
+        .status,
+        200
+    );
 
     // Read-only: every action is refused, even with a token.
     for action in ["trigger", "pause", "resume"] {
