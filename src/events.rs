@@ -136,7 +136,6 @@ pub fn job_started(
     pid: Option<u32>,
     scheduled_at: Option<DateTime<Utc>>,
 ) {
-    crate::metrics::paused(job, false);
     crate::metrics::run_started(
         job,
         scheduled_at.and_then(|at| (Utc::now() - at).to_std().ok()),

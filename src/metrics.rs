@@ -135,7 +135,7 @@ impl Metrics {
         let paused = Family::<JobLabel, Gauge>::default();
         registry.register(
             "job_paused",
-            "1 while the job is paused fleet-wide, as this node last saw it",
+            "1 while the job is paused fleet-wide, as this node's last heartbeat saw it",
             paused.clone(),
         );
         let nodes = Family::<StateLabel, Gauge>::default();
@@ -416,9 +416,9 @@ pub fn next_run(name: &str, at: chrono::DateTime<chrono::Utc>) {
         .set(at.timestamp());
 }
 
-/// Whether the job is paused fleet-wide, as this node last saw it (an
-/// occurrence skipped as paused, a run started, a pause or resume from the
-/// web view, the pauses read at start).
+/// Whether the job is paused fleet-wide, as this node last saw it: the
+/// pauses in force read by every heartbeat, an occurrence skipped as
+/// paused, a pause or resume from this node's web view.
 pub fn paused(name: &str, paused: bool) {
     global()
         .paused

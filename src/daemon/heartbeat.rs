@@ -217,6 +217,22 @@ impl Heartbeat {
         if let Err(e) = self.check_drift(b, now).await {
             events::store_unavailable(self.store.outages(), "nodes", None, &e.to_string(), None);
         }
+        // `fencecron_job_paused`: the pauses in force, whoever set or
+        // ended them (the CLI, another node's web view).
+        match self.store.pauses(now).await {
+            Ok(pauses) => {
+                for (job, _, _) in &set.jobs {
+                    crate::metrics::paused(job, pauses.iter().any(|p| p.job == *job));
+                }
+            }
+            Err(e) => events::store_unavailable(
+                self.store.outages(),
+                "pauses",
+                None,
+                &e.to_string(),
+                None,
+            ),
+        }
         if b.last_prune.is_none_or(|t| t.elapsed() >= PRUNE_EVERY) {
             b.last_prune = Some(tokio::time::Instant::now());
             let before = StoreTime(now.0 - millis(self.retention));

@@ -384,9 +384,8 @@ pub const RESTORE_RUNS: u32 = 1000;
 
 /// Restores, once the store answers at start, what the metrics say about
 /// the past from the run history (`fencecron_job_last_success_timestamp_seconds`,
-/// `fencecron_job_last_run_timestamp_seconds`) and the pauses in force
-/// (`fencecron_job_paused`): three bounded reads, once per process; a
-/// scrape never reads the store. A store that fails here leaves the
+/// `fencecron_job_last_run_timestamp_seconds`): two bounded reads, once
+/// per process; a scrape never reads the store. A store that fails here leaves the
 /// gauges to the runs that end from now on (logged, not retried).
 async fn restore_metrics(store: &dyn Store, names: &[String]) {
     let read = async {
@@ -403,11 +402,9 @@ async fn restore_metrics(store: &dyn Store, names: &[String]) {
                 ..Default::default()
             })
             .await?;
-        let now = store.now().await?;
-        let pauses = store.pauses(now).await?;
-        Ok::<_, store::StoreError>((successes, runs, pauses))
+        Ok::<_, store::StoreError>((successes, runs))
     };
-    let (successes, runs, pauses) = match read.await {
+    let (successes, runs) = match read.await {
         Ok(r) => r,
         Err(e) => {
             events::store_unavailable(store.outages(), "runs", None, &e.to_string(), None);
@@ -428,7 +425,6 @@ async fn restore_metrics(store: &dyn Store, names: &[String]) {
             .find_map(|r| r.finished_at)
             .map(secs);
         crate::metrics::restore(name, success, ended);
-        crate::metrics::paused(name, pauses.iter().any(|p| p.job == *name));
     }
 }
 

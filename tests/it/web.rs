@@ -606,8 +606,13 @@ fn actions_are_refused_without_the_token_and_work_once_with_it() {
     let page = get(port, &format!("/jobs/{}", segment(&job))).body;
     assert!(page.contains(&escaped(note)), "{page}");
     assert!(page.contains("by web:alice until"), "{page}");
+    // The gauge: set by the action, and by every heartbeat (a beat that
+    // read the pauses just before may set it back until the next one).
     let series = format!("fencecron_job_paused{{job=\"{job}\"}}");
-    assert_eq!(sample(&get(port, "/metrics").body, &series), Some(1.0));
+    let paused_is = |v: f64| {
+        metrics_when(port, secs(30), |b| sample(b, &series) == Some(v));
+    };
+    paused_is(1.0);
     let out = cli(dir.path(), &store.url, &config, &["status", "--json"]);
     let status: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(status[0]["paused"]["paused_by"], "web:alice", "{status}");
@@ -620,9 +625,16 @@ fn actions_are_refused_without_the_token_and_work_once_with_it() {
         "",
     );
     assert_eq!(r.status, 303, "{}", r.body);
-    assert_eq!(sample(&get(port, "/metrics").body, &series), Some(0.0));
+    paused_is(0.0);
     let page = get(port, &format!("/jobs/{}", segment(&job))).body;
     assert!(!page.contains("paused</span>"), "{page}");
+    // A pause from the CLI reaches the gauge through the heartbeat.
+    let out = cli(dir.path(), &store.url, &config, &["pause", &job]);
+    assert_eq!(code(&out), 0, "{}", describe(&out));
+    paused_is(1.0);
+    let out = cli(dir.path(), &store.url, &config, &["resume", &job]);
+    assert_eq!(code(&out), 0, "{}", describe(&out));
+    paused_is(0.0);
     assert_eq!(d.events("trigger_started").len(), 1, "still one run");
 }
 
