@@ -178,6 +178,15 @@ fn host_allowed(loopback: bool, host: Option<&str>) -> bool {
 
 /// Answers a request the metrics endpoints did not take.
 pub async fn answer(web: &Web, req: Request<hyper::body::Incoming>) -> Answer {
+    let path = req.uri().path().to_string();
+    let parts: Vec<&str> = path.split('/').skip(1).collect();
+    let page = matches!(
+        parts.as_slice(),
+        [""] | ["jobs", _] | ["runs", _] | ["jobs", _, _]
+    );
+    if !page {
+        return not_found();
+    }
     let host = req
         .headers()
         .get(hyper::header::HOST)
@@ -191,8 +200,6 @@ pub async fn answer(web: &Web, req: Request<hyper::body::Incoming>) -> Answer {
             ),
         );
     }
-    let path = req.uri().path().to_string();
-    let parts: Vec<&str> = path.split('/').skip(1).collect();
     let method = req.method().clone();
     let get = method == Method::GET || method == Method::HEAD;
     let result = match (get, method == Method::POST, parts.as_slice()) {

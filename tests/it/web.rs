@@ -318,7 +318,8 @@ fn the_page_shows_the_fleet_with_every_value_escaped_and_no_action_without_a_tok
     ];
     let port = free_port();
     let config = config_with_http(dir.path(), "a.toml", port, None, &jobs);
-    let other = config_with_http(dir.path(), "b.toml", free_port(), None, &jobs);
+    // The second node serves nothing: one port less to collide.
+    let other = write_config(dir.path(), "lease = \"5s\"", &jobs);
     let a = Daemon::spawn(DaemonOpts::new("web-a", &config, &store.url));
     let b = Daemon::spawn(DaemonOpts::new("web-b<&>", &other, &store.url));
     let note = "<script>alert('note')</script> \"quoted\" — ünïcødé";
@@ -753,7 +754,8 @@ fn the_page_in_a_headless_browser() {
         ),
     ];
     let config = config_with_http(dir.path(), "a.toml", port, None, &jobs);
-    let other = config_with_http(dir.path(), "b.toml", free_port(), None, &jobs);
+    // The second node serves nothing: one port less to collide.
+    let other = write_config(dir.path(), "lease = \"5s\"", &jobs);
     let a = Daemon::spawn(DaemonOpts::new("node-a", &config, &store.url));
     let b = Daemon::spawn(DaemonOpts::new("node-b", &other, &store.url));
     let note = "db migration <ops@example.com>";
