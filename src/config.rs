@@ -50,6 +50,25 @@ pub const MAX_SHUTDOWN_GRACE: Duration = Duration::from_secs(24 * 3600);
 /// The largest `jitter`: a day, the longest sensible spread of a job.
 pub const MAX_JITTER: Duration = Duration::from_secs(24 * 3600);
 
+/// `[http] token_file`: where the web view's tokens are, and where the
+/// key was written (for errors about the file).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenFile {
+    pub path: PathBuf,
+    at: ConfigError,
+}
+
+impl TokenFile {
+    /// Reads and checks the file (mode, format); an error is reported at
+    /// the key, `jobs.toml:LINE:COL: http.token_file: ...`.
+    pub fn load(&self) -> Result<crate::web::tokens::Tokens, ConfigError> {
+        crate::web::tokens::load(&self.path).map_err(|message| ConfigError {
+            message,
+            ..self.at.clone()
+        })
+    }
+}
+
 /// A loaded, validated configuration.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
@@ -74,6 +93,11 @@ pub struct Config {
     /// `[http] listen`: where the daemon serves `/metrics`, `/livez` and
     /// `/readyz`; `None` (the default) serves nothing.
     pub http_listen: Option<std::net::SocketAddr>,
+    /// `[http] token_file`: who may trigger, pause and resume from the web
+    /// view (`crate::web::tokens`); `None`: the view is read-only. Checked
+    /// (readable by its owner only, well-formed) by `run` and `check`
+    /// ([`TokenFile::load`]), not by every command that reads the config.
+    pub http_token_file: Option<TokenFile>,
     /// `[history]`: how much run history the fleet keeps.
     pub history: History,
     /// The jobs, in file order.
@@ -297,6 +321,7 @@ struct RawStore {
 #[serde(deny_unknown_fields)]
 struct RawHttp {
     listen: Spanned<String>,
+    token_file: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -576,6 +601,23 @@ impl Parser<'_> {
                 )?),
                 None => None,
             };
+        let http_token_file = match raw.http.as_ref().and_then(|h| h.token_file.as_ref()) {
+            None => None,
+            Some(file) => {
+                let path = file.get_ref();
+                if !path.starts_with('/') || path.contains('\0') {
+                    return Err(self.at(
+                        file.span(),
+                        "http.token_file",
+                        format!("{path:?} is not an absolute path; give the file of `NAME TOKEN` lines as one, such as /etc/fencecron/web-tokens"),
+                    ));
+                }
+                Some(TokenFile {
+                    path: PathBuf::from(path),
+                    at: self.at(file.span(), "http.token_file", ""),
+                })
+            }
+        };
         let defaults = raw.defaults.unwrap_or_default();
 
         let mut jobs: Vec<Job> = Vec::with_capacity(raw.job.len());
@@ -628,6 +670,7 @@ impl Parser<'_> {
             node_max_running,
             node_shutdown_grace,
             http_listen,
+            http_token_file,
             history,
             jobs,
         })

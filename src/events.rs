@@ -415,6 +415,7 @@ pub fn retry_abandoned(
 
 /// `fencecron pause` stored a pause.
 pub fn job_paused(p: &crate::store::PauseInfo) {
+    crate::metrics::paused(&p.job, true);
     let until = p.until.map(|u| u.rfc3339());
     info!(
         event = "job_paused",
@@ -428,9 +429,19 @@ pub fn job_paused(p: &crate::store::PauseInfo) {
 
 /// `fencecron resume` ended a pause (`was_paused` false: there was none).
 pub fn job_resumed(job: &str, was_paused: bool) {
+    crate::metrics::paused(job, false);
     info!(
         event = "job_resumed",
         job, was_paused, "job resumed fleet-wide"
+    );
+}
+
+/// The web view stored a trigger request (`POST /jobs/NAME/trigger`), as
+/// asked by `requested_by` (`web:NAME`, the token's name).
+pub fn trigger_requested(job: &str, trigger_id: &str, requested_by: &str) {
+    info!(
+        event = "trigger_requested",
+        job, trigger_id, requested_by, "manual run requested"
     );
 }
 
@@ -474,6 +485,7 @@ pub fn occurrence_paused(
     first: bool,
 ) {
     crate::metrics::occurrence_skipped(job, SkipReason::Paused.as_str());
+    crate::metrics::paused(job, true);
     let until = until.map(|u| u.rfc3339());
     let until = until.as_deref();
     let detail = "the job is paused fleet-wide; `fencecron resume` runs it again";

@@ -38,3 +38,4 @@ pub mod supervise;
 #[cfg(test)]
 mod testing;
 pub mod timing;
+pub mod web;

@@ -49,6 +49,11 @@ struct JobReason {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabel {
+    state: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct Operation {
     operation: String,
 }
@@ -70,6 +75,10 @@ pub struct Metrics {
     runs: Family<JobOutcome, Counter>,
     duration: Family<JobLabel, Histogram, fn() -> Histogram>,
     last_success: Family<JobLabel, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    last_run: Family<JobLabel, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    next_run: Family<JobLabel, Gauge>,
+    paused: Family<JobLabel, Gauge>,
+    nodes: Family<StateLabel, Gauge>,
     running: Family<JobLabel, Gauge>,
     skipped: Family<JobReason, Counter>,
     lateness: Histogram,
@@ -108,6 +117,32 @@ impl Metrics {
             "When the job last ended with outcome succeeded (Unix time)",
             Unit::Seconds,
             last_success.clone(),
+        );
+        let last_run = Family::<JobLabel, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
+        registry.register_with_unit(
+            "job_last_run_timestamp",
+            "When a run of the job last ended, whatever its outcome (Unix time)",
+            Unit::Seconds,
+            last_run.clone(),
+        );
+        let next_run = Family::<JobLabel, Gauge>::default();
+        registry.register_with_unit(
+            "job_next_run_timestamp",
+            "The job's next scheduled instant on this node (Unix time)",
+            Unit::Seconds,
+            next_run.clone(),
+        );
+        let paused = Family::<JobLabel, Gauge>::default();
+        registry.register(
+            "job_paused",
+            "1 while the job is paused fleet-wide, as this node's last heartbeat saw it",
+            paused.clone(),
+        );
+        let nodes = Family::<StateLabel, Gauge>::default();
+        registry.register(
+            "nodes",
+            "Node rows by state, as this node's last heartbeat read them",
+            nodes.clone(),
         );
         let running = Family::<JobLabel, Gauge>::default();
         registry.register(
@@ -174,6 +209,10 @@ impl Metrics {
             runs,
             duration,
             last_success,
+            last_run,
+            next_run,
+            paused,
+            nodes,
             running,
             skipped,
             lateness,
@@ -226,13 +265,69 @@ impl Metrics {
         self.duration
             .get_or_create(&job(name))
             .observe(took.as_secs_f64());
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        self.last_run
+            .get_or_create(&job(name))
+            .set(now.as_secs_f64());
         if outcome == SUCCEEDED {
-            let now = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap_or_default();
             self.last_success
                 .get_or_create(&job(name))
                 .set(now.as_secs_f64());
+        }
+    }
+
+    fn jobs_configured(&self, names: &[&str], removed: &[&str]) {
+        for name in removed {
+            let l = job(name);
+            self.next_run.remove(&l);
+            self.paused.remove(&l);
+        }
+        for name in names {
+            let l = job(name);
+            for outcome in ZERO_OUTCOMES {
+                let _ = self.runs.get_or_create(&JobOutcome {
+                    job: name.to_string(),
+                    outcome: outcome.to_string(),
+                });
+            }
+            let _ = self.running.get_or_create(&l);
+            let _ = self.stale_writes.get_or_create(&l);
+            let _ = self.paused.get_or_create(&l);
+            let _ = self.duration.get_or_create(&l);
+        }
+    }
+
+    fn set_nodes<'a>(&self, states: impl IntoIterator<Item = &'a str>) {
+        let mut counts: std::collections::BTreeMap<&str, i64> =
+            NODE_STATES.iter().map(|s| (*s, 0)).collect();
+        for s in states {
+            *counts.entry(s).or_default() += 1;
+        }
+        for (state, n) in counts {
+            self.nodes
+                .get_or_create(&StateLabel {
+                    state: state.to_string(),
+                })
+                .set(n);
+        }
+    }
+
+    fn restore(&self, name: &str, last_success: Option<f64>, last_run: Option<f64>) {
+        // A run that ended since the start is newer than the history read.
+        let l = job(name);
+        if let Some(t) = last_success {
+            let g = self.last_success.get_or_create(&l);
+            if g.get() < t {
+                g.set(t);
+            }
+        }
+        if let Some(t) = last_run {
+            let g = self.last_run.get_or_create(&l);
+            if g.get() < t {
+                g.set(t);
+            }
         }
     }
 
@@ -294,6 +389,53 @@ pub fn stale_write_rejected(name: Option<&str>) {
         .inc();
 }
 
+/// The outcomes every configured job has a `fencecron_job_runs_total`
+/// series for from the start, at zero: the ones "no success" and "too many
+/// failures" alerts divide by.
+pub const ZERO_OUTCOMES: [&str; 2] = [SUCCEEDED, "failed"];
+
+/// The job set this node schedules (at start and on each reload): every
+/// job gets its series at zero (runs by the outcomes of [`ZERO_OUTCOMES`],
+/// running, stale writes, paused, duration), and a removed job's
+/// next-run and paused gauges go.
+pub fn jobs_configured(names: &[&str], removed: &[&str]) {
+    global().jobs_configured(names, removed);
+}
+
+/// The job's last success and last run (Unix seconds) as the run history
+/// says at start: a gauge already newer (a run ended since) stays.
+pub fn restore(name: &str, last_success: Option<f64>, last_run: Option<f64>) {
+    global().restore(name, last_success, last_run);
+}
+
+/// The job's next scheduled instant on this node.
+pub fn next_run(name: &str, at: chrono::DateTime<chrono::Utc>) {
+    global()
+        .next_run
+        .get_or_create(&job(name))
+        .set(at.timestamp());
+}
+
+/// Whether the job is paused fleet-wide, as this node last saw it: the
+/// pauses in force read by every heartbeat, an occurrence skipped as
+/// paused, a pause or resume from this node's web view.
+pub fn paused(name: &str, paused: bool) {
+    global()
+        .paused
+        .get_or_create(&job(name))
+        .set(i64::from(paused));
+}
+
+/// The node states `fencecron_nodes` always has a series for: the states
+/// `NodeInfo::shown_state` shows (a stopped node shows as `gone`).
+pub const NODE_STATES: [&str; 3] = ["running", "draining", "gone"];
+
+/// The node rows by shown state (`NodeInfo::shown_state`), as a heartbeat
+/// read them: every state of [`NODE_STATES`] is set, to zero if none.
+pub fn nodes<'a>(states: impl IntoIterator<Item = &'a str>) {
+    global().set_nodes(states);
+}
+
 /// How many jobs are in config drift (`config_drift`).
 pub fn config_drift_jobs(n: usize) {
     global()
@@ -343,8 +485,13 @@ fn ready() -> bool {
     global().store_ok.load(Ordering::Relaxed)
 }
 
-/// Serves `/metrics`, `/livez` and `/readyz` on `listener` until `stop`.
-pub async fn serve(listener: TcpListener, stop: CancellationToken) {
+/// Serves `/metrics`, `/livez` and `/readyz` on `listener` until `stop`;
+/// with `web`, every other path is the web view's (`crate::web`).
+pub async fn serve(
+    listener: TcpListener,
+    stop: CancellationToken,
+    web: Option<std::sync::Arc<crate::web::Web>>,
+) {
     loop {
         let (stream, _) = tokio::select! {
             _ = stop.cancelled() => return,
@@ -354,9 +501,12 @@ pub async fn serve(listener: TcpListener, stop: CancellationToken) {
             },
         };
         let stop = stop.clone();
+        let web = web.clone();
         tokio::spawn(async move {
-            let conn =
-                http1::Builder::new().serve_connection(TokioIo::new(stream), service_fn(answer));
+            let conn = http1::Builder::new().serve_connection(
+                TokioIo::new(stream),
+                service_fn(move |req| answer(req, web.clone())),
+            );
             tokio::select! {
                 _ = conn => {}
                 _ = stop.cancelled() => {}
@@ -374,7 +524,13 @@ pub async fn bind(addr: SocketAddr) -> Result<TcpListener, String> {
 
 async fn answer(
     req: Request<hyper::body::Incoming>,
+    web: Option<std::sync::Arc<crate::web::Web>>,
 ) -> Result<Response<Full<Bytes>>, std::convert::Infallible> {
+    // The metrics and health never reach the web view (nor the store).
+    let own = matches!(req.uri().path(), "/metrics" | "/livez" | "/readyz");
+    if let (false, Some(web)) = (own, web) {
+        return Ok(crate::web::answer(&web, req).await);
+    }
     let text = |status: StatusCode, body: String, kind: &'static str| {
         let mut r = Response::new(Full::new(Bytes::from(body)));
         *r.status_mut() = status;
@@ -411,5 +567,65 @@ async fn answer(
             "not found; try /metrics, /livez or /readyz\n".into(),
             PLAIN,
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(text: &str, series: &str) -> Option<f64> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+    }
+
+    /// Every configured job has its series before any run; the history's
+    /// timestamps restore the gauges without going back past a newer run;
+    /// every node state has a count.
+    #[test]
+    fn series_exist_from_the_start_and_restored_times_never_go_back() {
+        let m = Metrics::new();
+        m.jobs_configured(&["a\"b", "c"], &[]);
+        let text = m.render();
+        for series in [
+            "fencecron_job_runs_total{job=\"c\",outcome=\"succeeded\"}",
+            "fencecron_job_runs_total{job=\"c\",outcome=\"failed\"}",
+            "fencecron_job_running{job=\"c\"}",
+            "fencecron_job_paused{job=\"c\"}",
+            "fencecron_stale_writes_rejected_total{job=\"c\"}",
+            "fencecron_job_duration_seconds_count{job=\"c\"}",
+        ] {
+            assert_eq!(sample(&text, series), Some(0.0), "{series} in\n{text}");
+        }
+        assert!(text.contains("job=\"a\\\"b\""), "{text}");
+        m.restore("c", Some(100.0), Some(200.0));
+        m.run_finished("a\"b", SUCCEEDED, Duration::from_millis(1));
+        let after_run = m.last_success.get_or_create(&job("a\"b")).get();
+        m.restore("a\"b", Some(100.0), Some(100.0));
+        let text = m.render();
+        assert_eq!(
+            sample(
+                &text,
+                "fencecron_job_last_success_timestamp_seconds{job=\"c\"}"
+            ),
+            Some(100.0)
+        );
+        assert_eq!(
+            sample(&text, "fencecron_job_last_run_timestamp_seconds{job=\"c\"}"),
+            Some(200.0)
+        );
+        assert_eq!(m.last_success.get_or_create(&job("a\"b")).get(), after_run);
+        m.set_nodes(["running", "running", "gone"]);
+        let text = m.render();
+        assert_eq!(
+            sample(&text, "fencecron_nodes{state=\"running\"}"),
+            Some(2.0)
+        );
+        assert_eq!(
+            sample(&text, "fencecron_nodes{state=\"draining\"}"),
+            Some(0.0)
+        );
+        m.jobs_configured(&["c"], &["a\"b"]);
+        assert!(!m.render().contains("fencecron_job_paused{job=\"a"));
     }
 }

@@ -48,6 +48,10 @@ pub async fn run(cli: &Cli, connect: bool) -> Result<Exit> {
     let Some(config) = ctx.config else {
         return Ok(Exit::Success);
     };
+    // The web view's tokens: as `run` reads them (mode 0600, the format).
+    if let Some(tokens) = &config.http_token_file {
+        tokens.load()?;
+    }
     let findings = host_findings(&config, std::env::var_os("PATH").as_deref(), &VOLATILE);
     let mut first_error = None;
     for f in findings {

@@ -8,6 +8,7 @@ mod epoch;
 mod exec;
 mod fenced;
 mod fleet;
+pub(crate) use fleet::local_time;
 mod generate;
 mod guard;
 mod lease;

@@ -18,6 +18,7 @@ use crate::metrics;
 use crate::runs::RunRecords;
 use crate::signals::{Received, Signals};
 use crate::store::{self, OpenOptions, StoreUrl};
+use crate::web::Web;
 
 use super::Context;
 
@@ -40,6 +41,7 @@ pub async fn run(cli: &Cli, node_flag: Option<String>) -> Result<Exit> {
         node_max_running: config.node_max_running,
         node_shutdown_grace: config.node_shutdown_grace,
         http_listen: config.http_listen,
+        http_token_file: config.http_token_file.as_ref().map(|t| t.path.clone()),
     };
     // Validated once: the flag here, the others when the context was
     // resolved; the daemon keeps this `NodeId`.
@@ -59,12 +61,32 @@ pub async fn run(cli: &Cli, node_flag: Option<String>) -> Result<Exit> {
             ..daemon::store_options(config.store_max_connections)
         },
     )?;
-    // `[http]`: metrics and health, served until the daemon has stopped.
+    // `[http]`: metrics, health and the web view (its actions with
+    // `token_file`), served until the daemon has stopped.
     let http_stop = tokio_util::sync::CancellationToken::new();
-    if let Some(addr) = config.http_listen {
-        let listener = metrics::bind(addr).await.map_err(Error::Runtime)?;
-        tokio::spawn(metrics::serve(listener, http_stop.clone()));
-    }
+    let web = match config.http_listen {
+        Some(addr) => {
+            let tokens = match &config.http_token_file {
+                Some(file) => Some(file.load()?),
+                None => None,
+            };
+            let web = Web::new(
+                store.clone(),
+                config.jobs.clone(),
+                tokens,
+                node.to_string(),
+                addr,
+            );
+            let listener = metrics::bind(addr).await.map_err(Error::Runtime)?;
+            tokio::spawn(metrics::serve(
+                listener,
+                http_stop.clone(),
+                Some(web.clone()),
+            ));
+            Some(web)
+        }
+        None => None,
+    };
     let records = match RunRecords::open(node.as_str(), &ctx.store_url) {
         Ok(records) => Some(Arc::new(records)),
         Err(e) => {
@@ -90,7 +112,7 @@ pub async fn run(cli: &Cli, node_flag: Option<String>) -> Result<Exit> {
         shutdown_grace: config.node_shutdown_grace,
     };
     let (tx, rx) = mpsc::channel(4);
-    let control = tokio::spawn(control(signals, ctx, started_with, tx));
+    let control = tokio::spawn(control(signals, ctx, started_with, tx, web));
     daemon::run(settings, rx).await;
     control.abort();
     http_stop.cancel();
@@ -118,6 +140,7 @@ struct StartedWith {
     node_max_running: Option<u32>,
     node_shutdown_grace: std::time::Duration,
     http_listen: Option<std::net::SocketAddr>,
+    http_token_file: Option<std::path::PathBuf>,
 }
 
 /// Turns signals into the daemon's control messages until it stops: the
@@ -129,12 +152,19 @@ async fn control(
     ctx: Context,
     started_with: StartedWith,
     tx: mpsc::Sender<Control>,
+    web: Option<Arc<Web>>,
 ) {
     let mut draining = false;
     loop {
         let message = match signals.next().await {
             Some(Received::Hangup) if draining => continue,
-            Some(Received::Hangup) => Control::Reload(reload(&ctx, &started_with)),
+            Some(Received::Hangup) => {
+                let jobs = reload(&ctx, &started_with);
+                if let (Some(web), Ok(jobs)) = (&web, &jobs) {
+                    web.set_jobs(jobs.clone());
+                }
+                Control::Reload(jobs)
+            }
             Some(Received::Stop("SIGTERM")) if !draining => {
                 draining = true;
                 Control::Drain("SIGTERM")
@@ -169,6 +199,12 @@ fn reload(ctx: &Context, original: &StartedWith) -> Result<Vec<Job>, String> {
         events::config_ignored(
             "http.listen",
             "the metrics and health endpoint cannot move while running; restart the daemon",
+        );
+    }
+    if new.http_token_file.as_ref().map(|t| &t.path) != original.http_token_file.as_ref() {
+        events::config_ignored(
+            "http.token_file",
+            "the web view's tokens are read at start-up; restart the daemon",
         );
     }
     if new.node_max_running != original.node_max_running {

@@ -37,6 +37,10 @@ const LAST_BEAT: Duration = Duration::from_secs(2);
 /// How often node rows older than `history.nodes` are deleted.
 const PRUNE_EVERY: Duration = Duration::from_secs(3600);
 
+/// Every how many beats the gone nodes are counted again from every node
+/// row (one more statement then): every 30 s.
+const ALL_ROWS_EVERY: u32 = 6;
+
 /// A job set as published: (name, digest, canonical JSON) by name, and the
 /// set's digest.
 #[derive(Debug, Default)]
@@ -102,6 +106,10 @@ struct Beats {
     /// The drift logged last.
     drift: DriftLog,
     last_prune: Option<tokio::time::Instant>,
+    /// Beats since every node row was last read, and how many of those
+    /// rows were gone then (`fencecron_nodes{state="gone"}`).
+    beats_since_rows: u32,
+    gone: usize,
 }
 
 impl Heartbeat {
@@ -222,6 +230,22 @@ impl Heartbeat {
         if let Err(e) = self.check_drift(b, &answer).await {
             events::store_unavailable(self.store.outages(), "nodes", None, &e.to_string(), None);
         }
+        // `fencecron_job_paused`: the pauses in force, whoever set or
+        // ended them (the CLI, another node's web view).
+        match self.store.pauses(now).await {
+            Ok(pauses) => {
+                for (job, _, _) in &set.jobs {
+                    crate::metrics::paused(job, pauses.iter().any(|p| p.job == *job));
+                }
+            }
+            Err(e) => events::store_unavailable(
+                self.store.outages(),
+                "pauses",
+                None,
+                &e.to_string(),
+                None,
+            ),
+        }
         if b.last_prune.is_none_or(|t| t.elapsed() >= PRUNE_EVERY) {
             b.last_prune = Some(tokio::time::Instant::now());
             let before = StoreTime(now.0 - millis(self.retention));
@@ -266,8 +290,23 @@ impl Heartbeat {
         b: &mut Beats,
         beat: &BeatAnswer,
     ) -> Result<(), crate::store::StoreError> {
+        if b.beats_since_rows % ALL_ROWS_EVERY == 0 {
+            // The gone nodes are not in the beat's answer (it holds the
+            // live ones): every node row, now and then.
+            let now = beat.now;
+            let nodes = self.store.nodes().await?;
+            b.gone = nodes.iter().filter(|n| !n.live(now)).count();
+        }
+        b.beats_since_rows = b.beats_since_rows.wrapping_add(1);
+        crate::metrics::nodes(
+            beat.live
+                .iter()
+                .map(|n| n.shown_state(beat.now))
+                .chain(std::iter::repeat_n(NodeState::GONE, b.gone)),
+        );
         let drift = current_drift(self.store.as_ref(), &beat.live, beat.now, &mut b.seen).await?;
         let count = drift.len();
+        crate::web::drift_seen(&drift);
         let (changed, resolved) = b.drift.update(drift);
         for d in &changed {
             events::config_drift(d, count);

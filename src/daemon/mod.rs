@@ -191,10 +191,12 @@ async fn serve(
         let ready = ready.clone();
         let shutdown = shutdown.clone();
         let status = format!("scheduling {} job(s) as {node}", jobs.len());
+        let names: Vec<String> = jobs.iter().map(|j| j.name.to_string()).collect();
         tracker.spawn(async move {
             await_store(&ready, store.as_ref(), &shutdown).await;
             if ready.initialized() && !shutdown.is_cancelled() {
                 notify(&[NotifyState::Ready, NotifyState::Status(&status)]);
+                restore_metrics(store.as_ref(), &names).await;
             }
         });
     }
@@ -370,6 +372,59 @@ async fn await_store(ready: &OnceCell<()>, store: &dyn Store, shutdown: &Cancell
             _ = shutdown.cancelled() => return,
             _ = tokio::time::sleep(wait) => {}
         }
+    }
+}
+
+/// How many runs of the history the start-up reads to restore the metrics'
+/// last-success and last-run timestamps: the newest this many successes,
+/// and the newest this many runs of any outcome. A job whose last success
+/// is older than the fleet's newest `RESTORE_RUNS` successes keeps no
+/// last-success series until its next one.
+pub const RESTORE_RUNS: u32 = 1000;
+
+/// Restores, once the store answers at start, what the metrics say about
+/// the past from the run history (`fencecron_job_last_success_timestamp_seconds`,
+/// `fencecron_job_last_run_timestamp_seconds`): two bounded reads, once
+/// per process; a scrape never reads the store. A store that fails here leaves the
+/// gauges to the runs that end from now on (logged, not retried).
+async fn restore_metrics(store: &dyn Store, names: &[String]) {
+    let read = async {
+        let successes = store
+            .runs(&store::RunQuery {
+                outcome: Some(crate::domain::RunOutcome::Succeeded),
+                limit: RESTORE_RUNS,
+                ..Default::default()
+            })
+            .await?;
+        let runs = store
+            .runs(&store::RunQuery {
+                limit: RESTORE_RUNS,
+                ..Default::default()
+            })
+            .await?;
+        Ok::<_, store::StoreError>((successes, runs))
+    };
+    let (successes, runs) = match read.await {
+        Ok(r) => r,
+        Err(e) => {
+            events::store_unavailable(store.outages(), "runs", None, &e.to_string(), None);
+            return;
+        }
+    };
+    let secs = |t: store::StoreTime| t.0 as f64 / 1000.0;
+    for name in names {
+        // Newest first: the first of each job is its latest.
+        let success = successes
+            .iter()
+            .find(|r| r.job == *name)
+            .and_then(|r| r.finished_at)
+            .map(secs);
+        let ended = runs
+            .iter()
+            .filter(|r| r.job == *name)
+            .find_map(|r| r.finished_at)
+            .map(secs);
+        crate::metrics::restore(name, success, ended);
     }
 }
 

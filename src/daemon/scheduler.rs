@@ -166,6 +166,12 @@ impl Scheduler {
         let now = self.shared.clock.now();
         let names: HashSet<String> = jobs.iter().map(|j| j.name.to_string()).collect();
         let before = self.jobs.len();
+        let gone: Vec<String> = self
+            .jobs
+            .keys()
+            .filter(|name| !names.contains(*name))
+            .cloned()
+            .collect();
         self.jobs.retain(|name, _| names.contains(name));
         let removed = before - self.jobs.len();
         let (mut added, mut changed) = (0, 0);
@@ -179,6 +185,7 @@ impl Scheduler {
             self.generation += 1;
             let rank = rank(self.shared.supervisor.node(), &name);
             if let Some(next) = job.schedule.next_after(now) {
+                crate::metrics::next_run(&name, next);
                 self.heap
                     .push(Reverse((next, rank, self.generation, name.clone())));
             }
@@ -190,6 +197,10 @@ impl Scheduler {
                 },
             );
         }
+        // Every job's series from the start, before any run (zero counters).
+        let configured: Vec<&str> = self.jobs.keys().map(String::as_str).collect();
+        let gone: Vec<&str> = gone.iter().map(String::as_str).collect();
+        crate::metrics::jobs_configured(&configured, &gone);
         if is_reload {
             events::config_reloaded(added, removed, changed, self.jobs.len());
         }
@@ -214,6 +225,7 @@ impl Scheduler {
             let job = entry.job.clone();
             let next = job.schedule.next_after(at);
             if let Some(n) = next {
+                crate::metrics::next_run(&name, n);
                 self.heap.push(Reverse((n, rank, generation, name.clone())));
             }
             if next.is_some_and(|n| n <= now) {

@@ -203,6 +203,15 @@ pub trait Store: Send + Sync + 'static {
     /// Stale-owner records at or after `since` (store time), oldest first.
     async fn stale(&self, since: Option<StoreTime>) -> Result<Vec<StaleRecord>, StoreError>;
 
+    /// The newest `limit` stale-owner records at or after `since` (store
+    /// time), newest first: a bounded read for a page that shows the latest
+    /// (the web view).
+    async fn latest_stale(
+        &self,
+        since: StoreTime,
+        limit: u32,
+    ) -> Result<Vec<StaleRecord>, StoreError>;
+
     /// The store's clock.
     async fn now(&self) -> Result<StoreTime, StoreError>;
 

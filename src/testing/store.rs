@@ -981,6 +981,17 @@ impl Store for MemoryStore {
         Ok(out)
     }
 
+    async fn latest_stale(
+        &self,
+        since: StoreTime,
+        limit: u32,
+    ) -> Result<Vec<StaleRecord>, StoreError> {
+        let mut out = self.stale(Some(since)).await?;
+        out.reverse();
+        out.truncate(limit as usize);
+        Ok(out)
+    }
+
     async fn now(&self) -> Result<StoreTime, StoreError> {
         Ok(StoreTime(self.now_ms()))
     }

@@ -1241,6 +1241,86 @@ fn prometheus_rules_check_and_their_unit_tests_pass() {
     }
 }
 
+/// Every PromQL query of `expr` keys anywhere under `v`.
+fn dashboard_queries(v: &serde_json::Value, out: &mut Vec<String>) {
+    match v {
+        serde_json::Value::Object(m) => {
+            for (k, v) in m {
+                match (k.as_str(), v) {
+                    ("expr", serde_json::Value::String(e)) => out.push(e.clone()),
+                    _ => dashboard_queries(v, out),
+                }
+            }
+        }
+        serde_json::Value::Array(a) => a.iter().for_each(|v| dashboard_queries(v, out)),
+        _ => {}
+    }
+}
+
+/// The Grafana dashboard `deploy/grafana/fencecron.json` is JSON whose
+/// every query parses as PromQL (each, with Grafana's variables filled in,
+/// checked by `promtool check rules` as a recording rule) and names only
+/// metrics the daemon exports (the table of docs/metrics.md). Says SKIPPED
+/// without promtool (CI installs it).
+#[test]
+fn grafana_dashboard_queries_parse_and_name_exported_metrics() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(root.join("deploy/grafana/fencecron.json")).unwrap();
+    let dashboard: serde_json::Value = serde_json::from_str(&text).expect("the dashboard is JSON");
+    let mut queries = Vec::new();
+    dashboard_queries(&dashboard, &mut queries);
+    assert!(queries.len() >= 10, "{queries:?}");
+
+    let readme = std::fs::read_to_string(root.join("docs/metrics.md")).unwrap();
+    let mut named = 0;
+    for metric in text
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .filter(|w| w.starts_with("fencecron_"))
+    {
+        let base = ["_total", "_count", "_sum", "_bucket"]
+            .iter()
+            .fold(metric, |m, s| m.strip_suffix(s).unwrap_or(m));
+        assert!(
+            readme.contains(&format!("`{base}")),
+            "the dashboard uses {metric}, which the metrics table of docs/metrics.md does not list"
+        );
+        named += 1;
+    }
+    assert!(named >= queries.len(), "every query names a metric");
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut rules = String::from("groups:\n  - name: dashboard\n    rules:\n");
+    for (i, q) in queries.iter().enumerate() {
+        let q = q
+            .replace("$__rate_interval", "5m")
+            .replace("$__interval", "1m")
+            .replace("$job", ".*");
+        assert!(
+            !q.contains('$'),
+            "a Grafana variable the test does not fill in: {q}"
+        );
+        rules.push_str(&format!(
+            "      - record: fencecron:dashboard_{i}\n        expr: {}\n",
+            serde_json::Value::String(q)
+        ));
+    }
+    let file = dir.path().join("dashboard.rules.yml");
+    std::fs::write(&file, &rules).unwrap();
+    let Ok(check) = Command::new("promtool")
+        .args(["check", "rules"])
+        .arg(&file)
+        .output()
+    else {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "promtool is not installed (.ci/run installs the prometheus package)"
+        );
+        skipped!("\n*** SKIPPED grafana dashboard test: promtool is not installed ***\n");
+        return;
+    };
+    assert!(check.status.success(), "{rules}\n{}", describe(&check));
+}
+
 /// `packaging/build-deb.sh` builds a .deb (here from the binaries under
 /// test) that holds the binaries, the unit pointing at /usr/bin, the example
 /// config as a conffile, completions, man pages (jobs.toml(5) in section 5)

@@ -41,3 +41,4 @@ mod retention;
 mod store_errors;
 mod takeover;
 mod watchdog;
+mod web;

@@ -10,7 +10,8 @@ use super::Subject;
 use crate::store::*;
 
 /// A stale rejection is recorded with every field, returned in the put
-/// outcome and by `stale(None)` and `stale(Some(since))`, oldest first.
+/// outcome and by `stale(None)` and `stale(Some(since))`, oldest first, and
+/// by `latest_stale`, newest first and bounded.
 async fn case_stale_rejection_recorded(subject: Subject) {
     let s = subject.store.as_ref();
     let (r, ls) = generations(s, "stale-rec", 2).await;
@@ -73,6 +74,21 @@ async fn case_stale_rejection_recorded(subject: Subject) {
         stale_of(s, Some(later), &r).await.is_empty(),
         "since excludes older"
     );
+
+    // The latest, newest first and bounded (other tests may add records
+    // of their own to a shared store meanwhile: only ours are compared).
+    let latest: Vec<StaleRecord> = s
+        .latest_stale(since, 10_000)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|x| x.resource == r.as_str())
+        .collect();
+    assert_eq!(latest, vec![rec2.clone(), rec.clone()]);
+    let one = s.latest_stale(since, 1).await.unwrap();
+    assert_eq!(one.len(), 1, "bounded: {one:?}");
+    assert!(one[0].at >= rec2.at, "the newest: {one:?}");
+    assert!(s.latest_stale(later, 0).await.unwrap().is_empty());
 }
 
 /// `record_stale` of a lost lease round-trips through `stale`.

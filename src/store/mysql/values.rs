@@ -69,6 +69,13 @@ pub(super) const STALE: &str = "SELECT at_ms, kind, reason,
                             node, job, stage, operation_id
                        FROM fencecron_stale WHERE at_ms >= ? ORDER BY at_ms, id";
 
+/// `latest_stale`: the newest first, bounded.
+pub(super) const LATEST_STALE: &str = "SELECT at_ms, kind, reason,
+            CAST(resource AS CHAR CHARACTER SET utf8mb4) AS resource,
+            CAST(key_name AS CHAR CHARACTER SET utf8mb4) AS `key`, owner_id, token, accepted_token,
+                            node, job, stage, operation_id
+                       FROM fencecron_stale WHERE at_ms >= ? ORDER BY at_ms DESC, id DESC LIMIT ?";
+
 /// MySQL's error number for a packet larger than `max_allowed_packet`.
 pub(super) const ER_NET_PACKET_TOO_LARGE: u16 = 1153;
 

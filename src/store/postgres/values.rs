@@ -68,6 +68,11 @@ pub(super) const STALE: &str =
                             node, job, stage, operation_id
                        FROM fencecron_stale WHERE at_ms >= $1 ORDER BY at_ms, id";
 
+/// `latest_stale`: the newest first, bounded.
+pub(super) const LATEST_STALE: &str = "SELECT at_ms, kind, reason, resource, key, owner_id, token, accepted_token,
+                            node, job, stage, operation_id
+                       FROM fencecron_stale WHERE at_ms >= $1 ORDER BY at_ms DESC, id DESC LIMIT $2";
+
 /// Inserts a stale record and returns its store time.
 pub(super) async fn insert_stale<'e, E>(ex: E, rec: &NewStaleRecord<'_>) -> Result<i64, sqlx::Error>
 where

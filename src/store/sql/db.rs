@@ -27,6 +27,15 @@ pub(in crate::store) trait SqlDb: Database {
         since: i64,
     ) -> Result<Vec<StaleRecord>, sqlx::Error>;
 
+    /// `latest_stale`: the rows of `sql`, which binds the earliest time and
+    /// the limit.
+    async fn latest_stale(
+        pool: &Pool<Self>,
+        sql: &'static str,
+        since: i64,
+        limit: i64,
+    ) -> Result<Vec<StaleRecord>, sqlx::Error>;
+
     /// `lease list`: the rows of `sql`, each with the store's clock in
     /// `now_ms`.
     async fn list(pool: &Pool<Self>, sql: &'static str) -> Result<Vec<LeaseInfo>, sqlx::Error>;
@@ -144,6 +153,20 @@ where
         since: i64,
     ) -> Result<Vec<StaleRecord>, sqlx::Error> {
         let found = sqlx::query(sql).bind(since).fetch_all(pool).await?;
+        found.iter().map(rows::stale_record).collect()
+    }
+
+    async fn latest_stale(
+        pool: &Pool<Self>,
+        sql: &'static str,
+        since: i64,
+        limit: i64,
+    ) -> Result<Vec<StaleRecord>, sqlx::Error> {
+        let found = sqlx::query(sql)
+            .bind(since)
+            .bind(limit)
+            .fetch_all(pool)
+            .await?;
         found.iter().map(rows::stale_record).collect()
     }
 

@@ -113,6 +113,9 @@ pub(super) trait Dialect: Send + Sync + 'static {
     const GET: &'static str;
     /// `stale` ([`SqlDb::stale`]).
     const STALE: &'static str;
+    /// `latest_stale` ([`SqlDb::latest_stale`]): binds the earliest time,
+    /// then the limit.
+    const LATEST_STALE: &'static str;
     /// `lease list` ([`SqlDb::list`]).
     const LIST: &'static str;
     /// What beat a refused write ([`Dialect::put_state`]).

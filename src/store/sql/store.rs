@@ -240,6 +240,20 @@ impl<D: Dialect> Store for SqlStore<D> {
         .await
     }
 
+    async fn latest_stale(
+        &self,
+        since: StoreTime,
+        limit: u32,
+    ) -> Result<Vec<StaleRecord>, StoreError> {
+        self.call("latest_stale", async {
+            Ok(
+                D::DB::latest_stale(&self.db.pool, D::LATEST_STALE, since.0, i64::from(limit))
+                    .await?,
+            )
+        })
+        .await
+    }
+
     async fn now(&self) -> Result<StoreTime, StoreError> {
         self.call("now", self.dialect.now(&self.db)).await
     }

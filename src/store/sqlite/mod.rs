@@ -104,6 +104,7 @@ impl Dialect for Lite {
     const BACKEND: Backend = Backend::Sqlite;
     const GET: &'static str = GET;
     const STALE: &'static str = STALE;
+    const LATEST_STALE: &'static str = LATEST_STALE;
     const LIST: &'static str = LIST;
     const PUT_STATE: &'static str = PUT_STATE;
     const EPOCH: &'static str = EPOCH;
