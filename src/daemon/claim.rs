@@ -19,10 +19,14 @@
 //!   places it holds and at most its share of the live nodes, and skipping
 //!   rows another node is claiming;
 //! * a win runs as if its single acquire had won (same owner id, same
-//!   `sent`: [`Decision::Won`]); a loss ends the occurrence as a losing
-//!   acquire would ([`Decision::Lost`]); what the claim leaves to the
-//!   single acquire (no row yet, paused, a clock ahead or behind) is
-//!   [`Undecided::Asked`];
+//!   `sent`: [`Decision::Won`]), a never-leased resource's included (the
+//!   claim creates its row as the acquire's first acquisition would); a
+//!   loss ends the occurrence as a losing acquire would
+//!   ([`Decision::Lost`]): another node won it or holds the lease, and
+//!   this node does not compete for it again (no single acquire, not in a
+//!   second round); what the claim leaves to the single acquire (paused, a
+//!   clock ahead or behind, a new row another caller created while the
+//!   claim ran) is [`Undecided::Asked`];
 //! * a skipped row means another claimer took or is taking it, unless this
 //!   claim stopped at its share with rows still free: then, after
 //!   [`SECOND_ROUND_AFTER`] (when the other nodes have claimed theirs), one

@@ -93,7 +93,8 @@ pub(super) enum Decision {
 /// Why the claim left an occurrence to the single acquire.
 #[derive(Debug)]
 pub(super) enum Undecided {
-    /// The store asked for it (no row yet, paused, a clock ahead or behind).
+    /// The store asked for it (paused, a clock ahead or behind, a new row
+    /// another caller created while the claim ran).
     Asked,
     /// `overlap = "replace"`: not claimed, since only the single acquire
     /// ends an earlier run's lease.

@@ -152,8 +152,11 @@ pub trait Store: Send + Sync + 'static {
     /// occurrence identity, fence bump, pause, the run recorded, losers
     /// writing nothing), trying them in the request's order, winning at
     /// most the claim's limit, and skipping rows another caller has locked
-    /// instead of waiting for them. Every backend claims; it is the
-    /// daemon's first attempt at every scheduled occurrence.
+    /// instead of waiting for them. A resource never leased is created and
+    /// won as the acquire's first acquisition would (once among concurrent
+    /// creators; a paused job's is left to the acquire). Every backend
+    /// claims; it is the daemon's first attempt at every scheduled
+    /// occurrence.
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError>;
 
     /// `overlap = "replace"`: ends the unexpired lease generation `token` of

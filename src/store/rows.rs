@@ -178,8 +178,10 @@ pub(crate) const PREV: [&str; 4] = [
 /// by position (sqlx describes a MySQL `CALL` without its column names):
 /// won, won fence, won expiry, the takeover's four `prev_*`, present,
 /// fence, expiry, owner id, node, last occurrence, paused, the store's
-/// clock, the claim's limit. Flags are 0 or 1. PostgreSQL's `CLAIM` and
-/// MySQL's `fencecron_claim_v1` answer in this shape.
+/// clock, the claim's limit, skipped (no row, one the claim could have
+/// created had it not stopped at its limit). Flags are 0 or 1.
+/// PostgreSQL's `CLAIM` and MySQL's `fencecron_claim_v1` answer in this
+/// shape.
 pub(super) fn claim_outcome<'r, R, DB>(
     rows: &'r [R],
     req: &ClaimRequest<'_>,
@@ -233,8 +235,16 @@ where
         let (1, 0, Some(fence), Some(expires_at), Some(owner_id), Some(node)) =
             (present, paused, fence, expires_at, owner_id, node)
         else {
-            // No row yet, or paused: the single acquire decides.
-            out.push(Claimed::Ask);
+            // A new row past the limit is left for another look, as a free
+            // row is; paused, or no row the claim could create (not yet
+            // due, superseded, or created by another caller meanwhile):
+            // the single acquire decides.
+            let skipped = present == 0 && paused == 0 && row.try_get::<i64, _>(16)? == 1;
+            out.push(if skipped {
+                Claimed::Skipped
+            } else {
+                Claimed::Ask
+            });
             continue;
         };
         let loss = LossRow {

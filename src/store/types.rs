@@ -187,17 +187,20 @@ pub struct ClaimRequest<'a> {
 /// What a batch claim did for one item.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Claimed {
-    /// Won, exactly as a winning [`Store::acquire`] (run recorded).
+    /// Won, exactly as a winning [`Store::acquire`] (run recorded),
+    /// including a resource never leased before, whose row the claim
+    /// created as the acquire's first acquisition would.
     Won(Lease),
     /// Lost to a holder or an earlier taker, as a losing acquire reports it
     /// (`Held` with an owner, `OccurrenceTaken`).
     Lost(AcquireOutcome),
     /// Takeable by the statement's snapshot, not won: another claimer had
     /// the row locked (or took it meanwhile), or this claim reached its
-    /// limit first.
+    /// limit first (a row it could have created included).
     Skipped,
-    /// Not decided by the claim (no row yet, paused, not yet due or
-    /// superseded by the store's clock): the single acquire decides it.
+    /// Not decided by the claim (paused, not yet due or superseded by the
+    /// store's clock, or a new row another caller created while this claim
+    /// ran): the single acquire decides it.
     Ask,
 }
 
@@ -222,7 +225,9 @@ pub struct ClaimOutcome {
     /// One per item, in the request's order.
     pub items: Vec<Claimed>,
     /// The limit the claim applied: the request's, or with `share` at most
-    /// `ceil(items / live nodes) + 1` ([`NodeInfo::live`]).
+    /// `ceil(items / live nodes) + 1` ([`NodeInfo::live`]), less the places
+    /// spent on new rows another caller created first (so that a claim
+    /// that stopped at its limit still [`left_some`](Self::left_some)).
     pub limit: usize,
 }
 

@@ -90,6 +90,10 @@ pub(crate) enum Fault {
     Hang(Gate, Commit),
     /// A renewal is refused: another owner holds the lease now.
     Refuse,
+    /// A claim decides nothing: `Ask` for every item, nothing written (as
+    /// PostgreSQL answers for a new row another caller created while the
+    /// claim ran), so every occurrence goes to its single acquire.
+    Ask,
 }
 
 /// Opens hung calls. Dropping every handle unopened hangs them forever.
@@ -306,6 +310,10 @@ impl MemoryStore {
                 Some(Fault::Refuse) => Err(StoreError::Corrupt {
                     url: self.url.to_string(),
                     detail: format!("Fault::Refuse is for renewals, not {op:?}"),
+                }),
+                Some(Fault::Ask) => Err(StoreError::Corrupt {
+                    url: self.url.to_string(),
+                    detail: format!("Fault::Ask is for claims, not {op:?}"),
                 }),
                 Some(Fault::Hang(gate, Commit::Before)) => {
                     let answer = self.apply(apply);
@@ -602,6 +610,25 @@ impl Store for MemoryStore {
             .map(|i| OwnedAcquire::of(&i.as_acquire(req.node)))
             .collect();
         let (limit, share) = (req.limit, req.share);
+        let ask = {
+            let mut s = self.lock();
+            let q = s.faults.get_mut(&Op::Claim);
+            if q.as_ref()
+                .is_some_and(|q| matches!(q.front(), Some(Fault::Ask)))
+            {
+                q.and_then(VecDeque::pop_front);
+                s.note(Op::Claim, "asked");
+                true
+            } else {
+                false
+            }
+        };
+        if ask {
+            return Ok(ClaimOutcome {
+                items: vec![Claimed::Ask; items.len()],
+                limit,
+            });
+        }
         self.call(Op::Claim, move |s, now| {
             let others = s
                 .nodes
@@ -622,19 +649,27 @@ impl Store for MemoryStore {
                     .pauses
                     .get(job)
                     .is_some_and(|(p, _)| p.until.is_none_or(|u| u.0 > now));
-                let Some(row) = s.leases.get(&req.resource).filter(|_| !paused) else {
-                    out.push(Claimed::Ask);
-                    continue;
-                };
                 let (occ, next) = (
                     req.occurrence.map_or(0, |o| o.0),
                     req.next_occurrence.map(|n| n.0),
                 );
-                let takeable = row.expires_at <= now
-                    && row.last_occurrence.is_none_or(|l| l < occ)
-                    && occ <= now
-                    && next.is_none_or(|n| n > now);
-                let loss = (!takeable).then(|| row.loss(now));
+                let due = occ <= now && next.is_none_or(|n| n > now);
+                if paused {
+                    out.push(Claimed::Ask);
+                    continue;
+                }
+                // Never leased: created and won as the first acquisition
+                // would (within the limit), or left to the single acquire
+                // while not due.
+                let row = s.leases.get(&req.resource);
+                let takeable = row.is_none_or(|row| {
+                    row.expires_at <= now && row.last_occurrence.is_none_or(|l| l < occ)
+                }) && due;
+                if row.is_none() && !takeable {
+                    out.push(Claimed::Ask);
+                    continue;
+                }
+                let loss = row.filter(|_| !takeable).map(|row| row.loss(now));
                 out.push(if takeable && won < limit {
                     won += 1;
                     match acquire(s, now, req) {

@@ -1,5 +1,5 @@
 //! The single acquire, on its own: what a claim leaves undecided (here,
-//! the job has no lease row yet). Retries with back-off, adoption of an
+//! mostly, a claim that answers `Ask`: [`Rig::asks`]). Retries with back-off, adoption of an
 //! unanswered win, late wins given back, sweeps, clocks ahead and behind,
 //! a lease held or taken, `overlap = "replace"`.
 
@@ -8,6 +8,7 @@ use super::*;
 #[tokio::test(start_paused = true)]
 async fn an_acquire_that_fails_then_succeeds_runs_the_job() {
     let rig = Rig::new();
+    rig.asks();
     rig.store.fault(Op::Acquire, Fault::Fail, 2);
     assert_eq!(rig.run().await, Ending::Won);
     rig.settle().await;
@@ -24,6 +25,7 @@ async fn an_acquire_that_fails_then_succeeds_runs_the_job() {
 #[tokio::test(start_paused = true)]
 async fn a_failing_store_is_retried_with_backoff_until_the_give_up_time() {
     let rig = Rig::new();
+    rig.asks();
     rig.store.fault(Op::Acquire, Fault::Fail, 100);
     assert_eq!(
         rig.run().await,
@@ -53,6 +55,7 @@ async fn a_starting_deadline_bounds_when_an_occurrence_may_start() {
     assert!(rig.log(Op::Acquire).is_empty(), "no store call");
 
     let mut rig = Rig::new();
+    rig.asks();
     Arc::make_mut(&mut rig.job).starting_deadline = Some(ms(1_000));
     rig.store.fault(Op::Acquire, Fault::Fail, 100);
     assert_eq!(rig.run().await, Ending::Skipped(SkipReason::Deadline));
@@ -69,6 +72,7 @@ async fn a_starting_deadline_bounds_when_an_occurrence_may_start() {
 #[tokio::test(start_paused = true)]
 async fn a_timed_out_acquire_that_committed_is_adopted_by_the_retry() {
     let rig = Rig::new();
+    rig.asks();
     rig.store
         .fault(Op::Acquire, Fault::Hang(Gate::new(), Commit::Before), 1);
     assert_eq!(rig.run().await, Ending::Won);
@@ -99,6 +103,7 @@ async fn a_timed_out_acquire_that_committed_is_adopted_by_the_retry() {
 #[tokio::test(start_paused = true)]
 async fn a_win_after_the_occurrence_was_abandoned_is_given_back_with_it() {
     let rig = Rig::with_store(|s| s.with_call_timeout(None));
+    rig.asks();
     let gate = Gate::new();
     rig.store
         .fault(Op::Acquire, Fault::Hang(gate.clone(), Commit::After), 1);
@@ -143,6 +148,7 @@ async fn a_win_after_the_occurrence_was_abandoned_is_given_back_with_it() {
 #[tokio::test(start_paused = true)]
 async fn a_win_nobody_saw_is_swept_back() {
     let rig = Rig::new();
+    rig.asks();
     let gate = Gate::new();
     rig.store
         .fault(Op::Acquire, Fault::Hang(gate.clone(), Commit::After), 2);
@@ -178,6 +184,7 @@ async fn a_win_nobody_saw_is_swept_back() {
 #[tokio::test(start_paused = true)]
 async fn shutdown_mid_acquire_gives_a_late_win_back() {
     let rig = Rig::new();
+    rig.asks();
     let gate = Gate::new();
     rig.store
         .fault(Op::Acquire, Fault::Hang(gate.clone(), Commit::After), 1);
@@ -240,6 +247,7 @@ async fn a_clock_behind_the_store_skips_a_superseded_instant() {
 #[tokio::test(start_paused = true)]
 async fn a_statement_delivered_after_the_next_instant_wins_nothing() {
     let rig = Rig::with_store(|s| s.with_call_timeout(None));
+    rig.asks();
     let gate = Gate::new();
     rig.store
         .fault(Op::Acquire, Fault::Hang(gate.clone(), Commit::After), 1);

@@ -96,8 +96,10 @@ async fn a_claim_runs_what_it_wins_and_settles_the_rest() {
 
 /// Each occurrence follows what the claim decided for it, and only that:
 /// a win runs under the claim's token with no single acquire (not ended as
-/// a loss), a loss ends as `held` without running, and what the claim left
-/// undecided (no row yet) is decided by the single acquire, which runs it.
+/// a loss), a never-leased job's row is created and won by the claim alike,
+/// a loss ends as `held` without running, and what the claim left
+/// undecided (a paused job) is decided by the single acquire, which notes
+/// the skip.
 #[tokio::test(start_paused = true)]
 async fn each_occurrence_follows_its_claims_decision() {
     let rig = Rig::new();
@@ -116,11 +118,14 @@ async fn each_occurrence_follows_its_claims_decision() {
         .await
         .unwrap();
     assert!(matches!(held, AcquireOutcome::Acquired(_)));
-    due.push(Occurrence {
-        shared: rig.shared.clone(),
-        job: Arc::new(job_on(&rig, "fresh", "0 * * * * *")),
-        at: epoch_wall(),
-    });
+    for name in ["fresh", "paused"] {
+        due.push(Occurrence {
+            shared: rig.shared.clone(),
+            job: Arc::new(job_on(&rig, name, "0 * * * * *")),
+            at: epoch_wall(),
+        });
+    }
+    pause(&rig, "paused").await;
     let acquires_before = rig.log(Op::Acquire).len();
     let endings = tokio::time::timeout(LIMIT, claim(rig.shared.clone(), due))
         .await
@@ -128,22 +133,117 @@ async fn each_occurrence_follows_its_claims_decision() {
     rig.settle().await;
     assert_eq!(
         endings,
-        [Ending::Won, Ending::Skipped(SkipReason::Held), Ending::Won],
-        "won, lost, undecided then won by the single acquire"
+        [
+            Ending::Won,
+            Ending::Skipped(SkipReason::Held),
+            Ending::Won,
+            Ending::Skipped(SkipReason::Paused)
+        ],
+        "won, lost, created and won, undecided then skipped by the single acquire"
     );
-    assert_eq!(rig.log(Op::Claim), log(&[(0, "limit 3: won 2, lost, ask")]));
+    assert_eq!(
+        rig.log(Op::Claim),
+        log(&[(0, "limit 4: won 2, lost, won 1, ask")])
+    );
     assert_eq!(
         rig.log(Op::Acquire)
             .into_iter()
             .skip(acquires_before)
             .collect::<Vec<_>>(),
-        log(&[(0, "acquired 1")]),
+        log(&[(0, "paused first")]),
         "one single acquire: the undecided one's"
     );
     assert_eq!(
         started(&rig),
         [(ms(0), "c0".into(), 2), (ms(0), "fresh".into(), 1)]
     );
+}
+
+/// Pauses `job` indefinitely.
+async fn pause(rig: &Rig, job: &str) {
+    let pause = PauseInfo {
+        job: job.into(),
+        note: None,
+        since: at(),
+        until: None,
+        paused_by: "ops@host".into(),
+    };
+    rig.store.pause(&pause, false).await.unwrap();
+}
+
+/// A claim that answers `Lost` (another node won this very instant, or
+/// holds the lease) ends the occurrence there: no single acquire, and no
+/// second claim of it, although the claim stopped at its share and its
+/// second round claims what is left (a node that competed again for what
+/// another node won would show as an acquire or in that second claim).
+#[tokio::test(start_paused = true)]
+async fn an_occurrence_the_claim_says_another_node_won_is_not_competed_for_again() {
+    let rig = Rig::new();
+    let due = claimable(&rig, 6).await;
+    // node-b won c0's instant; node-b is live, so the claim takes its share
+    // (6 items, 2 nodes: 4) and leaves the sixth for a second round.
+    let AcquireOutcome::Acquired(_) = rig
+        .store
+        .acquire(&AcquireRequest {
+            resource: &due[0].job.resource,
+            lease: ms(60_000),
+            node: "node-b",
+            owner_id: OwnerId::fresh(),
+            occurrence: Some(at()),
+            next_occurrence: None,
+            run: None,
+        })
+        .await
+        .unwrap()
+    else {
+        panic!("node-b wins c0");
+    };
+    rig.store.node_seen("node-b");
+    let acquires_before = rig.log(Op::Acquire).len();
+    let endings = tokio::time::timeout(LIMIT, claim(rig.shared.clone(), due))
+        .await
+        .expect("the claim ends");
+    rig.settle().await;
+    assert_eq!(endings[0], Ending::Taken, "{endings:?}");
+    assert!(
+        endings[1..].iter().all(|e| *e == Ending::Won),
+        "{endings:?}"
+    );
+    assert_eq!(
+        rig.log(Op::Claim),
+        log(&[
+            (0, "limit 4: lost, won 2, won 2, won 2, won 2, skipped"),
+            (200, "limit 1: won 2"),
+        ]),
+        "the second round claims only the skipped one"
+    );
+    assert_eq!(
+        rig.log(Op::Acquire).len(),
+        acquires_before,
+        "no single acquire after the claim's answer"
+    );
+    assert!(
+        started(&rig).iter().all(|(_, r, _)| r != "c0"),
+        "c0 runs on node-b only"
+    );
+}
+
+/// A job whose resource was never leased: its first occurrence is decided
+/// by the claim alone, which creates the row and wins it (the first token),
+/// and runs it; no single acquire is made.
+#[tokio::test(start_paused = true)]
+async fn a_never_leased_jobs_first_occurrence_is_decided_by_the_claim_alone() {
+    let rig = Rig::new();
+    assert!(rig.store.row("job").is_none(), "never leased");
+    assert_eq!(rig.run().await, Ending::Won);
+    rig.settle().await;
+    assert_eq!(rig.log(Op::Claim), log(&[(0, "limit 1: won 1")]));
+    assert!(rig.log(Op::Acquire).is_empty(), "no single acquire");
+    assert_eq!(rig.runs(), [(ms(0), 1)]);
+    let row = rig.store.row("job").unwrap();
+    assert_eq!(row.last_occurrence, Some(at().0));
+    assert!(row.released, "the run ended and released it");
+    assert_eq!(rig.log(Op::Release), log(&[(2_000, "released 1")]));
 }
 
 /// A claim that fails: every occurrence acquires on its own, under the

@@ -3,8 +3,8 @@
 //! job a fake that runs for 2 s. Times are exact, measured from the
 //! instant (the occurrence fires at its instant). Every occurrence enters
 //! as in production, through its instant's batch claim (`claim::claim`):
-//! the store claims; where it has no row for the job yet, the claim leaves
-//! the occurrence to the single acquire.
+//! the store claims, a job with no row yet included (the claim creates it);
+//! tests of the single acquire make the claim answer `Ask` ([`Rig::asks`]).
 //!
 //! The job fires every minute with a 10 s lease: an occurrence is given up
 //! 10 s after its instant (a lease length; the next instant is 60 s away).
@@ -133,6 +133,13 @@ impl Rig {
             .expect("the occurrence ends");
         assert_eq!(endings.len(), 1, "one ending per occurrence");
         endings[0]
+    }
+
+    /// The next claim decides nothing (`Ask` for every item, as PostgreSQL
+    /// answers for a new row another node created meanwhile): the
+    /// occurrence goes to the single acquire, which the test exercises.
+    fn asks(&self) {
+        self.store.fault(Op::Claim, Fault::Ask, 1);
     }
 
     /// Waits for the background work the occurrence left (abandoned

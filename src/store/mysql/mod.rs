@@ -23,7 +23,10 @@
 //! and SQLite each write once (their `takeable!` fragment, shared by
 //! acquire and claim), is written twice here, inside the procedures
 //! `fencecron_acquire_v3` (migration 0005) and `fencecron_claim_v1`
-//! (migration 0008). Migrations are immutable, and a new one sharing the
+//! (migration 0010, which also creates never-leased rows; within it the
+//! row part is written once, in the locking read of an existing row, and
+//! the instant and pause part once, in its candidates' cursor).
+//! Migrations are immutable, and a new one sharing the
 //! rule through a stored function would need `log_bin_trust_function_creators`
 //! (or SUPER) on a server that logs binary (a function reading
 //! `SYSDATE(3)` is not deterministic), and would change the plan of the

@@ -64,10 +64,12 @@ macro_rules! pause_holds {
 }
 
 /// The rule "this occurrence is takeable", the one text of it on
-/// PostgreSQL (the single acquire's `UPDATE` and the claim's candidates):
-/// the lease row `$l` (an alias with its dot, or nothing) expired by the
-/// store's clock and the instant `$occ` newer than the last one taken (or
-/// `$adopt`: the acquire's adoption of its own win, `FALSE` for a claim),
+/// PostgreSQL (the single acquire's `UPDATE`, the claim's candidates and the
+/// new rows it creates): the lease row `$l` (an alias with its dot, or
+/// nothing) expired by the store's clock and the instant `$occ` newer than
+/// the last one taken (or `$adopt`: the acquire's adoption of its own win,
+/// `FALSE` for a claim's existing row, `TRUE` for a resource with no row
+/// yet, which has no lease to wait for and no instant taken),
 /// the instant due and its successor `$next` not ([`due!`]), and no pause
 /// holding for the job (`$paused`, the pause lookup, is false).
 macro_rules! takeable {
@@ -206,14 +208,30 @@ pub(super) const ACQUIRE: &str = concat!(
 /// due, not superseded, job not paused), tried in order with `FOR UPDATE
 /// SKIP LOCKED` and the limit: a row another caller has locked is skipped,
 /// not waited for, and a row changed since the snapshot is re-checked
-/// against its newest version before it counts (READ COMMITTED). `won`
-/// is the acquire's `UPDATE` on exactly those rows (fence bump, `prev_*`,
-/// owner, expiry), and the final `SELECT` records each win's run
-/// (`fencecron_record_run`, called for won rows only) and reports every
-/// other item's row as the statement's snapshot saw it, classified like a
-/// losing acquire. Adoption is not needed: a claim's owner ids are fresh,
-/// and every later attempt is a single acquire. `beat` marks the node at
-/// most every `$10` ms, the only write a claim that wins nothing can make.
+/// against its newest version before it counts (READ COMMITTED). `fresh`
+/// is the same rule for a resource that has no lease row in the
+/// statement's snapshot (never leased: nothing to be free of, so only the
+/// instant and the pause count). `pick` is the first `lim` of both, in the
+/// node's order. `won` is the acquire's `UPDATE` on the picked rows (fence
+/// bump, `prev_*`, owner, expiry); `created` is `CREATE`'s `INSERT` of the
+/// picked new rows (the fence at the epoch's floor), in resource order so
+/// that two claimers creating overlapping sets wait for each other in one
+/// order, never in a cycle. `ON CONFLICT DO NOTHING` makes a row another
+/// caller created since the snapshot (committed, or in flight: the insert
+/// waits for it) not this claim's: exactly one creator wins it. Rows a CTE
+/// inserted or updated are invisible to its siblings and to the final
+/// `SELECT` (one snapshot), so wins are read from `RETURNING` (`w`), and a
+/// row created by someone else since the snapshot reads as absent: `Ask`,
+/// and the single acquire meets that row. The final `SELECT` records each
+/// win's run (`fencecron_record_run`, called for won rows only) and
+/// reports every other item's row as the statement's snapshot saw it,
+/// classified like a losing acquire; `skipped` marks a new resource this
+/// claim could have created but stopped before (its limit). The limit it
+/// reports leaves out the places lost to another creator, so that
+/// [`ClaimOutcome::left_some`] still sees a claim that stopped at its limit.
+/// Adoption is not needed: a claim's owner ids are fresh, and every later
+/// attempt is a single acquire. `beat` marks the node at most every `$10`
+/// ms, the only write a claim that wins nothing can make.
 pub(super) const CLAIM: &str = concat!(
     "WITH req AS (
        SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::bigint[],
@@ -237,7 +255,7 @@ pub(super) const CLAIM: &str = concat!(
     " - $11::bigint AND state <> 'stopped')))::bigint + 1)
               ELSE $8::bigint END AS n),
      cand AS (
-       SELECT l.resource, r.owner_id, r.job, r.occ, r.lease_ms
+       SELECT l.resource, r.owner_id, r.job, r.occ, r.lease_ms, r.ord
          FROM fencecron_leases l JOIN req r ON r.resource = l.resource
         WHERE ",
     takeable!("l.", "r.occ", "r.next_occ", "FALSE", claim_paused!()),
@@ -245,6 +263,18 @@ pub(super) const CLAIM: &str = concat!(
         ORDER BY r.ord
         LIMIT (SELECT n FROM lim)
         FOR UPDATE OF l SKIP LOCKED),
+     fresh AS (
+       SELECT r.resource, r.owner_id, r.job, r.occ, r.lease_ms, r.ord
+         FROM req r LEFT JOIN fencecron_leases l ON l.resource = r.resource
+        WHERE l.resource IS NULL AND ",
+    takeable!("l.", "r.occ", "r.next_occ", "TRUE", claim_paused!()),
+    "),
+     pick AS (
+       SELECT p.*
+         FROM (SELECT c.*, FALSE AS new FROM cand c
+               UNION ALL SELECT f.*, TRUE AS new FROM fresh f) p
+        ORDER BY p.ord
+        LIMIT (SELECT n FROM lim)),
      won AS (
        UPDATE fencecron_leases l
           SET prev_owner_id = CASE WHEN l.released THEN NULL ELSE l.owner_id END,
@@ -262,10 +292,33 @@ pub(super) const CLAIM: &str = concat!(
     now_ms!(),
     " + c.lease_ms,
               last_occurrence_ms = c.occ
-         FROM cand c
-        WHERE l.resource = c.resource
+         FROM pick c
+        WHERE l.resource = c.resource AND NOT c.new
     RETURNING l.resource, l.fence, l.expires_at_ms, l.acquired_at_ms, l.prev_owner_id,
-              l.prev_node, l.prev_fence, l.prev_expires_at_ms, c.job, c.occ, c.owner_id)
+              l.prev_node, l.prev_fence, l.prev_expires_at_ms, c.job, c.occ, c.owner_id),
+     created AS (
+       INSERT INTO fencecron_leases
+         (resource, fence, owner_id, node, acquired_at_ms, expires_at_ms, last_occurrence_ms,
+          released)
+       SELECT c.resource, ",
+    epoch_floor!(),
+    ", c.owner_id, $7, ",
+    now_ms!(),
+    ", ",
+    now_ms!(),
+    " + c.lease_ms, c.occ, FALSE
+         FROM pick c WHERE c.new
+        ORDER BY c.resource
+       ON CONFLICT (resource) DO NOTHING
+    RETURNING resource, fence, expires_at_ms, acquired_at_ms, owner_id, last_occurrence_ms),
+     w AS (
+       SELECT resource, fence, expires_at_ms, acquired_at_ms, prev_owner_id, prev_node,
+              prev_fence, prev_expires_at_ms, job, occ, owner_id
+         FROM won
+       UNION ALL
+       SELECT c.resource, c.fence, c.expires_at_ms, c.acquired_at_ms, NULL::text, NULL::text,
+              NULL::bigint, NULL::bigint, p.job, c.last_occurrence_ms, c.owner_id
+         FROM created c JOIN pick p ON p.resource = c.resource AND p.owner_id = c.owner_id)
      SELECT (w.resource IS NOT NULL)::int::int8 AS won, w.fence AS won_fence,
             w.expires_at_ms AS won_expires_at_ms, w.prev_owner_id, w.prev_node, w.prev_fence,
             w.prev_expires_at_ms,
@@ -275,13 +328,19 @@ pub(super) const CLAIM: &str = concat!(
     claim_paused!(),
     " ELSE FALSE END::int::int8 AS paused, ",
     now_ms!(),
-    " AS now_ms, (SELECT n FROM lim) AS lim,
+    " AS now_ms,
+            (SELECT n FROM lim) - (SELECT count(*) FROM pick WHERE new)
+              + (SELECT count(*) FROM created) AS lim,
+            (w.resource IS NULL AND l.resource IS NULL AND f.ord IS NOT NULL
+             AND p.ord IS NULL)::int::int8 AS skipped,
             CASE WHEN w.resource IS NOT NULL
                  THEN fencecron_record_run(w.job, w.resource, w.occ, 'schedule', $7, w.owner_id,
                                            w.fence, w.acquired_at_ms)
                  ELSE FALSE END AS recorded
-       FROM req r LEFT JOIN won w ON w.resource = r.resource
+       FROM req r LEFT JOIN w ON w.resource = r.resource AND w.owner_id = r.owner_id
                   LEFT JOIN fencecron_leases l ON l.resource = r.resource
+                  LEFT JOIN fresh f ON f.ord = r.ord
+                  LEFT JOIN pick p ON p.ord = r.ord
       ORDER BY r.ord"
 );
 

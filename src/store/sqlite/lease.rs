@@ -220,17 +220,9 @@ impl Lite {
                     tx.rollback().await?;
                     return Ok(classify_loss(loss, req));
                 }
-                if occ.is_some_and(|o| o > now) {
+                if let Some(refused) = uncreatable(now, occ, next) {
                     tx.rollback().await?;
-                    return Ok(AcquireOutcome::NotYetDue {
-                        store_now: StoreTime(now),
-                    });
-                }
-                if next.is_some_and(|n| n <= now) {
-                    tx.rollback().await?;
-                    return Ok(AcquireOutcome::Superseded {
-                        store_now: StoreTime(now),
-                    });
+                    return Ok(refused);
                 }
                 sqlx::query(CREATE)
                     .bind(req.resource.as_str())
@@ -270,7 +262,10 @@ impl Lite {
     }
     /// One write transaction for the instant's items, in order: each
     /// within the limit goes through the single acquire's `UPDATE` (and
-    /// its run row), each past it is only read. One host, one writer at a
+    /// its run row), or its `CREATE` for a resource never leased (the
+    /// acquire's rule for a first acquisition, [`uncreatable`]; a paused
+    /// job's is left to the single acquire, which notes the skip), each
+    /// past it is only read. One host, one writer at a
     /// time: nothing is locked by another claimer, so nothing is skipped
     /// for that, and there is no share (the daemons of one host share one
     /// writer; `fencecron_nodes` is only their registry). What
@@ -287,41 +282,48 @@ impl Lite {
         for item in req.items {
             let acquire = item.as_acquire(req.node);
             let (occ, next) = (item.occurrence.0, item.next_occurrence.map(|n| n.0));
-            // No row yet, or paused: the single acquire decides.
-            let Some((loss, takeable)) =
-                loss_row(&mut tx, item.resource, now, Some(occ), next).await?
-            else {
-                out.push(Claimed::Ask);
-                continue;
-            };
+            let existing = loss_row(&mut tx, item.resource, now, Some(occ), next).await?;
             let paused = sqlx::query(PAUSED)
                 .bind(item.job)
                 .bind(now)
                 .fetch_optional(&mut *tx)
                 .await?;
             if paused.is_some() {
+                // The single acquire decides, and notes the skip.
                 out.push(Claimed::Ask);
                 continue;
             }
-            if !takeable {
-                out.push(Claimed::from_loss(classify_loss(loss, &acquire)));
-                continue;
+            let present = existing.is_some();
+            match existing {
+                Some((loss, false)) => {
+                    out.push(Claimed::from_loss(classify_loss(loss, &acquire)));
+                    continue;
+                }
+                // Not yet due or superseded: the single acquire decides.
+                None if uncreatable(now, Some(occ), next).is_some() => {
+                    out.push(Claimed::Ask);
+                    continue;
+                }
+                _ => {}
             }
             if won >= req.limit {
                 out.push(Claimed::Skipped);
                 continue;
             }
             let owner = item.owner_id.to_string();
-            let row = sqlx::query(ACQUIRE)
+            // The acquire's `UPDATE` of a free row, or its first
+            // acquisition's `INSERT` (one writer: no one else creates it).
+            let mut q = sqlx::query(if present { ACQUIRE } else { CREATE })
                 .bind(item.resource.as_str())
                 .bind(&owner)
                 .bind(req.node)
                 .bind(now)
                 .bind(millis(item.lease))
-                .bind(occ)
-                .bind(next)
-                .fetch_one(&mut *tx)
-                .await?;
+                .bind(occ);
+            if present {
+                q = q.bind(next);
+            }
+            let row = q.fetch_one(&mut *tx).await?;
             let token: i64 = row.try_get("fence")?;
             sqlx::query(INSERT_RUN)
                 .bind(item.job)
@@ -349,6 +351,24 @@ impl Lite {
             limit: req.limit,
         })
     }
+}
+
+/// Why a resource with no lease row may not be created for the instant
+/// `occ` (`None`: ad hoc) before `next` at `now` (`None`: it may): the
+/// single acquire's and the claim's one rule for a first acquisition (the
+/// row part of [`takeable!`] holds for a row that does not exist).
+fn uncreatable(now: i64, occ: Option<i64>, next: Option<i64>) -> Option<AcquireOutcome> {
+    if occ.is_some_and(|o| o > now) {
+        return Some(AcquireOutcome::NotYetDue {
+            store_now: StoreTime(now),
+        });
+    }
+    if next.is_some_and(|n| n <= now) {
+        return Some(AcquireOutcome::Superseded {
+            store_now: StoreTime(now),
+        });
+    }
+    None
 }
 
 /// The lease row as a losing acquire classifies it, if there is one, and
