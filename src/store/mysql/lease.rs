@@ -9,7 +9,7 @@ use super::*;
 /// pause check and the run row), which holds the conditional `UPDATE`.
 pub(super) const CALL_ACQUIRE: &str = "CALL fencecron_acquire_v3(?, ?, ?, ?, ?, ?, ?, ?, ?)";
 
-/// A batch claim (the procedure as migration 0010 redefined it: it also
+/// A batch claim (the procedure as migration 0011 redefined it: it also
 /// creates never-leased rows): the items as JSON, node, limit, share, how
 /// often the node's mark is refreshed and how long a mark counts.
 pub(super) const CALL_CLAIM: &str = "CALL fencecron_claim_v1(?, ?, ?, ?, ?, ?)";
@@ -58,7 +58,7 @@ pub(super) const LEASE_ROW: &str =
     "SELECT owner_id, fence, expires_at_ms FROM fencecron_leases WHERE resource = ?";
 
 impl My {
-    /// One `CALL fencecron_claim_v1(…)` (migration 0010): the claim's
+    /// One `CALL fencecron_claim_v1(…)` (migration 0011): the claim's
     /// transaction (`FOR UPDATE SKIP LOCKED` over the items' rows in order,
     /// the new rows created after them) and the read of every item's row
     /// run on the server, in one round trip.

@@ -23,7 +23,7 @@
 //! and SQLite each write once (their `takeable!` fragment, shared by
 //! acquire and claim), is written twice here, inside the procedures
 //! `fencecron_acquire_v3` (migration 0005) and `fencecron_claim_v1`
-//! (migration 0010, which also creates never-leased rows; within it the
+//! (migration 0011, which also creates never-leased rows; within it the
 //! row part is written once, in the locking read of an existing row, and
 //! the instant and pause part once, in its candidates' cursor).
 //! Migrations are immutable, and a new one sharing the

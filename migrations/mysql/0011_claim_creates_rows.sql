@@ -1,4 +1,4 @@
--- fencecron 0010: the claim creates and wins a never-leased resource's row
+-- fencecron 0011: the claim creates and wins a never-leased resource's row
 -- itself, as PostgreSQL's CLAIM does, instead of leaving it to a single
 -- fencecron_acquire_v3 per occurrence (on a fleet whose rows are all new,
 -- every daemon used to ask for every occurrence alone). fencecron_claim_v1
