@@ -575,9 +575,10 @@ fn metrics_and_health_endpoints_postgres() {
     assert!(
         sample(
             &body,
-            "fencecron_store_latency_seconds_count{operation=\"acquire\"}"
+            // Every first attempt is a claim (it creates a new row too).
+            "fencecron_store_latency_seconds_count{operation=\"claim\"}"
         )
-        .is_some_and(|n| n >= 2.0),
+        .is_some_and(|n| n >= 1.0),
         "{body}"
     );
     assert!(

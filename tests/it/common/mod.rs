@@ -84,13 +84,28 @@ pub fn bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_fencecron"))
 }
 
-/// A loopback port nothing listens on right now (the kernel just handed it
-/// out, and it was closed again).
+/// A loopback port nothing listens on right now, handed out once per test
+/// run, below the kernel's ephemeral range (32768-60999 by default). A port
+/// the kernel picks for `bind(…:0)` is an ephemeral one: between the test
+/// closing it and a daemon binding it, an outgoing connection (to
+/// PostgreSQL, MariaDB, a proxy) could take it, and the daemon then failed
+/// with "Address already in use" (seen in `daemon::metrics_across_…`).
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("free port")
-        .port()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const FIRST: u32 = 20_000;
+    const SPAN: u32 = 12_000;
+    // A random start, so that two runs side by side rarely meet.
+    static NEXT: std::sync::OnceLock<AtomicU32> = std::sync::OnceLock::new();
+    let next = NEXT.get_or_init(|| {
+        AtomicU32::new((uuid::Uuid::new_v4().as_u128() % u128::from(SPAN)) as u32)
+    });
+    for _ in 0..SPAN {
+        let port = (FIRST + next.fetch_add(1, Ordering::Relaxed) % SPAN) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free loopback port between {FIRST} and {}", FIRST + SPAN)
 }
 
 /// A name no other test (or earlier run) uses.
