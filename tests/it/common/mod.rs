@@ -102,6 +102,7 @@ pub mod harness;
 
 pub mod daemon;
 pub mod fresh;
+pub mod patroni;
 pub mod pg;
 pub mod proxy;
 pub mod users;
