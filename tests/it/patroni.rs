@@ -78,7 +78,9 @@ fn read_runs(dir: &Path) -> Vec<Run> {
     let mut runs = Vec::new();
     for (job, ..) in JOBS {
         let text = std::fs::read_to_string(dir.join(format!("runs.{job}"))).unwrap_or_default();
-        for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        // Only whole lines: a run may be appending its own right now.
+        let whole = text.rfind('\n').map_or("", |end| &text[..end]);
+        for line in whole.lines().filter(|l| !l.trim().is_empty()) {
             let f: Vec<&str> = line.split_whitespace().collect();
             assert_eq!(f.len(), 4, "malformed run line {line:?} of {job}");
             runs.push(Run {
