@@ -33,6 +33,7 @@ mod job_credentials;
 mod migrate;
 mod multi_host;
 mod nodes;
+mod patroni;
 mod policies;
 mod process_tree;
 mod proxy;

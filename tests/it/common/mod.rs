@@ -117,6 +117,7 @@ pub mod harness;
 
 pub mod daemon;
 pub mod fresh;
+pub mod patroni;
 pub mod pg;
 pub mod proxy;
 pub mod users;

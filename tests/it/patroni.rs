@@ -1,0 +1,462 @@
+//! A fleet on a real highly available PostgreSQL: three nodes managed by
+//! Patroni with one etcd ([`common::patroni`]), two daemons (the real
+//! binary) on the cluster's multi-host URL with
+//! `target_session_attrs=read-write`, three jobs (one every second, one
+//! every two seconds, one every ten seconds that runs seven). Then a
+//! `patronictl switchover`, and a crash of the leader (Patroni and its
+//! postgres SIGKILLed). For each event the test prints, and puts in its
+//! assertion messages: the longest time a job had no run (seconds without
+//! an owner), the runs killed (`job_cancelled`), the instants missed, the
+//! duplicates (one job and instant run twice) and the reissued tokens (a
+//! token after the event not above every token before, or one token used
+//! twice). Duplicates and reissued tokens must be 0, and every job must run
+//! again on the new leader within a bound derived from Patroni's `ttl` +
+//! `loop_wait` and the lease. With `synchronous_mode` off and on.
+//!
+//! Needs root, Patroni, etcd and PostgreSQL's server binaries; without
+//! them a loud `*** SKIPPED … ***`, under `CI=true` a failure.
+
+use crate::common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use chrono::{DateTime, Utc};
+
+use common::daemon::{ev, is, job_toml, wait_until, write_config, Daemon, DaemonOpts};
+use common::harness::{describe, fencecron, run};
+use common::patroni::{skip_unless_available, Cluster, LOOP_WAIT, RETRY_TIMEOUT, TTL};
+
+/// The jobs' lease (seconds).
+const LEASE: u64 = 5;
+
+/// The jobs: name, schedule, period in seconds, how long a run sleeps.
+const JOBS: [(&str, &str, i64, &str); 3] = [
+    ("every1", "* * * * * *", 1, "0"),
+    ("every2", "*/2 * * * * *", 2, "0"),
+    ("long", "*/10 * * * * *", 10, "7"),
+];
+
+/// The jobs whose every instant should run when the store is up (the long
+/// one skips the instants that fall while it runs).
+const SHORT: [&str; 2] = ["every1", "every2"];
+
+/// How long after an event every job must have run on the new leader: the
+/// leader key's `ttl`, Patroni's loop and retry, a lease for the runs in
+/// flight, and as much again for busy cores.
+fn bound() -> Duration {
+    Duration::from_secs(2 * (TTL + LOOP_WAIT + RETRY_TIMEOUT + LEASE) + 10)
+}
+
+/// One run, as its job recorded it at its start.
+#[derive(Debug, Clone)]
+struct Run {
+    job: String,
+    scheduled_at: DateTime<Utc>,
+    token: i64,
+    node: String,
+    /// Wall clock at the job's start, nanoseconds since the epoch.
+    started_ns: i64,
+}
+
+/// A job that appends `SCHEDULED_AT TOKEN NODE NOW_NS` to `dir/runs.JOB`,
+/// then sleeps `sleep` seconds.
+fn recording(dir: &Path, sleep: &str) -> Vec<String> {
+    vec![
+        "sh".into(),
+        "-c".into(),
+        r#"echo "$FENCECRON_SCHEDULED_AT $FENCECRON_TOKEN $FENCECRON_NODE $(date +%s%N)" >> "$1/runs.$FENCECRON_JOB"; exec sleep "$2""#
+            .into(),
+        "sh".into(),
+        dir.display().to_string(),
+        sleep.into(),
+    ]
+}
+
+fn read_runs(dir: &Path) -> Vec<Run> {
+    let mut runs = Vec::new();
+    for (job, ..) in JOBS {
+        let text = std::fs::read_to_string(dir.join(format!("runs.{job}"))).unwrap_or_default();
+        // Only whole lines: a run may be appending its own right now.
+        let whole = text.rfind('\n').map_or("", |end| &text[..end]);
+        for line in whole.lines().filter(|l| !l.trim().is_empty()) {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            assert_eq!(f.len(), 4, "malformed run line {line:?} of {job}");
+            runs.push(Run {
+                job: job.to_string(),
+                scheduled_at: DateTime::parse_from_rfc3339(f[0])
+                    .unwrap_or_else(|e| panic!("scheduled_at {:?}: {e}", f[0]))
+                    .with_timezone(&Utc),
+                token: f[1]
+                    .parse()
+                    .unwrap_or_else(|e| panic!("token {:?}: {e}", f[1])),
+                node: f[2].to_string(),
+                started_ns: f[3]
+                    .parse()
+                    .unwrap_or_else(|e| panic!("start {:?}: {e}", f[3])),
+            });
+        }
+    }
+    runs
+}
+
+fn now_ns() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("after 1970")
+        .as_nanos() as i64
+}
+
+/// The token's epoch (a new timeline raises it).
+fn epoch(token: i64) -> i64 {
+    token >> 32
+}
+
+/// The highest token of `job` among `runs`.
+fn max_token(runs: &[Run], job: &str) -> i64 {
+    runs.iter()
+        .filter(|r| r.job == job)
+        .map(|r| r.token)
+        .max()
+        .unwrap_or(0)
+}
+
+/// What one event did to the fleet.
+#[derive(Debug)]
+struct Report {
+    event: String,
+    /// Seconds from the event to the first run of every short job on the
+    /// new leader.
+    recovered_s: f64,
+    /// The longest time between two consecutive runs of one short job
+    /// across the event (seconds without an owner; 1 or 2 when nothing
+    /// happened).
+    longest_gap_s: f64,
+    runs_killed: usize,
+    instants_missed: usize,
+    duplicates: usize,
+    reissued_tokens: usize,
+}
+
+impl std::fmt::Display for Report {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}: jobs ran again on the new leader after {:.1} s; longest gap between runs \
+             {:.1} s; runs killed {}; instants missed {}; duplicates {}; reissued tokens {}",
+            self.event,
+            self.recovered_s,
+            self.longest_gap_s,
+            self.runs_killed,
+            self.instants_missed,
+            self.duplicates,
+            self.reissued_tokens
+        )
+    }
+}
+
+/// Runs `event` on the cluster and measures it on the fleet.
+fn measure(
+    name: &str,
+    cluster: &mut Cluster,
+    daemons: &[Daemon],
+    dir: &Path,
+    event: impl FnOnce(&mut Cluster),
+) -> Report {
+    // The event strikes while a run of the long job is in flight, so
+    // that what it does to running jobs shows.
+    let since = now_ns();
+    wait_until(
+        Duration::from_secs(60),
+        || {
+            read_runs(dir)
+                .iter()
+                .any(|r| r.job == "long" && r.started_ns > since)
+        },
+        || format!("{name}: no run of the long job\n{}", summaries(daemons)),
+    );
+    let before = read_runs(dir);
+    let t0 = now_ns();
+    let marks: Vec<usize> = daemons.iter().map(Daemon::len).collect();
+    event(cluster);
+    // Recovered: every job has a run that started after the event with a
+    // token of a higher epoch than any before (the new leader's timeline).
+    let recovered = |runs: &[Run]| {
+        JOBS.iter().all(|(job, ..)| {
+            let floor = epoch(max_token(&before, job));
+            runs.iter()
+                .any(|r| r.job == *job && r.started_ns > t0 && epoch(r.token) > floor)
+        })
+    };
+    wait_until(
+        bound(),
+        || recovered(&read_runs(dir)),
+        || {
+            format!(
+                "{name}: not every job ran on the new leader within {:?} (ttl {TTL} s + \
+                 loop_wait {LOOP_WAIT} s + retry_timeout {RETRY_TIMEOUT} s + lease {LEASE} s, \
+                 twice, + 10 s); runs after the event: {:?}\n{}\n{}",
+                bound(),
+                read_runs(dir)
+                    .iter()
+                    .filter(|r| r.started_ns > t0)
+                    .map(|r| (&r.job, r.token, &r.node))
+                    .collect::<Vec<_>>(),
+                summaries(daemons),
+                cluster.logs()
+            )
+        },
+    );
+    let t_rec = now_ns();
+    // Two more runs of each short job on the new leader, so that the
+    // gap and the missed instants are closed on both sides.
+    wait_until(
+        bound(),
+        || {
+            let runs = read_runs(dir);
+            SHORT.iter().all(|j| {
+                runs.iter()
+                    .filter(|r| r.job == *j && r.started_ns > t_rec)
+                    .count()
+                    >= 2
+            })
+        },
+        || {
+            format!(
+                "{name}: the short jobs stopped running\n{}",
+                summaries(daemons)
+            )
+        },
+    );
+    let all = read_runs(dir);
+    // Recovery: the first run of each short job on the new leader.
+    let recovered_ns = SHORT
+        .iter()
+        .map(|job| {
+            let floor = epoch(max_token(&before, job));
+            all.iter()
+                .filter(|r| r.job == *job && r.started_ns > t0 && epoch(r.token) > floor)
+                .map(|r| r.started_ns - t0)
+                .min()
+                .expect("checked by recovered")
+        })
+        .max()
+        .expect("short jobs");
+
+    let mut longest_gap_ns = 0;
+    let mut instants_missed = 0;
+    for job in SHORT {
+        let period = JOBS.iter().find(|j| j.0 == job).expect("a job").2;
+        let mut starts: Vec<i64> = all
+            .iter()
+            .filter(|r| r.job == job)
+            .map(|r| r.started_ns)
+            .collect();
+        starts.sort_unstable();
+        for w in starts.windows(2) {
+            if w[1] > t0 && w[0] < t_rec {
+                longest_gap_ns = longest_gap_ns.max(w[1] - w[0]);
+            }
+        }
+        // Instants from the last run before the event to the first after
+        // recovery that were not run.
+        let instants: BTreeSet<i64> = all
+            .iter()
+            .filter(|r| r.job == job)
+            .map(|r| r.scheduled_at.timestamp())
+            .collect();
+        let last_before = before
+            .iter()
+            .filter(|r| r.job == job)
+            .map(|r| r.scheduled_at.timestamp())
+            .max()
+            .expect("runs before the event");
+        let first_after = all
+            .iter()
+            .filter(|r| r.job == job && r.started_ns > t_rec)
+            .map(|r| r.scheduled_at.timestamp())
+            .min()
+            .expect("runs after recovery");
+        instants_missed += (last_before..=first_after)
+            .step_by(period as usize)
+            .filter(|at| !instants.contains(at))
+            .count();
+    }
+    let runs_killed = daemons
+        .iter()
+        .zip(&marks)
+        .map(|(d, mark)| {
+            d.all()[*mark..]
+                .iter()
+                .filter(|e| is(e, "job_cancelled"))
+                .count()
+        })
+        .sum();
+    let after: Vec<&Run> = all.iter().filter(|r| r.started_ns > t0).collect();
+    let reissued_tokens = after
+        .iter()
+        .filter(|r| r.token <= max_token(&before, &r.job))
+        .count()
+        + twice(&all, |r| (r.job.clone(), r.token));
+    let report = Report {
+        event: name.to_string(),
+        recovered_s: recovered_ns as f64 / 1e9,
+        longest_gap_s: longest_gap_ns as f64 / 1e9,
+        runs_killed,
+        instants_missed,
+        duplicates: twice(&all, |r| (r.job.clone(), r.scheduled_at.timestamp_millis())),
+        reissued_tokens,
+    };
+    eprintln!("patroni: {report}");
+    report
+}
+
+/// How many runs share their key with an earlier one.
+fn twice<K: Ord>(runs: &[Run], key: impl Fn(&Run) -> K) -> usize {
+    let mut seen: BTreeMap<K, usize> = BTreeMap::new();
+    for r in runs {
+        *seen.entry(key(r)).or_default() += 1;
+    }
+    seen.values().map(|n| n - 1).sum()
+}
+
+fn summaries(daemons: &[Daemon]) -> String {
+    daemons
+        .iter()
+        .map(|d| format!("[{}] {}", d.node, d.summary()))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn fleet_survives_a_switchover_and_a_crash(test: &str, synchronous_mode: bool) {
+    if skip_unless_available(test) {
+        return;
+    }
+    let mut cluster = Cluster::start(synchronous_mode);
+    let whole = cluster.started;
+    let admin = cluster.url(
+        "postgres",
+        "target_session_attrs=read-write&connect_timeout=2",
+    );
+    let psql: PathBuf = common::pg::pg_bindir().expect("checked").join("psql");
+    let out = run(
+        std::process::Command::new(psql).args([&admin, "-c", "CREATE DATABASE fencecron"]),
+        None,
+    );
+    assert!(out.status.success(), "create database: {}", describe(&out));
+    cluster.wait_database("fencecron", Duration::from_secs(60));
+    let store = cluster.url(
+        "fencecron",
+        "target_session_attrs=read-write&connect_timeout=2",
+    );
+    let work = tempfile::tempdir().expect("temp dir");
+    let out = run(
+        fencecron(work.path()).args(["--store", &store, "lease", "list"]),
+        None,
+    );
+    assert!(out.status.success(), "migrate: {}", describe(&out));
+
+    let dir = work.path();
+    let jobs: Vec<String> = JOBS
+        .iter()
+        .map(|(name, schedule, _, sleep)| job_toml(name, schedule, &recording(dir, sleep), ""))
+        .collect();
+    let config = write_config(dir, &format!("lease = \"{LEASE}s\""), &jobs);
+    let daemons: Vec<Daemon> = ["pa", "pb"]
+        .iter()
+        .map(|node| Daemon::spawn(DaemonOpts::new(node, &config, &store)))
+        .collect();
+    for d in &daemons {
+        d.expect(
+            "daemon_started",
+            ev("daemon_started"),
+            Duration::from_secs(60),
+        );
+    }
+    // Warm: every job has run, the short ones twice.
+    wait_until(
+        Duration::from_secs(60),
+        || {
+            let runs = read_runs(dir);
+            JOBS.iter().all(|(job, ..)| {
+                runs.iter().filter(|r| r.job == *job).count() >= if *job == "long" { 1 } else { 2 }
+            })
+        },
+        || format!("the jobs did not start\n{}", summaries(&daemons)),
+    );
+
+    let switchover = measure("switchover", &mut cluster, &daemons, dir, |c| {
+        let (from, to) = c.switchover();
+        eprintln!("{test}: switchover from {from} to {to}");
+    });
+    // The old leader back as a streaming replica before the crash.
+    cluster.wait_healthy(
+        3,
+        Duration::from_secs(90),
+        "three members again after the switchover",
+    );
+    let crash = measure("crash of the leader", &mut cluster, &daemons, dir, |c| {
+        let crashed = c.crash_leader();
+        eprintln!("{test}: crashed {crashed}");
+    });
+    let new_leader = cluster.leader(Duration::from_secs(30));
+
+    let context = format!(
+        "{test} (synchronous_mode {synchronous_mode}):\n  {switchover}\n  {crash}\n  \
+         new leader {new_leader}; whole test {:.1} s",
+        whole.elapsed().as_secs_f64()
+    );
+    eprintln!("{context}");
+    for r in [&switchover, &crash] {
+        assert_eq!(r.duplicates, 0, "duplicates: {context}");
+        assert_eq!(r.reissued_tokens, 0, "reissued tokens: {context}");
+    }
+    // The whole run, too: one job and instant never ran twice, no token
+    // was used twice, and each job's tokens rise with its instants.
+    let all = read_runs(dir);
+    assert_eq!(
+        twice(&all, |r| (r.job.clone(), r.scheduled_at.timestamp_millis())),
+        0,
+        "{context}"
+    );
+    assert_eq!(twice(&all, |r| (r.job.clone(), r.token)), 0, "{context}");
+    for (job, ..) in JOBS {
+        let mut runs: Vec<&Run> = all.iter().filter(|r| r.job == job).collect();
+        runs.sort_by_key(|r| r.scheduled_at);
+        for w in runs.windows(2) {
+            assert!(
+                w[0].token < w[1].token,
+                "{job}: the run of {} has token {} after {} (the run of {}): {context}",
+                w[1].scheduled_at,
+                w[1].token,
+                w[0].token,
+                w[0].scheduled_at
+            );
+        }
+    }
+    // Both daemons took part and neither stopped.
+    for d in &daemons {
+        assert!(!d.log_ended(), "[{}] stopped: {}", d.node, d.summary());
+    }
+    let nodes: BTreeSet<&str> = all.iter().map(|r| r.node.as_str()).collect();
+    eprintln!("{test}: runs by {nodes:?}");
+    drop(daemons);
+    drop(cluster);
+}
+
+#[test]
+fn a_fleet_survives_a_switchover_and_a_crash_with_synchronous_mode_off() {
+    fleet_survives_a_switchover_and_a_crash(
+        "patroni::a_fleet_survives_a_switchover_and_a_crash_with_synchronous_mode_off",
+        false,
+    );
+}
+
+#[test]
+fn a_fleet_survives_a_switchover_and_a_crash_with_synchronous_mode_on() {
+    fleet_survives_a_switchover_and_a_crash(
+        "patroni::a_fleet_survives_a_switchover_and_a_crash_with_synchronous_mode_on",
+        true,
+    );
+}
