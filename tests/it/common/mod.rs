@@ -96,9 +96,8 @@ pub fn free_port() -> u16 {
     const SPAN: u32 = 12_000;
     // A random start, so that two runs side by side rarely meet.
     static NEXT: std::sync::OnceLock<AtomicU32> = std::sync::OnceLock::new();
-    let next = NEXT.get_or_init(|| {
-        AtomicU32::new((uuid::Uuid::new_v4().as_u128() % u128::from(SPAN)) as u32)
-    });
+    let next = NEXT
+        .get_or_init(|| AtomicU32::new((uuid::Uuid::new_v4().as_u128() % u128::from(SPAN)) as u32));
     for _ in 0..SPAN {
         let port = (FIRST + next.fetch_add(1, Ordering::Relaxed) % SPAN) as u16;
         if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
