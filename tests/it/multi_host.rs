@@ -265,6 +265,20 @@ async fn each_target_session_attrs_value_picks_the_host_libpq_would() {
     );
     drop(silent);
 
+    // A first host that refuses at once with words of its own (here the
+    // shared test server, which has no database `fencecron`, as a replica
+    // that has not replayed its creation yet) is walked past, as libpq does.
+    let shared = std::env::var("FENCECRON_TEST_POSTGRES_URL")
+        .ok()
+        .and_then(|u| url::Url::parse(&u).ok())
+        .filter(|u| u.host_str() == Some("127.0.0.1"))
+        .and_then(|u| u.port_or_known_default());
+    if let Some(other) = shared {
+        let out = cli(&url(&[other, p], ""), &["lease", "list"], &[], 0);
+        let (port, _) = answering_port(&url(&[other, p], ""), &[]);
+        assert_eq!(port, p, "{}", describe(&out));
+    }
+
     // From the environment when the URL does not say; the URL wins.
     let (port, _) = answering_port(&url(&[s, p], ""), &[("PGTARGETSESSIONATTRS", "read-write")]);
     assert_eq!(port, p);

@@ -425,7 +425,9 @@ fn refusal(e: &sqlx::Error) -> String {
 
 /// The pool's first connection ([`super::super::diagnose::first_connection`]);
 /// for a multi-host URL the probe beside the pool is the walk, whose
-/// failure (every host's reason) is the answer at once.
+/// failure (every host's reason) is the answer at once. A first host that
+/// refuses at once is walked past too, as libpq walks past any host it
+/// cannot connect to.
 pub(crate) async fn first_connection(
     hosts: Option<&Hosts>,
     pool: &PgPool,
@@ -436,7 +438,17 @@ pub(crate) async fn first_connection(
     hosts.sync(pool);
     let mut acquire = Box::pin(pool.acquire());
     tokio::select! {
-        r = &mut acquire => return r,
+        r = &mut acquire => return match r {
+            Ok(conn) => Ok(conn),
+            // The host the pool was given refused at once (a replica that
+            // has not replayed the database's creation yet, a login it
+            // refuses): as libpq does, the next hosts are tried.
+            Err(e) => match hosts.look(pool).await {
+                Ok(true) => pool.acquire().await,
+                Ok(false) => Err(e),
+                Err(no) => Err(no.into_sqlx()),
+            },
+        },
         () = tokio::time::sleep(PROBE_AFTER) => {}
     }
     let look = hosts.look(pool);
