@@ -110,6 +110,7 @@ pub async fn run(cli: &Cli, node_flag: Option<String>) -> Result<Exit> {
         config_display: ctx.config_path.display().to_string(),
         watchdog: systemd_watchdog(),
         shutdown_grace: config.node_shutdown_grace,
+        metrics: config.http_listen.is_some(),
     };
     let (tx, rx) = mpsc::channel(4);
     let control = tokio::spawn(control(signals, ctx, started_with, tx, web));

@@ -74,6 +74,10 @@ pub(super) struct Heartbeat {
     pub retention: Duration,
     /// Wall time, for the beats' phase ([`until_next_beat`]).
     pub clock: Clock,
+    /// Whether `/metrics` is served (`[http]`): only then does each beat
+    /// also read the pauses (`fencecron_job_paused`), and every
+    /// [`ALL_ROWS_EVERY`]th beat every node row (`fencecron_nodes`).
+    pub metrics: bool,
 }
 
 /// Where in each [`HEARTBEAT`] period of the wall clock a beat falls: 2.5 s
@@ -232,19 +236,21 @@ impl Heartbeat {
         }
         // `fencecron_job_paused`: the pauses in force, whoever set or
         // ended them (the CLI, another node's web view).
-        match self.store.pauses(now).await {
-            Ok(pauses) => {
-                for (job, _, _) in &set.jobs {
-                    crate::metrics::paused(job, pauses.iter().any(|p| p.job == *job));
+        if self.metrics {
+            match self.store.pauses(now).await {
+                Ok(pauses) => {
+                    for (job, _, _) in &set.jobs {
+                        crate::metrics::paused(job, pauses.iter().any(|p| p.job == *job));
+                    }
                 }
+                Err(e) => events::store_unavailable(
+                    self.store.outages(),
+                    "pauses",
+                    None,
+                    &e.to_string(),
+                    None,
+                ),
             }
-            Err(e) => events::store_unavailable(
-                self.store.outages(),
-                "pauses",
-                None,
-                &e.to_string(),
-                None,
-            ),
         }
         if b.last_prune.is_none_or(|t| t.elapsed() >= PRUNE_EVERY) {
             b.last_prune = Some(tokio::time::Instant::now());
@@ -290,7 +296,7 @@ impl Heartbeat {
         b: &mut Beats,
         beat: &BeatAnswer,
     ) -> Result<(), crate::store::StoreError> {
-        if b.beats_since_rows % ALL_ROWS_EVERY == 0 {
+        if self.metrics && b.beats_since_rows % ALL_ROWS_EVERY == 0 {
             // The gone nodes are not in the beat's answer (it holds the
             // live ones): every node row, now and then.
             let now = beat.now;
@@ -298,12 +304,14 @@ impl Heartbeat {
             b.gone = nodes.iter().filter(|n| !n.live(now)).count();
         }
         b.beats_since_rows = b.beats_since_rows.wrapping_add(1);
-        crate::metrics::nodes(
-            beat.live
-                .iter()
-                .map(|n| n.shown_state(beat.now))
-                .chain(std::iter::repeat_n(NodeState::GONE, b.gone)),
-        );
+        if self.metrics {
+            crate::metrics::nodes(
+                beat.live
+                    .iter()
+                    .map(|n| n.shown_state(beat.now))
+                    .chain(std::iter::repeat_n(NodeState::GONE, b.gone)),
+            );
+        }
         let drift = current_drift(self.store.as_ref(), &beat.live, beat.now, &mut b.seen).await?;
         let count = drift.len();
         crate::web::drift_seen(&drift);
@@ -458,6 +466,7 @@ mod tests {
             stopped,
             clock: on_phase(),
             retention,
+            metrics: true,
         }
     }
 
@@ -548,6 +557,32 @@ mod tests {
         let now = store.now().await.unwrap();
         assert!(!last.live(now));
         assert_eq!(last.shown_state(now), NodeState::GONE);
+    }
+
+    /// The pauses are read with each beat only for `fencecron_job_paused`,
+    /// i.e. only when `/metrics` is served: a fleet without `[http]` pays
+    /// one statement per beat, not two.
+    #[tokio::test(start_paused = true)]
+    async fn beats_read_the_pauses_only_for_the_metrics() {
+        for metrics in [false, true] {
+            let store = MemoryStore::new(on_phase());
+            let (_tx, rx) = watch::channel(JobSet::of(&[job("alpha")]));
+            let (draining, stopped) = (CancellationToken::new(), CancellationToken::new());
+            let mut hb = node_a(
+                &store,
+                rx,
+                draining,
+                stopped.clone(),
+                crate::store::NODE_RETENTION,
+            );
+            hb.metrics = metrics;
+            let beats = tokio::spawn(hb.run());
+            tokio::time::sleep(ms(10_001)).await;
+            stopped.cancel();
+            beats.await.unwrap();
+            let reads = store.history(crate::testing::store::Op::Fleet).len();
+            assert_eq!(reads > 0, metrics, "metrics {metrics}: {reads} fleet reads");
+        }
     }
 
     /// A stop does not wait for a store that does not answer: a beat in

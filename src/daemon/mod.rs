@@ -111,6 +111,10 @@ pub struct Settings {
     pub history: History,
     /// `node.shutdown_grace`: how long a drain lets running jobs finish.
     pub shutdown_grace: Duration,
+    /// Whether `/metrics` is served (`[http] listen`): only then does the
+    /// daemon read the run history at start (the restored timestamps) and
+    /// the pauses at every beat (`fencecron_job_paused`).
+    pub metrics: bool,
 }
 
 /// The first wait before retrying a store that did not answer at start-up;
@@ -169,6 +173,7 @@ async fn serve(
         child_env,
         history,
         shutdown_grace,
+        metrics,
     } = settings;
     // Validated once, before the daemon; what it shares takes it as text.
     let node = node.to_string();
@@ -196,7 +201,9 @@ async fn serve(
             await_store(&ready, store.as_ref(), &shutdown).await;
             if ready.initialized() && !shutdown.is_cancelled() {
                 notify(&[NotifyState::Ready, NotifyState::Status(&status)]);
-                restore_metrics(store.as_ref(), &names).await;
+                if metrics {
+                    restore_metrics(store.as_ref(), &names).await;
+                }
             }
         });
     }
@@ -219,6 +226,7 @@ async fn serve(
             stopped: stopped.clone(),
             clock,
             retention: history.nodes,
+            metrics,
         }
         .run(),
     );

@@ -1150,6 +1150,7 @@ impl Store for MemoryStore {
 
     async fn pauses(&self, now: StoreTime) -> Result<Vec<PauseInfo>, StoreError> {
         self.call(Op::Fleet, move |s, _| {
+            s.note(Op::Fleet, "pauses");
             s.pauses
                 .values()
                 .filter(|(p, _)| p.until.is_none_or(|u| u > now))

@@ -36,6 +36,7 @@ async fn the_daemon_runs_in_process_from_settings_and_a_control_stream() {
         watchdog: None,
         history: Default::default(),
         shutdown_grace: Duration::ZERO,
+        metrics: true,
     };
     let (tx, rx) = tokio::sync::mpsc::channel(4);
     let daemon = tokio::spawn(crate::daemon::serve(
@@ -157,6 +158,7 @@ async fn the_daemon_prunes_the_history_to_the_newest_runs() {
             ..Default::default()
         },
         shutdown_grace: Duration::ZERO,
+        metrics: true,
     };
     let (tx, rx) = tokio::sync::mpsc::channel(4);
     let daemon = tokio::spawn(crate::daemon::serve(

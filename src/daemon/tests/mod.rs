@@ -229,6 +229,7 @@ fn start_daemon(
         watchdog: None,
         history: Default::default(),
         shutdown_grace: grace,
+        metrics: true,
     };
     let (tx, rx) = tokio::sync::mpsc::channel(4);
     let daemon = tokio::spawn(super::serve(
