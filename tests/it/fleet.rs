@@ -453,7 +453,7 @@ fn pause_stops_every_daemon(backend: Backend, test: &str) {
             }
         }
     };
-    any("three paused instants", &later(3));
+    let third = instant(&any("three paused instants", &later(3)));
     let status = json_of(&cli(dir.path(), &store.url, &config, &["status", "--json"]));
     assert_eq!(
         str_field(&status[0]["paused"], "note"),
@@ -467,14 +467,18 @@ fn pause_stops_every_daemon(backend: Backend, test: &str) {
     });
     let resumed_at = instant(&resumed);
 
-    // Every instant after the first paused one until the resume (the first
-    // run after it): skipped, and logged once at INFO across the fleet.
+    // Every instant after the first paused one, up to one logged paused at
+    // least three seconds later (all of them before the resume): skipped,
+    // and logged once at INFO across the fleet. (The first paused instant
+    // may also have run on a daemon whose acquire came before the pause;
+    // every later one saw it.) The first run after the resume is no bound:
+    // an instant one daemon logged paused just before the resume may still
+    // run on another whose acquire came just after it, within its
+    // starting deadline, so the skips before that run could be fewer.
     let all: Vec<Value> = nodes.iter().flat_map(|d| d.all()).collect();
-    // (The first paused instant may also have run on a daemon whose acquire
-    // came before the pause; every later one saw it.)
     let in_pause = |e: &Value| {
         let t = instant(e);
-        t > first && t < resumed_at
+        t > first && t <= third
     };
     let mut skips: Vec<String> = all
         .iter()

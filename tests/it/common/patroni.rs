@@ -40,11 +40,12 @@ pub const RETRY_TIMEOUT: u64 = 4;
 /// and two etcd on 2 shared cores would make every timing a load test.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
-/// Why the Patroni tests cannot run here, if they cannot.
+/// Why the Patroni tests cannot run here, if they cannot: what every
+/// throwaway PostgreSQL needs (root, the server binaries, the `postgres`
+/// user), and Patroni and etcd.
 fn unavailable() -> Option<String> {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    if unsafe { libc::geteuid() } != 0 {
-        return Some("it must run as root to start PostgreSQL as the postgres user".into());
+    if let Some(why) = super::pg::unavailable() {
+        return Some(why);
     }
     for tool in ["patroni", "patronictl", "etcd"] {
         if which(tool).is_none() {
@@ -52,16 +53,6 @@ fn unavailable() -> Option<String> {
                 "`{tool}` is not installed (apt-get install patroni etcd-server; .ci/run does)"
             ));
         }
-    }
-    if pg_bindir().is_none() {
-        return Some(
-            "no PostgreSQL server binaries (set FENCECRON_TEST_PG_BINDIR or install postgresql)"
-                .into(),
-        );
-    }
-    let postgres_user = Command::new("id").args(["-u", "postgres"]).output();
-    if !postgres_user.is_ok_and(|o| o.status.success()) {
-        return Some("there is no `postgres` OS user".into());
     }
     None
 }

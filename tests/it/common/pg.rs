@@ -24,7 +24,7 @@ pub fn pg_bindir() -> Option<PathBuf> {
 }
 
 /// Why the test cannot run here, if it cannot.
-fn unavailable() -> Option<String> {
+pub fn unavailable() -> Option<String> {
     // SAFETY: geteuid has no preconditions and cannot fail.
     if unsafe { libc::geteuid() } != 0 {
         return Some("it must run as root to start PostgreSQL as the postgres user".into());
