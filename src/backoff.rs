@@ -35,6 +35,7 @@ impl Backoff {
     }
 
     /// Grows the waits by `factor` instead of 2.
+    #[cfg(test)]
     pub const fn factor(mut self, factor: u32) -> Backoff {
         self.factor = factor;
         self

@@ -10,7 +10,7 @@ pub use crate::logging::LogFormat;
 
 /// `fencecron --version`: the package version and the commit it was built
 /// from (`unknown` outside a git checkout).
-pub const VERSION: &str = concat!(
+pub(crate) const VERSION: &str = concat!(
     env!("CARGO_PKG_VERSION"),
     " (",
     env!("FENCECRON_COMMIT"),
@@ -27,7 +27,7 @@ const GLOBAL: &str = "Global options";
 pub struct Cli {
     /// The jobs file [default: $FENCECRON_CONFIG, else /etc/fencecron/jobs.toml].
     #[arg(long, global = true, help_heading = GLOBAL, value_name = "FILE", env = "FENCECRON_CONFIG")]
-    pub config: Option<PathBuf>,
+    pub(crate) config: Option<PathBuf>,
 
     /// Store URL (sqlite://PATH, postgres://…, mysql://…); overrides the config.
     #[arg(
@@ -38,7 +38,7 @@ pub struct Cli {
         env = "FENCECRON_STORE",
         hide_env_values = true
     )]
-    pub store: Option<String>,
+    pub(crate) store: Option<String>,
 
     /// Log format [default: native journal entries when stderr is the
     /// journal (`JOURNAL_STREAM`), else text].
@@ -46,7 +46,7 @@ pub struct Cli {
     pub log_format: Option<LogFormat>,
 
     #[command(subcommand)]
-    pub command: Command,
+    pub(crate) command: Command,
 }
 
 impl Cli {
@@ -58,7 +58,7 @@ impl Cli {
 
 /// The subcommands.
 #[derive(Debug, Subcommand)]
-pub enum Command {
+pub(crate) enum Command {
     /// Run the daemon: schedule the jobs of the config under fenced leases.
     Run {
         /// This instance's node id [default: config's node.id, else the host name].
@@ -133,17 +133,17 @@ pub enum Command {
 
 /// `fencecron epoch [show|advance]`.
 #[derive(Debug, Args)]
-pub struct EpochArgs {
+pub(crate) struct EpochArgs {
     #[command(subcommand)]
-    pub action: Option<EpochAction>,
+    pub(crate) action: Option<EpochAction>,
     /// Print JSON.
     #[arg(long, global = true)]
-    pub json: bool,
+    pub(crate) json: bool,
 }
 
 /// What `fencecron epoch` does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Subcommand)]
-pub enum EpochAction {
+pub(crate) enum EpochAction {
     /// Print the stored and the effective epoch (the default).
     Show,
     /// Raise the epoch so that every later token is greater than every token
@@ -153,31 +153,31 @@ pub enum EpochAction {
 
 /// `fencecron exec`.
 #[derive(Debug, Args)]
-pub struct ExecArgs {
+pub(crate) struct ExecArgs {
     /// The resource to lease.
-    pub resource: String,
+    pub(crate) resource: String,
     /// Lease length (5s..=300s) [default: 30s].
     #[arg(long, value_name = "D", value_parser = humantime::parse_duration)]
-    pub lease: Option<Duration>,
+    pub(crate) lease: Option<Duration>,
     /// Renewal interval [default: a third of the lease].
     #[arg(long, value_name = "D", value_parser = humantime::parse_duration)]
-    pub renew_every: Option<Duration>,
+    pub(crate) renew_every: Option<Duration>,
     /// SIGTERM-to-SIGKILL grace [default: a fifth of the lease].
     #[arg(long, value_name = "D", value_parser = humantime::parse_duration)]
-    pub kill_grace: Option<Duration>,
+    pub(crate) kill_grace: Option<Duration>,
     /// Log only warnings and errors (the lease lost, a stale write, a store
     /// outage), not the INFO events of every run: for cron and timers that
     /// mail or keep whatever reaches stderr. `FENCECRON_LOG` still wins.
     #[arg(long, short = 'q')]
-    pub quiet: bool,
+    pub(crate) quiet: bool,
     /// The command and its arguments, after `--`.
     #[arg(last = true, required = true, value_name = "CMD")]
-    pub command: Vec<String>,
+    pub(crate) command: Vec<String>,
 }
 
 /// `fencecron lease …`.
 #[derive(Debug, Subcommand)]
-pub enum LeaseCommand {
+pub(crate) enum LeaseCommand {
     /// Take a lease; print resource, owner_id, token, expires_at.
     Acquire {
         /// The resource to lease (1..=200 characters, no control characters).
@@ -233,69 +233,69 @@ pub enum LeaseCommand {
 
 /// `fencecron put`.
 #[derive(Debug, Args)]
-pub struct PutArgs {
+pub(crate) struct PutArgs {
     /// The key to write, within the resource (1..=200 characters).
-    pub key: String,
+    pub(crate) key: String,
     /// The resource whose lease fences the write [default:
     /// $FENCECRON_RESOURCE, set in every job]
     #[arg(long, value_name = "R", env = "FENCECRON_RESOURCE")]
-    pub resource: Option<String>,
+    pub(crate) resource: Option<String>,
     /// The fencing token the write carries (required) [default:
     /// $FENCECRON_TOKEN]
     #[arg(long, value_name = "T", env = "FENCECRON_TOKEN")]
-    pub token: Option<i64>,
+    pub(crate) token: Option<i64>,
     /// The owner id the token was issued to (required; a UUID)
     /// [default: $FENCECRON_OWNER_ID]
     #[arg(long, value_name = "O", env = "FENCECRON_OWNER_ID")]
-    pub owner_id: Option<String>,
+    pub(crate) owner_id: Option<String>,
     /// Require a strictly greater token; an equal one is "already applied".
     #[arg(long)]
-    pub once: bool,
+    pub(crate) once: bool,
     /// The value as text.
     #[arg(long, value_name = "V", conflicts_with = "file")]
-    pub value: Option<String>,
+    pub(crate) value: Option<String>,
     /// Read the value from a file.
     #[arg(long, value_name = "F")]
-    pub file: Option<PathBuf>,
+    pub(crate) file: Option<PathBuf>,
     /// Label recorded with a rejection: where in the job the write happened.
     #[arg(long, value_name = "S", default_value = "put")]
-    pub stage: String,
+    pub(crate) stage: String,
 }
 
 /// `fencecron get`.
 #[derive(Debug, Args)]
-pub struct GetArgs {
+pub(crate) struct GetArgs {
     /// The key to read.
-    pub key: String,
+    pub(crate) key: String,
     /// The resource the key belongs to [default: $FENCECRON_RESOURCE]
     #[arg(long, value_name = "R", env = "FENCECRON_RESOURCE")]
-    pub resource: Option<String>,
+    pub(crate) resource: Option<String>,
     /// Print JSON.
     #[arg(long)]
-    pub json: bool,
+    pub(crate) json: bool,
 }
 
 /// `fencecron stale`.
 #[derive(Debug, Args)]
-pub struct StaleArgs {
+pub(crate) struct StaleArgs {
     /// Print JSON.
     #[arg(long)]
-    pub json: bool,
+    pub(crate) json: bool,
     /// Only records newer than this (e.g. 1h).
     #[arg(long, value_name = "D", value_parser = humantime::parse_duration)]
-    pub since: Option<Duration>,
+    pub(crate) since: Option<Duration>,
     /// Only the newest N records (still listed oldest first); 0 lists all.
     #[arg(long, value_name = "N", default_value_t = 100)]
-    pub limit: usize,
+    pub(crate) limit: usize,
     /// Also list the rejections the SQL guard keeps in this database (a
     /// job's own; repeat for several).
     #[arg(long, value_name = "URL")]
-    pub guard: Vec<String>,
+    pub(crate) guard: Vec<String>,
 }
 
 /// `--db`: the job's own database, where the guard lives.
 #[derive(Debug, Args)]
-pub struct GuardDb {
+pub(crate) struct GuardDb {
     /// The job's database: postgres://…, mysql://… or sqlite://PATH (not
     /// fencecron's store).
     #[arg(
@@ -304,12 +304,12 @@ pub struct GuardDb {
         env = "FENCECRON_GUARD_DB",
         hide_env_values = true
     )]
-    pub url: String,
+    pub(crate) url: String,
 }
 
 /// `fencecron guard …`.
 #[derive(Debug, Subcommand)]
-pub enum GuardCommand {
+pub(crate) enum GuardCommand {
     /// Create or update the guard in a job's own database (idempotent).
     Install {
         #[command(flatten)]
@@ -356,7 +356,7 @@ pub enum GuardCommand {
 
 /// The database a guard's DDL is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum GuardBackend {
+pub(crate) enum GuardBackend {
     #[value(alias = "postgresql")]
     Postgres,
     #[value(alias = "mariadb")]
@@ -367,31 +367,31 @@ pub enum GuardBackend {
 /// `fencecron runs`.
 #[derive(Debug, Args)]
 #[command(args_conflicts_with_subcommands = true)]
-pub struct RunsArgs {
+pub(crate) struct RunsArgs {
     /// Only this job's runs (a job named `show` is written `-- show`).
-    pub job: Option<String>,
+    pub(crate) job: Option<String>,
     /// Only runs started within this long (e.g. 1h), by the store's clock.
     #[arg(long, value_name = "D", value_parser = humantime::parse_duration)]
-    pub since: Option<Duration>,
+    pub(crate) since: Option<Duration>,
     /// Only runs that ended so.
     #[arg(long, value_name = "OUTCOME", value_parser = ["succeeded", "failed", "timed_out", "lease_lost", "shutdown"])]
-    pub outcome: Option<String>,
+    pub(crate) outcome: Option<String>,
     /// Only runs of this node.
     #[arg(long, value_name = "NODE")]
-    pub node: Option<String>,
+    pub(crate) node: Option<String>,
     #[command(subcommand)]
-    pub show: Option<RunsCommand>,
+    pub(crate) show: Option<RunsCommand>,
     /// At most this many runs (1..=1000).
     #[arg(long, value_name = "N", default_value_t = 20)]
-    pub limit: u32,
+    pub(crate) limit: u32,
     /// Print a JSON array.
     #[arg(long)]
-    pub json: bool,
+    pub(crate) json: bool,
 }
 
 /// `fencecron runs show`.
 #[derive(Debug, Subcommand)]
-pub enum RunsCommand {
+pub(crate) enum RunsCommand {
     /// One run with the tail of its output, as the history kept it
     /// (`[history] output`, 4 KiB by default).
     Show {
@@ -406,66 +406,66 @@ pub enum RunsCommand {
 
 /// `fencecron trigger`.
 #[derive(Debug, Args)]
-pub struct TriggerArgs {
+pub(crate) struct TriggerArgs {
     /// The job, as named in the config.
-    pub job: String,
+    pub(crate) job: String,
     /// Wait for the run to end (its last attempt, when the job's `retries`
     /// run it again), print its output tail and exit with its exit code
     /// (128 + signal when it was killed).
     #[arg(long)]
-    pub wait: bool,
+    pub(crate) wait: bool,
     /// How long to wait for a daemon to take the request before giving up
     /// (exit 1).
     #[arg(long, value_name = "D", default_value = "15s", value_parser = humantime::parse_duration)]
-    pub timeout: Duration,
+    pub(crate) timeout: Duration,
 }
 
 /// `fencecron pause`.
 #[derive(Debug, Args)]
-pub struct PauseArgs {
+pub(crate) struct PauseArgs {
     /// The job, as named in the config.
-    pub job: String,
+    pub(crate) job: String,
     /// Why (shown by `status` and logged with each skipped instant).
     #[arg(long, value_name = "TEXT")]
-    pub note: Option<String>,
+    pub(crate) note: Option<String>,
     /// Resume by itself after this long (e.g. 2h).
     #[arg(long = "for", value_name = "D", value_parser = humantime::parse_duration)]
-    pub for_: Option<Duration>,
+    pub(crate) for_: Option<Duration>,
     /// Replace a pause in force (else a paused job's pause is refused,
     /// exit 75).
     #[arg(long)]
-    pub replace: bool,
+    pub(crate) replace: bool,
 }
 
 /// `fencecron bench`.
 #[derive(Debug, Args)]
-pub struct BenchArgs {
+pub(crate) struct BenchArgs {
     /// Concurrent clients.
     #[arg(long, default_value_t = 1)]
-    pub clients: usize,
+    pub(crate) clients: usize,
     /// Measuring time per operation.
     #[arg(long, value_name = "D", default_value = "2s", value_parser = humantime::parse_duration)]
-    pub duration: Duration,
+    pub(crate) duration: Duration,
     /// Distinct bench resources to spread the load over.
     #[arg(long, default_value_t = 16)]
-    pub resources: usize,
+    pub(crate) resources: usize,
 }
 
 /// `fencecron proxy`.
 #[derive(Debug, Args)]
-pub struct ProxyArgs {
+pub(crate) struct ProxyArgs {
     /// Address to listen on (HOST:PORT, e.g. 127.0.0.1:8480).
     #[arg(long, value_name = "ADDR")]
-    pub listen: std::net::SocketAddr,
+    pub(crate) listen: std::net::SocketAddr,
     /// Where admitted requests go: http://HOST:PORT[/PREFIX].
     #[arg(long, value_name = "URL")]
-    pub upstream: String,
+    pub(crate) upstream: String,
     /// How long the upstream may take to answer a request (then 504).
     #[arg(long, value_name = "D", default_value = "30s", value_parser = humantime::parse_duration)]
-    pub upstream_timeout: Duration,
+    pub(crate) upstream_timeout: Duration,
     /// How long in-flight requests may finish after SIGTERM/SIGINT.
     #[arg(long, value_name = "D", default_value = "10s", value_parser = humantime::parse_duration)]
-    pub drain: Duration,
+    pub(crate) drain: Duration,
 }
 
 /// A command-line error as the rest of fencecron's errors read: one

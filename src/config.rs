@@ -22,7 +22,7 @@ use crate::timing::{LeaseTiming, TimingError, DEFAULT_LEASE};
 
 /// Where the config is looked for when neither `--config` nor
 /// `$FENCECRON_CONFIG` names one.
-pub const DEFAULT_PATH: &str = "/etc/fencecron/jobs.toml";
+pub(crate) const DEFAULT_PATH: &str = "/etc/fencecron/jobs.toml";
 
 /// The largest config file read, in bytes. A real `jobs.toml` is small (a
 /// thousand jobs with commands, resources and env take about 170 KB), while
@@ -34,34 +34,34 @@ pub const DEFAULT_PATH: &str = "/etc/fencecron/jobs.toml";
 pub const MAX_CONFIG_BYTES: u64 = 1024 * 1024;
 
 /// The largest `store.max_connections` accepted.
-pub const MAX_STORE_CONNECTIONS: u32 = 64;
+pub(crate) const MAX_STORE_CONNECTIONS: u32 = 64;
 
 /// The largest `node.max_running`.
-pub const MAX_RUNNING: u32 = 100_000;
+pub(crate) const MAX_RUNNING: u32 = 100_000;
 
 /// `node.shutdown_grace` unless the config says otherwise: how long a
 /// stopping daemon lets its running jobs finish by themselves.
-pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+pub(crate) const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 
 /// The largest `node.shutdown_grace`: a day (systemd's `TimeoutStopSec=`
 /// must exceed it anyway).
-pub const MAX_SHUTDOWN_GRACE: Duration = Duration::from_secs(24 * 3600);
+pub(crate) const MAX_SHUTDOWN_GRACE: Duration = Duration::from_secs(24 * 3600);
 
 /// The largest `jitter`: a day, the longest sensible spread of a job.
-pub const MAX_JITTER: Duration = Duration::from_secs(24 * 3600);
+pub(crate) const MAX_JITTER: Duration = Duration::from_secs(24 * 3600);
 
 /// `[http] token_file`: where the web view's tokens are, and where the
 /// key was written (for errors about the file).
 #[derive(Debug, Clone, PartialEq)]
-pub struct TokenFile {
-    pub path: PathBuf,
+pub(crate) struct TokenFile {
+    pub(crate) path: PathBuf,
     at: ConfigError,
 }
 
 impl TokenFile {
     /// Reads and checks the file (mode, format); an error is reported at
     /// the key, `jobs.toml:LINE:COL: http.token_file: ...`.
-    pub fn load(&self) -> Result<crate::web::tokens::Tokens, ConfigError> {
+    pub(crate) fn load(&self) -> Result<crate::web::tokens::Tokens, ConfigError> {
         crate::web::tokens::load(&self.path).map_err(|message| ConfigError {
             message,
             ..self.at.clone()
@@ -71,59 +71,59 @@ impl TokenFile {
 
 /// A loaded, validated configuration.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Config {
+pub(crate) struct Config {
     /// The file it was read from.
-    pub path: PathBuf,
+    pub(crate) path: PathBuf,
     /// The store, when the file names one. `None` also when the file uses
     /// `store.url_env` but was loaded with [`load_store_given`].
-    pub store: Option<StoreUrl>,
+    pub(crate) store: Option<StoreUrl>,
     /// `store.url_env`: the variable the store URL is read from, when set.
-    pub store_url_env: Option<String>,
+    pub(crate) store_url_env: Option<String>,
     /// `store.max_connections`: the daemon's pool size, when set.
-    pub store_max_connections: Option<u32>,
+    pub(crate) store_max_connections: Option<u32>,
     /// The node id, when the file sets one.
-    pub node_id: Option<NodeId>,
+    pub(crate) node_id: Option<NodeId>,
     /// `node.max_running`: how many runs this daemon holds at once; `None`
     /// (the default) for no limit.
-    pub node_max_running: Option<u32>,
+    pub(crate) node_max_running: Option<u32>,
     /// `node.shutdown_grace`: on SIGTERM the daemon competes for nothing
     /// more and lets its running jobs finish for up to this long before it
     /// stops them (default 30 s; zero stops them at once).
-    pub node_shutdown_grace: Duration,
+    pub(crate) node_shutdown_grace: Duration,
     /// `[http] listen`: where the daemon serves `/metrics`, `/livez` and
     /// `/readyz`; `None` (the default) serves nothing.
-    pub http_listen: Option<std::net::SocketAddr>,
+    pub(crate) http_listen: Option<std::net::SocketAddr>,
     /// `[http] token_file`: who may trigger, pause and resume from the web
     /// view (`crate::web::tokens`); `None`: the view is read-only. Checked
     /// (readable by its owner only, well-formed) by `run` and `check`
     /// ([`TokenFile::load`]), not by every command that reads the config.
-    pub http_token_file: Option<TokenFile>,
+    pub(crate) http_token_file: Option<TokenFile>,
     /// `[history]`: how much run history the fleet keeps.
-    pub history: History,
+    pub(crate) history: History,
     /// The jobs, in file order.
-    pub jobs: Vec<Job>,
+    pub(crate) jobs: Vec<Job>,
 }
 
 /// `[history]`: the run history's retention, per job, and how much output
 /// each run keeps. Pruned by every daemon's housekeeping (hourly), never on
 /// a run's path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct History {
+pub(crate) struct History {
     /// `keep`: the newest runs kept per job (default 100).
-    pub keep: u32,
+    pub(crate) keep: u32,
     /// `max_age`: runs older than this go (default 30 days).
-    pub max_age: Duration,
+    pub(crate) max_age: Duration,
     /// `output`: bytes of each run's last output kept (default 4096; 0
     /// keeps none).
-    pub output: usize,
+    pub(crate) output: usize,
     /// `stale`: stale-owner records older than this go (default 30 days).
-    pub stale: Duration,
+    pub(crate) stale: Duration,
     /// `values`: stored values older than this go, unless their resource's
     /// lease was held within it (default 90 days).
-    pub values: Duration,
+    pub(crate) values: Duration,
     /// `nodes`: node rows (`fencecron nodes`) not seen for this long go
     /// (default 7 days).
-    pub nodes: Duration,
+    pub(crate) nodes: Duration,
 }
 
 impl Default for History {
@@ -145,10 +145,10 @@ impl Default for History {
 /// `backoff` after the failure, doubling up to `backoff_max`; never one
 /// that would start after the job's next instant is due.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Retry {
-    pub retries: u32,
-    pub backoff: Duration,
-    pub backoff_max: Duration,
+pub(crate) struct Retry {
+    pub(crate) retries: u32,
+    pub(crate) backoff: Duration,
+    pub(crate) backoff_max: Duration,
 }
 
 impl Default for Retry {
@@ -163,49 +163,49 @@ impl Default for Retry {
 
 impl Retry {
     /// The wait before retry number `attempt` (1-based).
-    pub fn delay(&self, attempt: u32) -> Duration {
+    pub(crate) fn delay(&self, attempt: u32) -> Duration {
         crate::backoff::Backoff::new(self.backoff, self.backoff_max).nth_wait(attempt)
     }
 }
 
 /// One validated job.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Job {
-    pub name: Name,
-    pub schedule: Schedule,
+pub(crate) struct Job {
+    pub(crate) name: Name,
+    pub(crate) schedule: Schedule,
     /// argv; never passed through a shell.
-    pub command: Vec<String>,
-    pub resource: Name,
-    pub timeout: Option<Duration>,
-    pub env: BTreeMap<String, String>,
-    pub workdir: Option<PathBuf>,
-    pub timing: LeaseTiming,
+    pub(crate) command: Vec<String>,
+    pub(crate) resource: Name,
+    pub(crate) timeout: Option<Duration>,
+    pub(crate) env: BTreeMap<String, String>,
+    pub(crate) workdir: Option<PathBuf>,
+    pub(crate) timing: LeaseTiming,
     /// When the job exits with this code, it is reporting a stale write
     /// rejected by its own storage: the daemon records and logs it.
-    pub stale_exit_code: Option<i32>,
+    pub(crate) stale_exit_code: Option<i32>,
     /// `retries`, `retry_backoff`, `retry_backoff_max`: how a failed run is
     /// tried again.
-    pub retry: Retry,
+    pub(crate) retry: Retry,
     /// `starting_deadline`: an occurrence not started this long after its
     /// instant is skipped (`deadline`); `None`: until the next instant is
     /// due or a lease length has passed.
-    pub starting_deadline: Option<Duration>,
+    pub(crate) starting_deadline: Option<Duration>,
     /// `catchup`: whether the newest instant that fell due while this
     /// daemon could not fire it (paused, suspended, starved) still runs.
-    pub catchup: Catchup,
+    pub(crate) catchup: Catchup,
     /// `overlap`: what an instant does while a run of an earlier one still
     /// holds the lease.
-    pub overlap: Overlap,
+    pub(crate) overlap: Overlap,
     /// `on_failure`: argv run once after a run that did not succeed.
-    pub on_failure: Option<Vec<String>>,
+    pub(crate) on_failure: Option<Vec<String>>,
     /// Where its keys were written, for messages about them.
-    pub place: Place,
+    pub(crate) place: Place,
 }
 
 /// What a daemon does with instants that fell due while it could not fire
 /// them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum Catchup {
+pub(crate) enum Catchup {
     /// Run the newest of them once, late (the older ones are `missed`).
     #[default]
     Latest,
@@ -216,7 +216,7 @@ pub enum Catchup {
 /// What an instant does while a run of an earlier instant (or a manual run)
 /// still holds the job's lease.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum Overlap {
+pub(crate) enum Overlap {
     /// Skip the instant (`held`); the running one finishes.
     #[default]
     Skip,
@@ -230,15 +230,15 @@ pub enum Overlap {
 /// How late an instant may be fired and still count as on time under
 /// `catchup = "none"`: a scheduler that was not paused fires within
 /// milliseconds.
-pub const CATCHUP_TOLERANCE: Duration = Duration::from_secs(1);
+pub(crate) const CATCHUP_TOLERANCE: Duration = Duration::from_secs(1);
 
 /// Line and column of a job's keys in the file. Where a job was written is
 /// not part of what it is: every `Place` equals every other, so moving a
 /// job in the file is not a change on reload.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Place {
-    pub command: (usize, usize),
-    pub workdir: Option<(usize, usize)>,
+pub(crate) struct Place {
+    pub(crate) command: (usize, usize),
+    pub(crate) workdir: Option<(usize, usize)>,
 }
 
 impl PartialEq for Place {
@@ -250,7 +250,7 @@ impl PartialEq for Place {
 impl Config {
     /// An error about job `job`'s `key`, at `at` (line, column) in this
     /// file, as config errors are shown.
-    pub fn error_at(
+    pub(crate) fn error_at(
         &self,
         at: (usize, usize),
         job: &Name,
@@ -270,11 +270,11 @@ impl Config {
 /// A configuration error: file, line and key, and what to do.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigError {
-    pub path: PathBuf,
-    pub line: Option<usize>,
-    pub column: Option<usize>,
-    pub key: Option<String>,
-    pub message: String,
+    pub(crate) path: PathBuf,
+    pub(crate) line: Option<usize>,
+    pub(crate) column: Option<usize>,
+    pub(crate) key: Option<String>,
+    pub(crate) message: String,
 }
 
 impl fmt::Display for ConfigError {
@@ -387,7 +387,7 @@ struct RawJob {
 }
 
 /// Reads and validates a config file.
-pub fn load(path: &Path) -> Result<Config, ConfigError> {
+pub(crate) fn load(path: &Path) -> Result<Config, ConfigError> {
     load_with(path, true)
 }
 
@@ -396,7 +396,7 @@ pub fn load(path: &Path) -> Result<Config, ConfigError> {
 /// variable named by `store.url_env` and the file named by `store.url_file`
 /// are not read, so they may be missing (jobs do not inherit the variable),
 /// and `store` is then `None`.
-pub fn load_store_given(path: &Path) -> Result<Config, ConfigError> {
+pub(crate) fn load_store_given(path: &Path) -> Result<Config, ConfigError> {
     load_with(path, false)
 }
 
@@ -464,7 +464,8 @@ fn who_may_read(path: &Path) -> String {
 }
 
 /// Validates config text; `path` is only used in messages.
-pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
+#[cfg(test)]
+pub(crate) fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
     Parser {
         path,
         text,

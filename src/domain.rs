@@ -29,8 +29,8 @@ use crate::names::Name;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UnknownWord {
     /// What the word was meant to be ("run outcome").
-    pub what: &'static str,
-    pub text: String,
+    pub(crate) what: &'static str,
+    pub(crate) text: String,
 }
 
 impl fmt::Display for UnknownWord {
@@ -61,21 +61,22 @@ macro_rules! shown_as_str {
 /// A closed vocabulary: the variants and their words, `as_str`, `ALL`, and a
 /// `FromStr` that refuses any other word.
 macro_rules! closed_words {
-    ($(#[$meta:meta])* pub enum $t:ident ($what:literal) {
+    ($(#[$meta:meta])* $vis:vis enum $t:ident ($what:literal) {
         $($(#[$vmeta:meta])* $v:ident => $word:literal,)*
     }) => {
         $(#[$meta])*
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-        pub enum $t {
+        $vis enum $t {
             $($(#[$vmeta])* $v,)*
         }
 
         impl $t {
             /// Every variant, in declaration order.
-            pub const ALL: &'static [$t] = &[$($t::$v),*];
+            #[cfg(test)]
+            pub(crate) const ALL: &'static [$t] = &[$($t::$v),*];
 
             /// The word as stored and shown.
-            pub fn as_str(self) -> &'static str {
+            pub(crate) fn as_str(self) -> &'static str {
                 match self {
                     $($t::$v => $word,)*
                 }
@@ -120,7 +121,7 @@ impl RunOutcome {
     /// Whether a run that ended so may be retried: it failed by itself
     /// (exit code, signal), timed out, or could not start; not a lost lease
     /// (another owner may be running it) or a shutdown.
-    pub fn retryable(self) -> bool {
+    pub(crate) fn retryable(self) -> bool {
         matches!(
             self,
             RunOutcome::Failed | RunOutcome::TimedOut | RunOutcome::SpawnFailed
@@ -146,13 +147,13 @@ pub enum RejectReason {
 
 impl RejectReason {
     /// Every reason, in declaration order.
-    pub const ALL: &'static [RejectReason] = &[
+    pub(crate) const ALL: &'static [RejectReason] = &[
         RejectReason::Stale,
         RejectReason::Forged,
         RejectReason::WrongOwner,
     ];
 
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             RejectReason::Stale => "stale",
             RejectReason::Forged => "forged",
@@ -192,7 +193,7 @@ pub enum RunState {
 }
 
 impl RunState {
-    pub fn as_str(&self) -> &str {
+    pub(crate) fn as_str(&self) -> &str {
         match self {
             RunState::Ended(outcome) => outcome.as_str(),
             RunState::Running => "running",
@@ -243,7 +244,7 @@ pub enum TriggerState {
 }
 
 impl TriggerState {
-    pub fn as_str(&self) -> &str {
+    pub(crate) fn as_str(&self) -> &str {
         match self {
             TriggerState::Pending => "pending",
             TriggerState::Claimed => "claimed",
@@ -286,7 +287,7 @@ pub enum StaleReason {
 }
 
 impl StaleReason {
-    pub fn as_str(&self) -> &str {
+    pub(crate) fn as_str(&self) -> &str {
         match self {
             StaleReason::Rejected(r) => r.as_str(),
             StaleReason::Lost(r) => r.as_str(),
@@ -364,7 +365,7 @@ impl Stage {
         Stage::Bench,
     ];
 
-    pub fn as_str(&self) -> &str {
+    pub(crate) fn as_str(&self) -> &str {
         match self {
             Stage::Put => "put",
             Stage::Job => "job",
@@ -410,9 +411,9 @@ pub enum NodeState {
 impl NodeState {
     /// Shown (never stored) for a node that stopped or missed its
     /// heartbeats.
-    pub const GONE: &'static str = "gone";
+    pub(crate) const GONE: &'static str = "gone";
 
-    pub fn as_str(&self) -> &str {
+    pub(crate) fn as_str(&self) -> &str {
         match self {
             NodeState::Running => "running",
             NodeState::Draining => "draining",
@@ -440,15 +441,15 @@ impl FromStr for NodeState {
 /// when `fencecron run` starts) and kept as this type up to the daemon: a
 /// name (1..=200 characters, no control characters), never parsed again.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct NodeId(Name);
+pub(crate) struct NodeId(Name);
 
 impl NodeId {
     /// Validates `text` as a node id; the error is one sentence.
-    pub fn parse(text: &str) -> Result<NodeId, String> {
+    pub(crate) fn parse(text: &str) -> Result<NodeId, String> {
         Name::parse("node", text).map(NodeId)
     }
 
-    pub fn as_str(&self) -> &str {
+    pub(crate) fn as_str(&self) -> &str {
         self.0.as_str()
     }
 }
@@ -461,7 +462,7 @@ impl fmt::Display for NodeId {
 
 /// Reads a stored word into its type. Every type here reads any text
 /// (an unknown word is kept as `Other`/`Label`), so this cannot fail.
-pub fn stored<T: FromStr<Err = Infallible>>(text: &str) -> T {
+pub(crate) fn stored<T: FromStr<Err = Infallible>>(text: &str) -> T {
     match text.parse() {
         Ok(t) => t,
         Err(never) => match never {},

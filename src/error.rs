@@ -7,30 +7,30 @@ use crate::config::ConfigError;
 use crate::store::StoreError;
 
 /// Exit code: success; also a command whose stdout reader went away.
-pub const EXIT_OK: u8 = 0;
+pub(crate) const EXIT_OK: u8 = 0;
 /// Exit code: runtime failure (store unreachable, I/O).
 pub const EXIT_RUNTIME: u8 = 1;
 /// Exit code: usage or configuration error.
 pub const EXIT_USAGE: u8 = 2;
 /// Exit code: stale write rejected, or not the lease owner.
-pub const EXIT_STALE: u8 = 3;
+pub(crate) const EXIT_STALE: u8 = 3;
 /// Exit code: what was asked for does not exist (`get` of a missing key),
 /// distinct from [`EXIT_RUNTIME`], so a script can tell "nothing written
 /// yet" from "the store could not be read".
-pub const EXIT_MISSING: u8 = 4;
+pub(crate) const EXIT_MISSING: u8 = 4;
 /// Exit code: `status` found a job overdue (an old instant without a run,
 /// or no live node has the job). The same number as [`EXIT_STALE`]: both
 /// mean "something is out of date", and a monitoring script tells them
 /// apart by the command it ran.
-pub const EXIT_OVERDUE: u8 = 3;
+pub(crate) const EXIT_OVERDUE: u8 = 3;
 /// Exit code: the lease is held by another owner (EX_TEMPFAIL).
-pub const EXIT_HELD: u8 = 75;
+pub(crate) const EXIT_HELD: u8 = 75;
 /// Exit code: the job's program could not be started (not found, not
 /// executable), as a shell reports it; `exec` and `trigger --wait` alike.
-pub const EXIT_CANNOT_START: u8 = 127;
+pub(crate) const EXIT_CANNOT_START: u8 = 127;
 /// Exit code: interrupted by SIGINT/SIGTERM before the work was done
 /// (128 + SIGINT, as a shell reports it).
-pub const EXIT_INTERRUPTED: u8 = 130;
+pub(crate) const EXIT_INTERRUPTED: u8 = 130;
 
 /// How a command that did not fail ends. With [`Error::exit_code`] this is
 /// the only source of fencecron's exit codes.
@@ -119,4 +119,4 @@ impl Error {
 }
 
 /// Shorthand for results in this crate.
-pub type Result<T, E = Error> = std::result::Result<T, E>;
+pub(crate) type Result<T, E = Error> = std::result::Result<T, E>;

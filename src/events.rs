@@ -154,7 +154,7 @@ pub fn job_output(job: &str, token: Token, stream: &'static str, line: &str) {
 
 // Why a lease was lost is the stale records' word too: it lives in
 // `domain` (as does how a run ended, `domain::RunOutcome`).
-pub use crate::domain::LossReason;
+pub(crate) use crate::domain::LossReason;
 
 /// Why an occurrence was not run here: `occurrence_skipped`'s `reason`,
 /// and the `reason` label of `fencecron_occurrences_skipped_total`.

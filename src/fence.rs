@@ -29,7 +29,7 @@ use crate::store::{
 pub const MAX_VALUE_BYTES: usize = 8 * 1024 * 1024;
 
 /// Sends a fenced write; a rejection is logged as `stale_write_rejected`.
-pub async fn put(store: &dyn Store, req: &PutRequest<'_>) -> Result<PutOutcome, StoreError> {
+pub(crate) async fn put(store: &dyn Store, req: &PutRequest<'_>) -> Result<PutOutcome, StoreError> {
     let outcome = store.put(req).await?;
     if let PutOutcome::Rejected(rec) = &outcome {
         events::stale_write_rejected(rec);
@@ -43,10 +43,10 @@ pub async fn put(store: &dyn Store, req: &PutRequest<'_>) -> Result<PutOutcome, 
 /// turns that line into its own top-level `stale_write_rejected` event, so an
 /// alert on that event sees rejections inside jobs too, not only as text in
 /// a `job_output` line.
-pub const JOB_REPORT_PREFIX: &str = "FENCECRON_STALE_WRITE ";
+pub(crate) const JOB_REPORT_PREFIX: &str = "FENCECRON_STALE_WRITE ";
 
 /// The line [`JOB_REPORT_PREFIX`] introduces, for `rec`.
-pub fn job_report_line(rec: &StaleRecord) -> Option<String> {
+pub(crate) fn job_report_line(rec: &StaleRecord) -> Option<String> {
     serde_json::to_string(rec)
         .ok()
         .map(|json| format!("{JOB_REPORT_PREFIX}{json}"))
@@ -55,7 +55,7 @@ pub fn job_report_line(rec: &StaleRecord) -> Option<String> {
 /// The rejection a job's output line reports, if it is such a line from
 /// the job named `job`. The record in the store is the authority; this line
 /// only carries it to the daemon's log.
-pub fn parse_job_report(line: &str, job: &str) -> Option<StaleRecord> {
+pub(crate) fn parse_job_report(line: &str, job: &str) -> Option<StaleRecord> {
     let r: JobReport = serde_json::from_str(line.strip_prefix(JOB_REPORT_PREFIX)?).ok()?;
     (r.job.as_deref() == Some(job)).then_some(StaleRecord {
         at: r.at,
@@ -95,7 +95,7 @@ struct JobReport {
 /// Stores a stale-owner record that happened outside `put` (a lost lease, a
 /// rejection a job reports from its own storage). A failure to store it is
 /// logged; the caller has already logged the event itself.
-pub async fn record(store: &dyn Store, rec: &NewStaleRecord<'_>) -> Option<StaleRecord> {
+pub(crate) async fn record(store: &dyn Store, rec: &NewStaleRecord<'_>) -> Option<StaleRecord> {
     match store.record_stale(rec).await {
         Ok(r) => Some(r),
         Err(e) => {
@@ -108,16 +108,16 @@ pub async fn record(store: &dyn Store, rec: &NewStaleRecord<'_>) -> Option<Stale
 /// A stale-owner record to store from a background task (owned, so it can
 /// outlive its caller). The operation id is made up when it is stored.
 #[derive(Debug, Clone)]
-pub struct PendingRecord {
-    pub kind: StaleKind,
-    pub reason: StaleReason,
-    pub resource: String,
-    pub owner_id: OwnerId,
-    pub token: Token,
-    pub accepted_token: Option<Token>,
-    pub node: String,
-    pub job: Option<String>,
-    pub stage: Stage,
+pub(crate) struct PendingRecord {
+    pub(crate) kind: StaleKind,
+    pub(crate) reason: StaleReason,
+    pub(crate) resource: String,
+    pub(crate) owner_id: OwnerId,
+    pub(crate) token: Token,
+    pub(crate) accepted_token: Option<Token>,
+    pub(crate) node: String,
+    pub(crate) job: Option<String>,
+    pub(crate) stage: Stage,
 }
 
 /// How long [`record_in_background`] keeps trying before giving up: 6 h.
@@ -139,7 +139,7 @@ const RECORD_MAX_DELAY: Duration = Duration::from_secs(60);
 /// giving up as `stale_record_failed`). The caller has already logged the
 /// event itself. The task is returned so a short-lived command can let it
 /// finish before it exits; the daemon lets it run.
-pub fn record_in_background(store: Arc<dyn Store>, rec: PendingRecord) -> JoinHandle<()> {
+pub(crate) fn record_in_background(store: Arc<dyn Store>, rec: PendingRecord) -> JoinHandle<()> {
     tokio::spawn(async move {
         let op = uuid::Uuid::new_v4().to_string();
         let new = NewStaleRecord {
@@ -198,7 +198,7 @@ pub fn record_in_background(store: Arc<dyn Store>, rec: PendingRecord) -> JoinHa
 /// stale-owner record (the vanished owner's id, token and node; the new
 /// token as `accepted_token`) in the background. Returns the recording
 /// task, if there is one.
-pub fn taken_over(
+pub(crate) fn taken_over(
     store: &Arc<dyn Store>,
     job: Option<&str>,
     lease: &Lease,
@@ -224,7 +224,11 @@ pub fn taken_over(
 
 /// Lets a recording task of a command that is about to exit finish, for at
 /// most `limit`; a record still not stored then is reported as failed.
-pub async fn finish_recording(task: Option<JoinHandle<()>>, resource: &str, limit: Duration) {
+pub(crate) async fn finish_recording(
+    task: Option<JoinHandle<()>>,
+    resource: &str,
+    limit: Duration,
+) {
     if let Some(task) = task {
         if tokio::time::timeout(limit, task).await.is_err() {
             events::stale_record_failed(

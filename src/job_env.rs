@@ -151,6 +151,7 @@ impl ChildEnv {
     }
 
     /// The private file holding the store URL, when there is one.
+    #[cfg(test)]
     pub fn url_file(&self) -> Option<&Path> {
         self._url_file.as_deref().map(|f| f.path.as_path())
     }

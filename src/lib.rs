@@ -10,32 +10,32 @@
 // panics (a closed pipe, a full disk).
 #![deny(clippy::print_stdout, clippy::print_stderr)]
 
-pub mod backoff;
+pub(crate) mod backoff;
 pub mod cli;
-pub mod clock;
+pub(crate) mod clock;
 pub mod commands;
 pub mod config;
-pub mod daemon;
+pub(crate) mod daemon;
 pub mod domain;
 pub mod error;
-pub mod events;
+pub(crate) mod events;
 pub mod fence;
-pub mod fleet;
-pub mod guard;
-pub mod job_env;
+pub(crate) mod fleet;
+pub(crate) mod guard;
+pub(crate) mod job_env;
 pub mod logging;
-pub mod metrics;
+pub(crate) mod metrics;
 pub mod names;
 pub mod output;
 pub mod proctree;
-pub mod proxy;
-pub mod runs;
-pub mod schedule;
+pub(crate) mod proxy;
+pub(crate) mod runs;
+pub(crate) mod schedule;
 pub mod shim;
-pub mod signals;
+pub(crate) mod signals;
 pub mod store;
-pub mod supervise;
+pub(crate) mod supervise;
 #[cfg(test)]
 mod testing;
-pub mod timing;
-pub mod web;
+pub(crate) mod timing;
+pub(crate) mod web;

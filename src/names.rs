@@ -7,7 +7,7 @@
 use std::fmt;
 
 /// Longest name, in characters.
-pub const MAX_NAME_CHARS: usize = 200;
+pub(crate) const MAX_NAME_CHARS: usize = 200;
 
 /// A resource, key or job name that passed validation.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -36,7 +36,7 @@ impl Name {
     }
 
     /// The name as text.
-    pub fn as_str(&self) -> &str {
+    pub(crate) fn as_str(&self) -> &str {
         &self.0
     }
 }

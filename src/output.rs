@@ -17,7 +17,7 @@ use std::io::{self, Write};
 use crate::error::{Error, Result};
 
 /// The process's stdout, with write errors as [`Error::Output`].
-pub struct Out {
+pub(crate) struct Out {
     stdout: io::Stdout,
 }
 
@@ -25,24 +25,24 @@ impl Out {
     /// Stdout. Rust's stdout is line-buffered, so an error surfaces at the
     /// line that hit it; [`Out::flush`] before returning for output that
     /// does not end in a newline.
-    pub fn stdout() -> Out {
+    pub(crate) fn stdout() -> Out {
         Out {
             stdout: io::stdout(),
         }
     }
 
     /// Lets `write!`/`writeln!` return this crate's [`Result`].
-    pub fn write_fmt(&mut self, args: fmt::Arguments<'_>) -> Result<()> {
+    pub(crate) fn write_fmt(&mut self, args: fmt::Arguments<'_>) -> Result<()> {
         self.stdout.lock().write_fmt(args).map_err(Error::Output)
     }
 
     /// Raw bytes (`get` prints a value as stored).
-    pub fn write_all(&mut self, bytes: &[u8]) -> Result<()> {
+    pub(crate) fn write_all(&mut self, bytes: &[u8]) -> Result<()> {
         self.stdout.lock().write_all(bytes).map_err(Error::Output)
     }
 
     /// Flushes what is buffered.
-    pub fn flush(&mut self) -> Result<()> {
+    pub(crate) fn flush(&mut self) -> Result<()> {
         self.stdout.lock().flush().map_err(Error::Output)
     }
 }
@@ -52,7 +52,7 @@ impl Out {
 /// backticks, `\`, `;`, spaces, newlines), so `eval "$(fencecron lease
 /// acquire …)"` sets each variable to exactly the printed value and runs
 /// nothing.
-pub fn shell_quote(value: &str) -> String {
+pub(crate) fn shell_quote(value: &str) -> String {
     let mut q = String::with_capacity(value.len() + 2);
     q.push('\'');
     for c in value.chars() {
@@ -67,13 +67,13 @@ pub fn shell_quote(value: &str) -> String {
 }
 
 /// Writes one `key='value'` line for `eval`.
-pub fn assignment(out: &mut Out, key: &str, value: impl fmt::Display) -> Result<()> {
+pub(crate) fn assignment(out: &mut Out, key: &str, value: impl fmt::Display) -> Result<()> {
     writeln!(out, "{key}={}", shell_quote(&value.to_string()))
 }
 
 /// How a [`Table`] column lines its cells up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Align {
+pub(crate) enum Align {
     Left,
     /// Numbers.
     Right,
@@ -82,13 +82,13 @@ pub enum Align {
 /// A table for people: each column as wide as its widest cell, so names
 /// of any length keep the columns straight; two spaces between columns;
 /// the last column is not padded. Scripts read `--json` instead.
-pub struct Table {
+pub(crate) struct Table {
     columns: Vec<(&'static str, Align)>,
     rows: Vec<Vec<String>>,
 }
 
 impl Table {
-    pub fn new(columns: &[(&'static str, Align)]) -> Table {
+    pub(crate) fn new(columns: &[(&'static str, Align)]) -> Table {
         Table {
             columns: columns.to_vec(),
             rows: Vec::new(),
@@ -96,13 +96,13 @@ impl Table {
     }
 
     /// Adds a row: one cell per column.
-    pub fn row(&mut self, cells: Vec<String>) {
+    pub(crate) fn row(&mut self, cells: Vec<String>) {
         debug_assert_eq!(cells.len(), self.columns.len());
         self.rows.push(cells);
     }
 
     /// Writes the header and the rows.
-    pub fn print(self, out: &mut Out) -> Result<()> {
+    pub(crate) fn print(self, out: &mut Out) -> Result<()> {
         for line in self.render() {
             writeln!(out, "{line}")?;
         }
@@ -153,7 +153,10 @@ impl Table {
 
 /// `t` relative to `now` for a person: `45s ago`, `3m ago`, `in 2h`,
 /// `2d ago` (whole units, rounded down; `now` for under a second).
-pub fn relative(now: chrono::DateTime<chrono::Utc>, t: chrono::DateTime<chrono::Utc>) -> String {
+pub(crate) fn relative(
+    now: chrono::DateTime<chrono::Utc>,
+    t: chrono::DateTime<chrono::Utc>,
+) -> String {
     let ms = (t - now).num_milliseconds();
     let secs = ms.unsigned_abs() / 1000;
     if secs == 0 {
@@ -180,7 +183,7 @@ pub fn error_line(message: impl fmt::Display) {
 
 /// Writes one line to stderr as it is (no `fencecron: ` prefix), for a
 /// reader that parses it; a stderr that cannot be written to is ignored.
-pub fn error_line_raw(line: &str) {
+pub(crate) fn error_line_raw(line: &str) {
     let _ = writeln!(io::stderr().lock(), "{line}");
 }
 

@@ -52,7 +52,7 @@ fn parent_of(pid: i32) -> Option<i32> {
 /// Every live descendant of `root` (not `root` itself), found by one walk
 /// over `/proc`. A process started during the walk may be missed: callers
 /// that must leave nothing behind walk again until nothing is left.
-pub fn descendants(root: i32) -> Vec<i32> {
+pub(crate) fn descendants(root: i32) -> Vec<i32> {
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
@@ -80,7 +80,7 @@ pub fn descendants(root: i32) -> Vec<i32> {
 /// Sends `sig` to the job's process group `pgid`, to every descendant of
 /// `root` (the run's watchdog), whatever its session or group, and to
 /// every process in the run's cgroup, if it has one.
-pub fn signal_tree(root: i32, pgid: i32, cgroup: Option<&RunCgroup>, sig: Signal) {
+pub(crate) fn signal_tree(root: i32, pgid: i32, cgroup: Option<&RunCgroup>, sig: Signal) {
     let _ = killpg(Pid::from_raw(pgid), sig);
     for pid in descendants(root) {
         let _ = kill(Pid::from_raw(pid), sig);
@@ -91,7 +91,7 @@ pub fn signal_tree(root: i32, pgid: i32, cgroup: Option<&RunCgroup>, sig: Signal
 }
 
 /// The name of the mechanism in use, as `daemon_started` reports it.
-pub fn mechanism(cgroups: Option<&Cgroups>) -> &'static str {
+pub(crate) fn mechanism(cgroups: Option<&Cgroups>) -> &'static str {
     match cgroups {
         Some(_) => "cgroup",
         None => "subreaper",
@@ -123,12 +123,12 @@ impl Cgroups {
     }
 
     /// The delegated cgroup runs are created under.
-    pub fn base(&self) -> &Path {
+    pub(crate) fn base(&self) -> &Path {
         &self.base
     }
 
     /// Creates the cgroup of the run named `name` (unique per run).
-    pub fn create(&self, name: &str) -> std::io::Result<RunCgroup> {
+    pub(crate) fn create(&self, name: &str) -> std::io::Result<RunCgroup> {
         let path = self.base.join(format!("fencecron-{name}"));
         std::fs::create_dir(&path)?;
         Ok(RunCgroup { path })
@@ -182,27 +182,27 @@ fn writable(path: &Path) -> bool {
 /// One run's cgroup: the job is moved into it before it execs, so all it
 /// starts is in it too, unless moved out.
 #[derive(Debug, Clone)]
-pub struct RunCgroup {
+pub(crate) struct RunCgroup {
     path: PathBuf,
 }
 
 impl RunCgroup {
     /// A run's cgroup the daemon created (the watchdog gets its path).
-    pub fn at(path: PathBuf) -> RunCgroup {
+    pub(crate) fn at(path: PathBuf) -> RunCgroup {
         RunCgroup { path }
     }
 
-    pub fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.path
     }
 
     /// `cgroup.procs`, which the job writes `0` to to move itself in.
-    pub fn procs_file(&self) -> PathBuf {
+    pub(crate) fn procs_file(&self) -> PathBuf {
         self.path.join("cgroup.procs")
     }
 
     /// The pids in the cgroup (none once it is gone).
-    pub fn pids(&self) -> Vec<i32> {
+    pub(crate) fn pids(&self) -> Vec<i32> {
         std::fs::read_to_string(self.procs_file())
             .unwrap_or_default()
             .lines()
@@ -213,7 +213,7 @@ impl RunCgroup {
     /// Sends `sig` to every process in the cgroup; SIGKILL through
     /// `cgroup.kill` where the kernel has it (it also reaches a process
     /// forked meanwhile).
-    pub fn signal(&self, sig: Signal) {
+    pub(crate) fn signal(&self, sig: Signal) {
         if sig == Signal::SIGKILL && std::fs::write(self.path.join("cgroup.kill"), "1").is_ok() {
             return;
         }
@@ -224,12 +224,12 @@ impl RunCgroup {
 
     /// Whether no process is left in it (exited ones, zombies too, leave
     /// a cgroup v2 at once).
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.pids().is_empty()
     }
 
     /// Removes the (empty) cgroup.
-    pub fn remove(&self) -> std::io::Result<()> {
+    pub(crate) fn remove(&self) -> std::io::Result<()> {
         std::fs::remove_dir(&self.path)
     }
 }

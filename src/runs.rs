@@ -120,11 +120,6 @@ impl RunRecords {
         Ok(RunRecords { dir })
     }
 
-    /// The directory, for messages.
-    pub fn dir(&self) -> &Path {
-        &self.dir
-    }
-
     /// Writes a record (readable by this user only); returns its path.
     pub fn write(&self, rec: &RunRecord) -> std::io::Result<PathBuf> {
         let path = self.dir.join(format!("{}.json", rec.owner_id));

@@ -62,16 +62,16 @@ use crate::proctree::RunCgroup;
 /// The first argument that selects the shim.
 pub const SHIM_ARG: &str = "__shim";
 /// The name the shim shows in `ps`.
-pub const SHIM_NAME: &str = "fencecron-shim";
+pub(crate) const SHIM_NAME: &str = "fencecron-shim";
 /// The control pipe's read end in the shim.
-pub const CTL_FD: RawFd = 3;
+pub(crate) const CTL_FD: RawFd = 3;
 /// The status pipe's write end in the shim.
-pub const STATUS_FD: RawFd = 4;
+pub(crate) const STATUS_FD: RawFd = 4;
 
 /// `CLOCK_MONOTONIC` in nanoseconds, read without libc (rustix: the vDSO
 /// or the system call): a libc-level clock fake (libfaketime) in one
 /// process must not move the deadlines that two processes share.
-pub fn monotonic_ns() -> u64 {
+pub(crate) fn monotonic_ns() -> u64 {
     let ts = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
     (ts.tv_sec as u64) * 1_000_000_000 + ts.tv_nsec as u64
 }

@@ -35,16 +35,16 @@ pub(crate) const RECORD_WAIT: std::time::Duration = std::time::Duration::from_se
 
 /// What every command needs: the config (when there is one), the store URL
 /// and this node's id.
-pub struct Context {
-    pub config: Option<Config>,
-    pub config_path: PathBuf,
-    pub store_url: StoreUrl,
+pub(crate) struct Context {
+    pub(crate) config: Option<Config>,
+    pub(crate) config_path: PathBuf,
+    pub(crate) store_url: StoreUrl,
     /// Whether the store was given outside the config file: `--store`,
     /// `$FENCECRON_STORE` or `$FENCECRON_STORE_FILE`.
-    pub store_from_flag: bool,
+    pub(crate) store_from_flag: bool,
     /// This host's node id as commands record it (`put`'s rejections, the
     /// proxy's refusals): the text as given.
-    pub node: String,
+    pub(crate) node: String,
     /// The same id as a daemon needs it, validated once: the config's
     /// `node.id` as loaded, else `node` checked here (an invalid
     /// `$FENCECRON_NODE` or host name is refused only by `run`).
@@ -62,7 +62,7 @@ impl Context {
     /// that needs no config (they all touch the store) refuses: it must not
     /// fence against a database it would create on the spot (docs/principles.md,
     /// principle 10).
-    pub fn load(cli: &Cli, need_config: bool) -> Result<Context> {
+    pub(crate) fn load(cli: &Cli, need_config: bool) -> Result<Context> {
         let (config_path, explicit) = match &cli.config {
             Some(p) => (p.clone(), true),
             None => (PathBuf::from(config::DEFAULT_PATH), false),
@@ -114,14 +114,14 @@ impl Context {
     }
 
     /// This node's id for a daemon (see `node_id`), or why it is not one.
-    pub fn node_id(&self) -> std::result::Result<NodeId, String> {
+    pub(crate) fn node_id(&self) -> std::result::Result<NodeId, String> {
         self.node_id.clone()
     }
 
     /// Reads the config file again (SIGHUP), the way [`Context::load`] did:
     /// when the store was given outside the file, `store.url_env` is not
     /// read.
-    pub fn reload_config(&self) -> Result<Config, config::ConfigError> {
+    pub(crate) fn reload_config(&self) -> Result<Config, config::ConfigError> {
         if self.store_from_flag {
             config::load_store_given(&self.config_path)
         } else {
@@ -135,7 +135,7 @@ impl Context {
     /// the context still holds the config. May create the private file
     /// holding the store URL; it is removed when the returned value (and
     /// every clone) is dropped.
-    pub fn child_env(&self) -> Result<ChildEnv> {
+    pub(crate) fn child_env(&self) -> Result<ChildEnv> {
         let config = self.config.as_ref();
         let env = ChildEnv::new(&JobStore {
             url: &self.store_url,
@@ -156,7 +156,7 @@ impl Context {
     /// Opens the store and applies migrations (every command does, so any
     /// command works on a fresh database). What the store notices is logged
     /// ([`events::store_hook`]) unless `opts` brings a hook of its own.
-    pub async fn store(&self, opts: &OpenOptions) -> Result<Arc<dyn Store>> {
+    pub(crate) async fn store(&self, opts: &OpenOptions) -> Result<Arc<dyn Store>> {
         let opts = OpenOptions {
             hook: Some(
                 opts.hook
@@ -224,7 +224,7 @@ fn no_store(config_path: &std::path::Path, explicit: bool) -> Error {
 }
 
 /// This host's name, the default node id.
-pub fn hostname() -> String {
+pub(crate) fn hostname() -> String {
     nix::unistd::gethostname()
         .ok()
         .and_then(|h| h.into_string().ok())

@@ -8,10 +8,12 @@ use crate::store::Backend;
 
 /// The SQLSTATE of a refusal, on PostgreSQL and MySQL/MariaDB (SQLite has
 /// none; its message starts with [`MESSAGE_PREFIX`] there as everywhere).
-pub const SQLSTATE: &str = "FC001";
+#[cfg(test)]
+const SQLSTATE: &str = "FC001";
 
 /// How every refusal's message starts, on every backend.
-pub const MESSAGE_PREFIX: &str = "fencecron_guard: stale token";
+#[cfg(test)]
+const MESSAGE_PREFIX: &str = "fencecron_guard: stale token";
 
 /// The guard's objects in PostgreSQL. The function raises the highest with
 /// one `INSERT … ON CONFLICT DO UPDATE … WHERE`, which locks the row also
@@ -301,6 +303,17 @@ mod tests {
             }
             for stmt in statements(backend) {
                 assert!(!stmt.trim_end().ends_with(';'), "{backend}: {stmt}");
+            }
+        }
+    }
+
+    #[test]
+    fn every_refusal_has_the_documented_sqlstate_and_message_prefix() {
+        for backend in [Backend::Postgres, Backend::MySql, Backend::Sqlite] {
+            let script = script(backend);
+            assert!(script.contains(MESSAGE_PREFIX), "{backend}");
+            if backend != Backend::Sqlite {
+                assert!(script.contains(SQLSTATE), "{backend}");
             }
         }
     }

@@ -14,8 +14,8 @@
 //! The check accepts a token `>=` the highest accepted for the resource
 //! (equal: the same owner writing again) and raises the highest to it; it
 //! refuses an older one so that the caller's **whole transaction** fails:
-//! PostgreSQL aborts the transaction on the error (SQLSTATE [`SQLSTATE`]),
-//! the MySQL procedure runs `ROLLBACK` before it signals [`SQLSTATE`], and
+//! PostgreSQL aborts the transaction on the error (SQLSTATE `FC001`),
+//! the MySQL procedure runs `ROLLBACK` before it signals `FC001`, and
 //! SQLite's trigger uses `RAISE(ROLLBACK, …)` (`ABORT` would undo only the
 //! check's own statement and leave earlier writes to be committed). The
 //! check locks the resource's guard row until the transaction ends, so of
@@ -51,7 +51,7 @@ use crate::store::{
     first_connection, pg_first_connection, postgres_options, timed, unavailable, Backend, OwnerId,
     PgHosts, RejectReason, StaleKind, StaleRecord, StoreError, StoreTime, StoreUrl,
 };
-pub use ddl::{script, statements, trigger_script, MESSAGE_PREFIX, SQLSTATE};
+pub use ddl::{script, trigger_script};
 use ddl::{MYSQL, POSTGRES, SQLITE};
 
 /// How long one guard call may take (install waits for a concurrent
@@ -144,11 +144,6 @@ impl GuardDb {
         Ok(GuardDb { url, pool, hosts })
     }
 
-    /// The (redacted) URL, for messages.
-    pub fn url(&self) -> &StoreUrl {
-        &self.url
-    }
-
     /// Gets the first connection fast, with the real reason when there is
     /// none (the pool alone would retry a refused connection until its
     /// timeout and report only that): every operation starts here.
@@ -162,7 +157,7 @@ impl GuardDb {
         }
     }
 
-    /// Runs the guard's DDL ([`statements`]): on PostgreSQL and SQLite in
+    /// Runs the guard's DDL ([`ddl::statements`]): on PostgreSQL and SQLite in
     /// one transaction, on MySQL (whose DDL commits by itself) under a named
     /// lock; concurrent installs are serialised either way. Re-running it is
     /// safe and replaces the check with this version's.

@@ -18,7 +18,7 @@ use crate::names::Name;
 /// Raw statements for `fencecron bench`: the same SQL the store sends, so
 /// the benchmark can compare the store's cost with the bare floor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RawOp {
+pub(crate) enum RawOp {
     /// `SELECT 1`.
     Ping,
     /// The winning acquire statement for a free (expired) lease.
@@ -34,7 +34,7 @@ pub enum RawOp {
 /// A SQL store as the benchmark sees it: the whole [`Store`], plus raw
 /// statements and the purge of its own rows.
 #[async_trait]
-pub trait BenchStore: Store {
+pub(crate) trait BenchStore: Store {
     /// Sends one raw statement for the benchmark. `resource` must be a
     /// bench resource; `owner_id`/`token` come from a previous
     /// `AcquireFree`. Returns the token for acquire statements.
@@ -105,7 +105,10 @@ impl<D: RawDialect> BenchStore for SqlStore<D> {
 }
 
 /// Opens a store for the benchmark, like [`super::open`].
-pub fn open_bench(url: &StoreUrl, opts: &OpenOptions) -> Result<Arc<dyn BenchStore>, StoreError> {
+pub(crate) fn open_bench(
+    url: &StoreUrl,
+    opts: &OpenOptions,
+) -> Result<Arc<dyn BenchStore>, StoreError> {
     Ok(match url.backend() {
         Backend::Sqlite => Arc::new(SqliteStore::open(url.clone(), opts)?),
         Backend::Postgres => Arc::new(PostgresStore::open(url.clone(), opts)?),

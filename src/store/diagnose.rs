@@ -363,7 +363,7 @@ mod tests {
                 "/run/mysqld.sock",
             ),
         ] {
-            let redacted = super::super::redact(url);
+            let redacted = super::super::url::redact(url);
             let e = io(std::io::ErrorKind::ConnectionRefused);
             assert_eq!(cause(&redacted, &e), Some(Cause::Refused));
             let m = explain(&redacted, &e).unwrap();

@@ -34,7 +34,7 @@ pub enum CallEnd {
 }
 
 impl CallEnd {
-    pub fn of<T>(result: &Result<T, StoreError>) -> CallEnd {
+    pub(crate) fn of<T>(result: &Result<T, StoreError>) -> CallEnd {
         match result {
             Ok(_) => CallEnd::Answered,
             Err(StoreError::Timeout { .. }) => CallEnd::TimedOut,
@@ -43,7 +43,7 @@ impl CallEnd {
     }
 
     /// Whether the store answered.
-    pub fn answered(self) -> bool {
+    pub(crate) fn answered(self) -> bool {
         self == CallEnd::Answered
     }
 }

@@ -36,7 +36,7 @@ mod fleet;
 mod hook;
 mod migrator;
 mod mysql;
-pub mod outages;
+pub(crate) mod outages;
 mod postgres;
 mod probe;
 pub(crate) mod rows;
@@ -52,7 +52,7 @@ use async_trait::async_trait;
 
 use crate::names::Name;
 
-pub use bench::{open_bench, BenchStore, RawOp};
+pub(crate) use bench::{open_bench, BenchStore, RawOp};
 pub(crate) use classify::{
     classify_admission, classify_loss, classify_paused, classify_refusal, classify_rejection,
     run_binds, Admission, LeaseRow, LossRow, Rejection,
@@ -60,17 +60,22 @@ pub(crate) use classify::{
 pub(crate) use diagnose::first_connection;
 pub use error::StoreError;
 pub(crate) use error::{migrate_error, timed, unavailable};
-pub use hook::{CallEnd, Notice, StoreHook};
+pub(crate) use hook::{CallEnd, Notice, StoreHook};
 use mysql::MySqlStore;
-pub use outages::Outages;
+pub(crate) use outages::Outages;
 use postgres::PostgresStore;
 pub(crate) use postgres::{first_connection as pg_first_connection, Hosts as PgHosts};
-pub use probe::{probe, Clock, Migrations, Probe};
+#[cfg(test)]
+pub(crate) use probe::Migrations;
+pub(crate) use probe::{probe, Clock, Probe};
 use sqlite::SqliteStore;
-pub use types::*;
-pub use url::{
-    group_name, is_secret_param, read_url_file, redact, url_in_file_text, Backend, PgTargets,
-    StoreUrl, TargetSessionAttrs,
+pub(crate) use types::*;
+pub use types::{
+    AcquireOutcome, AcquireRequest, Lease, OwnerId, PutRequest, ReleaseOutcome, Token,
+};
+pub use url::StoreUrl;
+pub(crate) use url::{
+    group_name, is_secret_param, read_url_file, url_in_file_text, Backend, TargetSessionAttrs,
 };
 pub(crate) use url::{parse_lenient, unparse};
 
@@ -364,7 +369,7 @@ pub trait Store: Send + Sync + 'static {
 /// unless a request waits. (PostgreSQL's LISTEN/NOTIFY would need a
 /// connection of its own per daemon: at 20 daemons with 4 each, it took
 /// PostgreSQL's default 100 and the fleet benchmark could not connect.)
-pub const TRIGGER_POLL: Duration = Duration::from_secs(2);
+pub(crate) const TRIGGER_POLL: Duration = Duration::from_secs(2);
 
 /// Options for opening a store.
 #[derive(Clone)]

@@ -36,11 +36,11 @@ struct Outage {
 /// An outage that ended: for the job, or for the operation of calls made
 /// for no job; how many calls failed and for how long.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Ended {
-    pub job: Option<String>,
-    pub operation: Option<String>,
-    pub failures: u64,
-    pub took: Duration,
+pub(crate) struct Ended {
+    pub(crate) job: Option<String>,
+    pub(crate) operation: Option<String>,
+    pub(crate) failures: u64,
+    pub(crate) took: Duration,
 }
 
 impl Outages {
@@ -50,7 +50,7 @@ impl Outages {
 
     /// Counts a failure of `operation` (for `job`); true if it begins an
     /// outage.
-    pub fn failed(&self, operation: &str, job: Option<&str>) -> bool {
+    pub(crate) fn failed(&self, operation: &str, job: Option<&str>) -> bool {
         let key = match job {
             Some(job) => OutageKey::Job(job.to_string()),
             None => OutageKey::Operation(operation.to_string()),
@@ -66,7 +66,7 @@ impl Outages {
 
     /// The store answered a call for `job`: its outage, if any, is over.
     #[must_use = "an ended outage is logged (events::store_answered)"]
-    pub fn answered(&self, job: &str) -> Option<Ended> {
+    pub(crate) fn answered(&self, job: &str) -> Option<Ended> {
         let ended = self.lock().remove(&OutageKey::Job(job.to_string()));
         ended.map(|o| Ended {
             job: Some(job.to_string()),
@@ -79,7 +79,7 @@ impl Outages {
     /// The store answered a call that shows it reachable: every outage is
     /// over.
     #[must_use = "ended outages are logged (events::store_answered_all)"]
-    pub fn answered_all(&self) -> Vec<Ended> {
+    pub(crate) fn answered_all(&self) -> Vec<Ended> {
         let ended: Vec<_> = self.lock().drain().collect();
         ended
             .into_iter()

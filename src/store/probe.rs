@@ -19,49 +19,49 @@ use super::{migrate_error, timed, unavailable, Backend, OpenOptions, StoreError,
 
 /// What the store said.
 #[derive(Debug)]
-pub struct Probe {
-    pub backend: Backend,
+pub(crate) struct Probe {
+    pub(crate) backend: Backend,
     /// What answered, as a phrase: the server and its version, where, the
     /// database and the user (SQLite: the file).
-    pub answered: String,
+    pub(crate) answered: String,
     /// The user connected as (SQLite: this process's user).
-    pub user: String,
+    pub(crate) user: String,
     /// The time the first connection took (none for a SQLite database not
     /// created yet).
-    pub connect_time: Option<Duration>,
-    pub migrations: Migrations,
+    pub(crate) connect_time: Option<Duration>,
+    pub(crate) migrations: Migrations,
     /// What the daemon needs and does not have, each a phrase such as
     /// `UPDATE on fencecron_leases`; empty when it has everything.
-    pub missing: Vec<String>,
+    pub(crate) missing: Vec<String>,
     /// What was checked, as a phrase, for the line that says it is there.
-    pub checked: String,
-    pub clock: Clock,
+    pub(crate) checked: String,
+    pub(crate) clock: Clock,
     /// PostgreSQL: why the session cannot write (a standby, read-only),
     /// when it cannot.
-    pub read_only: Option<String>,
+    pub(crate) read_only: Option<String>,
 }
 
 /// The migrations: applied, pending, and whether they can be applied.
 #[derive(Debug)]
-pub struct Migrations {
+pub(crate) struct Migrations {
     /// Every migration this fencecron embeds.
-    pub known: Vec<i64>,
+    pub(crate) known: Vec<i64>,
     /// Those still to apply (the daemon applies them at its start).
-    pub pending: Vec<i64>,
+    pub(crate) pending: Vec<i64>,
     /// Why the pending ones cannot be applied by this user, each a phrase
     /// (a missing privilege); empty when they can.
-    pub cannot_apply: Vec<String>,
+    pub(crate) cannot_apply: Vec<String>,
     /// The migrator's refusal (a newer fencecron migrated the store, a
     /// changed or half-applied migration), as its one-sentence message.
-    pub refused: Option<String>,
+    pub(crate) refused: Option<String>,
     /// The user may not read `fencecron_migrations` (the missing privilege
     /// is among [`Probe::missing`]): which are applied is unknown.
-    pub unreadable: bool,
+    pub(crate) unreadable: bool,
 }
 
 /// The store's clock against this host's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Clock {
+pub(crate) enum Clock {
     /// The store's clock minus this host's, read at the middle of the
     /// shortest of a few round trips, and that round trip.
     Measured { offset: i64, round_trip: Duration },
@@ -76,7 +76,7 @@ const CLOCK_SAMPLES: usize = 5;
 /// a store that does not answer in time is [`StoreError::Timeout`]; one
 /// that cannot be reached or refuses the login is the same error any
 /// command would give, with its cause and advice.
-pub async fn probe(url: &StoreUrl, limit: Duration) -> Result<Probe, StoreError> {
+pub(crate) async fn probe(url: &StoreUrl, limit: Duration) -> Result<Probe, StoreError> {
     // The pool's own wait for a connection outlasts the limit, so that a
     // store that does not answer is named by the limit, not as a pool
     // whose connections did not come free.

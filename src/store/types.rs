@@ -9,14 +9,14 @@ use serde::Serialize;
 use uuid::Uuid;
 
 // Why a write was refused is a stored word too: it lives with the others.
-pub use crate::domain::RejectReason;
+pub(crate) use crate::domain::RejectReason;
 use crate::domain::{NodeState, RunOutcome, RunState, Stage, StaleReason, TriggerState};
 use crate::names::Name;
 
 /// Shortest lease the store accepts.
-pub const MIN_LEASE: Duration = Duration::from_secs(5);
+pub(crate) const MIN_LEASE: Duration = Duration::from_secs(5);
 /// Longest lease the store accepts.
-pub const MAX_LEASE: Duration = Duration::from_secs(300);
+pub(crate) const MAX_LEASE: Duration = Duration::from_secs(300);
 
 /// A fencing token: the fence value of one ownership generation.
 pub type Token = i64;
@@ -26,7 +26,7 @@ pub type Token = i64;
 /// 1, 2, 3, …; a later epoch's tokens are above every token of an earlier
 /// one, whatever the counter of a resource reached (up to 2^32 − 1
 /// acquisitions of one resource per epoch).
-pub const EPOCH_SHIFT: u32 = 32;
+pub(crate) const EPOCH_SHIFT: u32 = 32;
 
 /// On PostgreSQL the effective epoch is `stored epoch + (timeline − 1) ×
 /// TIMELINE_WEIGHT`. A promotion moves a standby to a later timeline, which
@@ -35,10 +35,10 @@ pub const EPOCH_SHIFT: u32 = 32;
 /// (a plain `max(stored, timeline − 1)` would not move at all once the
 /// stored epoch is above the timeline). 1024 keeps tokens below 2^53 (exact
 /// in a JSON double) up to timeline 2048.
-pub const TIMELINE_WEIGHT: i64 = 1024;
+pub(crate) const TIMELINE_WEIGHT: i64 = 1024;
 
 /// The lowest token an epoch can issue: `(epoch << 32) + 1`.
-pub fn first_token_of(epoch: i64) -> Token {
+pub(crate) fn first_token_of(epoch: i64) -> Token {
     epoch.saturating_mul(1 << EPOCH_SHIFT).saturating_add(1)
 }
 
@@ -49,18 +49,18 @@ pub struct StoreTime(pub i64);
 
 impl StoreTime {
     /// The time as a UTC date-time (saturating at the representable range).
-    pub fn to_utc(self) -> DateTime<Utc> {
+    pub(crate) fn to_utc(self) -> DateTime<Utc> {
         DateTime::from_timestamp_millis(self.0).unwrap_or(DateTime::<Utc>::MIN_UTC)
     }
 
     /// RFC 3339 UTC with millisecond precision, the format of every time
     /// fencecron prints.
-    pub fn rfc3339(self) -> String {
+    pub(crate) fn rfc3339(self) -> String {
         rfc3339(self.to_utc())
     }
 
     /// From a UTC date-time.
-    pub fn from_utc(t: DateTime<Utc>) -> Self {
+    pub(crate) fn from_utc(t: DateTime<Utc>) -> Self {
         StoreTime(t.timestamp_millis())
     }
 }
@@ -88,12 +88,12 @@ impl<'de> serde::Deserialize<'de> for StoreTime {
 }
 
 /// RFC 3339 in UTC with milliseconds and a `Z` suffix.
-pub fn rfc3339(t: DateTime<Utc>) -> String {
+pub(crate) fn rfc3339(t: DateTime<Utc>) -> String {
     t.to_rfc3339_opts(SecondsFormat::Millis, true)
 }
 
 /// Lease length in whole milliseconds, as the SQL takes it.
-pub fn millis(d: Duration) -> i64 {
+pub(crate) fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
@@ -133,27 +133,27 @@ pub struct AcquireRequest<'a> {
 /// [`super::Store::give_back_unseen`] looks for.
 #[derive(Debug, Clone, Copy)]
 pub struct Unseen<'a> {
-    pub resource: &'a Name,
-    pub owner_id: OwnerId,
-    pub occurrence: StoreTime,
+    pub(crate) resource: &'a Name,
+    pub(crate) owner_id: OwnerId,
+    pub(crate) occurrence: StoreTime,
 }
 
 /// One scheduled occurrence in a batch claim ([`Store::claim`]): what an
 /// [`AcquireRequest`] for it would say, the run being recorded as
 /// `schedule`.
 #[derive(Debug, Clone)]
-pub struct ClaimItem<'a> {
-    pub resource: &'a Name,
-    pub job: &'a str,
-    pub owner_id: OwnerId,
-    pub lease: Duration,
-    pub occurrence: StoreTime,
-    pub next_occurrence: Option<StoreTime>,
+pub(crate) struct ClaimItem<'a> {
+    pub(crate) resource: &'a Name,
+    pub(crate) job: &'a str,
+    pub(crate) owner_id: OwnerId,
+    pub(crate) lease: Duration,
+    pub(crate) occurrence: StoreTime,
+    pub(crate) next_occurrence: Option<StoreTime>,
 }
 
 impl<'a> ClaimItem<'a> {
     /// The single acquire this item stands for.
-    pub fn as_acquire(&self, node: &'a str) -> AcquireRequest<'a> {
+    pub(crate) fn as_acquire(&self, node: &'a str) -> AcquireRequest<'a> {
         AcquireRequest {
             resource: self.resource,
             lease: self.lease,
@@ -174,19 +174,19 @@ impl<'a> ClaimItem<'a> {
 /// them.
 #[derive(Debug, Clone)]
 pub struct ClaimRequest<'a> {
-    pub node: &'a str,
-    pub items: &'a [ClaimItem<'a>],
+    pub(crate) node: &'a str,
+    pub(crate) items: &'a [ClaimItem<'a>],
     /// The most occurrences to win (this node's free capacity).
-    pub limit: usize,
+    pub(crate) limit: usize,
     /// Also bound the wins by this node's share of the live nodes
     /// ([`ClaimOutcome::limit`]); `false` for a second round that takes
     /// what the others left.
-    pub share: bool,
+    pub(crate) share: bool,
 }
 
 /// What a batch claim did for one item.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Claimed {
+pub(crate) enum Claimed {
     /// Won, exactly as a winning [`Store::acquire`] (run recorded),
     /// including a resource never leased before, whose row the claim
     /// created as the acquire's first acquisition would.
@@ -207,7 +207,7 @@ pub enum Claimed {
 impl Claimed {
     /// An item the claim did not win, from how a losing acquire of it is
     /// classified ([`super::classify_loss`]).
-    pub fn from_loss(outcome: AcquireOutcome) -> Claimed {
+    pub(crate) fn from_loss(outcome: AcquireOutcome) -> Claimed {
         match outcome {
             // The snapshot showed the lease free: locked by another caller,
             // taken meanwhile, or past the claim's limit.
@@ -223,18 +223,18 @@ impl Claimed {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClaimOutcome {
     /// One per item, in the request's order.
-    pub items: Vec<Claimed>,
+    pub(crate) items: Vec<Claimed>,
     /// The limit the claim applied: the request's, or with `share` at most
     /// `ceil(items / live nodes) + 1` ([`NodeInfo::live`]), less the places
     /// spent on new rows another caller created first (so that a claim
     /// that stopped at its limit still [`left_some`](Self::left_some)).
-    pub limit: usize,
+    pub(crate) limit: usize,
 }
 
 impl ClaimOutcome {
     /// The claim stopped at its limit while items it skipped may still be
     /// free: someone should look at them again.
-    pub fn left_some(&self) -> bool {
+    pub(crate) fn left_some(&self) -> bool {
         let won = self
             .items
             .iter()
@@ -250,60 +250,60 @@ impl ClaimOutcome {
 /// definition of "live": the claim's share, `fencecron nodes`, `status` and
 /// the drift check all count the same nodes. A claim also refreshes its
 /// node's mark, at most every [`NODE_BEAT`].
-pub const NODE_LIVE: Duration = Duration::from_secs(15);
+pub(crate) const NODE_LIVE: Duration = Duration::from_secs(15);
 
 /// How often a daemon refreshes its row in `fencecron_nodes`: one small
 /// statement per node every 5 s (the upsert, which reads the store's clock
 /// and answers the live nodes; [`super::Store::beat`]), whatever the number
 /// of jobs.
-pub const HEARTBEAT: Duration = Duration::from_secs(5);
+pub(crate) const HEARTBEAT: Duration = Duration::from_secs(5);
 
 /// A node's row is deleted (with its published job definitions) once it
 /// was last seen this long ago.
-pub const NODE_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
+pub(crate) const NODE_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// What a daemon's heartbeat writes into its row of `fencecron_nodes`.
 #[derive(Debug, Clone)]
 pub struct NodeBeat<'a> {
-    pub node: &'a str,
-    pub hostname: &'a str,
-    pub pid: u32,
-    pub version: &'a str,
+    pub(crate) node: &'a str,
+    pub(crate) hostname: &'a str,
+    pub(crate) pid: u32,
+    pub(crate) version: &'a str,
     /// A digest of the whole job set (`fleet::config_digest`).
-    pub config_digest: &'a str,
+    pub(crate) config_digest: &'a str,
     /// When this process registered (store time); `None` on its first
     /// beat: the beat's own time.
-    pub started_at: Option<StoreTime>,
-    pub state: NodeState,
+    pub(crate) started_at: Option<StoreTime>,
+    pub(crate) state: NodeState,
     /// Runs it holds now.
-    pub running: u32,
+    pub(crate) running: u32,
 }
 
 /// A row of `fencecron_nodes`. A row written only by the batch claim of an
 /// older release has empty texts and zeros.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeInfo {
-    pub node: String,
-    pub hostname: String,
-    pub pid: i64,
-    pub version: String,
-    pub config_digest: String,
-    pub started_at: StoreTime,
-    pub last_seen: StoreTime,
+    pub(crate) node: String,
+    pub(crate) hostname: String,
+    pub(crate) pid: i64,
+    pub(crate) version: String,
+    pub(crate) config_digest: String,
+    pub(crate) started_at: StoreTime,
+    pub(crate) last_seen: StoreTime,
     /// As stored.
-    pub state: NodeState,
-    pub running: i64,
+    pub(crate) state: NodeState,
+    pub(crate) running: i64,
 }
 
 impl NodeInfo {
     /// Live at `now` (store time): seen within [`NODE_LIVE`] and not
     /// stopped.
-    pub fn live(&self, now: StoreTime) -> bool {
+    pub(crate) fn live(&self, now: StoreTime) -> bool {
         self.state != NodeState::Stopped && self.last_seen.0 > now.0 - millis(NODE_LIVE)
     }
 
     /// The state shown: the stored one while live, else `gone`.
-    pub fn shown_state(&self, now: StoreTime) -> &str {
+    pub(crate) fn shown_state(&self, now: StoreTime) -> &str {
         if self.live(now) {
             self.state.as_str()
         } else {
@@ -319,38 +319,38 @@ impl NodeInfo {
 /// one statement on PostgreSQL and MySQL.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BeatAnswer {
-    pub now: StoreTime,
-    pub live: Vec<NodeInfo>,
+    pub(crate) now: StoreTime,
+    pub(crate) live: Vec<NodeInfo>,
 }
 
 /// One job definition a node published (`fencecron_node_jobs`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PublishedJob {
-    pub node: String,
-    pub job: String,
+    pub(crate) node: String,
+    pub(crate) job: String,
     /// `fleet::JobDef::digest`.
-    pub digest: String,
+    pub(crate) digest: String,
     /// The canonical JSON of the definition; read only when asked for.
-    pub definition: Option<String>,
+    pub(crate) definition: Option<String>,
 }
 
 /// See [`NODE_LIVE`].
-pub const NODE_BEAT: Duration = Duration::from_secs(10);
+pub(crate) const NODE_BEAT: Duration = Duration::from_secs(10);
 
 /// The run a winning acquire records ([`AcquireRequest::run`]).
 #[derive(Debug, Clone, Copy)]
 pub struct RunStart<'a> {
-    pub job: &'a str,
-    pub started_by: StartedBy,
+    pub(crate) job: &'a str,
+    pub(crate) started_by: StartedBy,
     /// The instant the run is for: the occurrence, also for its retries;
     /// `None` for a manual run.
-    pub scheduled_at: Option<StoreTime>,
+    pub(crate) scheduled_at: Option<StoreTime>,
 }
 
 /// How a run was started, as run history names it (`trigger`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum StartedBy {
+pub(crate) enum StartedBy {
     /// The job's schedule.
     Schedule,
     /// `fencecron trigger`.
@@ -360,7 +360,7 @@ pub enum StartedBy {
 }
 
 impl StartedBy {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             StartedBy::Schedule => "schedule",
             StartedBy::Manual => "manual",
@@ -389,13 +389,13 @@ pub struct Lease {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Takeover {
     /// The vanished owner's id.
-    pub owner_id: OwnerId,
+    pub(crate) owner_id: OwnerId,
     /// The node it ran on.
-    pub node: String,
+    pub(crate) node: String,
     /// Its token.
-    pub token: Token,
+    pub(crate) token: Token,
     /// When its lease expired, by the store's clock.
-    pub expired_at: StoreTime,
+    pub(crate) expired_at: StoreTime,
 }
 
 impl Takeover {
@@ -423,17 +423,17 @@ impl Takeover {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct EpochInfo {
     /// The epoch stored in `fencecron_epoch` (raised by `epoch advance`).
-    pub stored: i64,
+    pub(crate) stored: i64,
     /// PostgreSQL's current timeline; `None` on other backends.
-    pub timeline: Option<i64>,
+    pub(crate) timeline: Option<i64>,
     /// The epoch acquisitions use now: `stored` on SQLite and MySQL,
     /// `stored + (timeline − 1) × 1024` on PostgreSQL.
-    pub effective: i64,
+    pub(crate) effective: i64,
     /// The lowest token an acquisition can issue now: `(effective << 32) + 1`
     /// (a resource whose fence is already higher continues from its fence).
-    pub lowest_token: Token,
+    pub(crate) lowest_token: Token,
     /// The highest token ever issued for any resource, if any.
-    pub highest_token: Option<Token>,
+    pub(crate) highest_token: Option<Token>,
 }
 
 impl EpochInfo {
@@ -494,9 +494,9 @@ pub enum AcquireOutcome {
 /// The pause a scheduled acquire found, as the acquiring statement read it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct PauseSeen {
-    pub note: Option<String>,
-    pub until: Option<i64>,
-    pub first: bool,
+    pub(crate) note: Option<String>,
+    pub(crate) until: Option<i64>,
+    pub(crate) first: bool,
 }
 
 /// Why a renew or release was refused.
@@ -549,13 +549,13 @@ pub enum ReleaseOutcome {
 /// One row of `lease list`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct LeaseInfo {
-    pub resource: String,
-    pub owner_id: OwnerId,
-    pub node: String,
-    pub token: Token,
-    pub expires_at: StoreTime,
-    pub held: bool,
-    pub last_occurrence: Option<StoreTime>,
+    pub(crate) resource: String,
+    pub(crate) owner_id: OwnerId,
+    pub(crate) node: String,
+    pub(crate) token: Token,
+    pub(crate) expires_at: StoreTime,
+    pub(crate) held: bool,
+    pub(crate) last_occurrence: Option<StoreTime>,
 }
 
 /// A fenced write.
@@ -593,11 +593,11 @@ pub enum PutOutcome {
 /// carrying `token` for `resource` be forwarded?
 #[derive(Debug, Clone)]
 pub struct AdmitRequest<'a> {
-    pub resource: &'a Name,
-    pub token: Token,
+    pub(crate) resource: &'a Name,
+    pub(crate) token: Token,
     /// Recorded with a refusal: the proxy's node id.
-    pub node: &'a str,
-    pub operation_id: Uuid,
+    pub(crate) node: &'a str,
+    pub(crate) operation_id: Uuid,
 }
 
 impl AdmitRequest<'_> {
@@ -640,19 +640,19 @@ pub enum AdmitOutcome {
 /// A value read back from the fenced store.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoredValue {
-    pub resource: String,
-    pub key: String,
-    pub value: Vec<u8>,
-    pub token: Token,
+    pub(crate) resource: String,
+    pub(crate) key: String,
+    pub(crate) value: Vec<u8>,
+    pub(crate) token: Token,
     /// `None` for a value written before owners were recorded with it.
-    pub owner_id: Option<OwnerId>,
-    pub written_at: StoreTime,
+    pub(crate) owner_id: Option<OwnerId>,
+    pub(crate) written_at: StoreTime,
 }
 
 /// What kind of stale-owner record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum StaleKind {
+pub(crate) enum StaleKind {
     WriteRejected,
     LeaseLost,
     /// A lease that expired without being released was taken over: the
@@ -662,7 +662,7 @@ pub enum StaleKind {
 }
 
 impl StaleKind {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             StaleKind::WriteRejected => "write_rejected",
             StaleKind::LeaseLost => "lease_lost",
@@ -682,36 +682,36 @@ impl StaleKind {
 /// A stale-owner record as stored and listed by `fencecron stale`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct StaleRecord {
-    pub at: StoreTime,
-    pub kind: StaleKind,
-    pub reason: StaleReason,
-    pub resource: String,
-    pub key: Option<String>,
+    pub(crate) at: StoreTime,
+    pub(crate) kind: StaleKind,
+    pub(crate) reason: StaleReason,
+    pub(crate) resource: String,
+    pub(crate) key: Option<String>,
     /// The owner the token was issued to, when known: not for a request
     /// at the fencing proxy, which carries a token only.
-    pub owner_id: Option<OwnerId>,
-    pub token: Token,
-    pub accepted_token: Option<Token>,
-    pub node: String,
-    pub job: Option<String>,
-    pub stage: Stage,
-    pub operation_id: String,
+    pub(crate) owner_id: Option<OwnerId>,
+    pub(crate) token: Token,
+    pub(crate) accepted_token: Option<Token>,
+    pub(crate) node: String,
+    pub(crate) job: Option<String>,
+    pub(crate) stage: Stage,
+    pub(crate) operation_id: String,
 }
 
 /// A stale-owner record to store (the store stamps the time).
 #[derive(Debug, Clone)]
 pub struct NewStaleRecord<'a> {
-    pub kind: StaleKind,
-    pub reason: StaleReason,
-    pub resource: &'a str,
-    pub key: Option<&'a str>,
-    pub owner_id: Option<OwnerId>,
-    pub token: Token,
-    pub accepted_token: Option<Token>,
-    pub node: &'a str,
-    pub job: Option<&'a str>,
-    pub stage: Stage,
-    pub operation_id: &'a str,
+    pub(crate) kind: StaleKind,
+    pub(crate) reason: StaleReason,
+    pub(crate) resource: &'a str,
+    pub(crate) key: Option<&'a str>,
+    pub(crate) owner_id: Option<OwnerId>,
+    pub(crate) token: Token,
+    pub(crate) accepted_token: Option<Token>,
+    pub(crate) node: &'a str,
+    pub(crate) job: Option<&'a str>,
+    pub(crate) stage: Stage,
+    pub(crate) operation_id: &'a str,
 }
 
 impl NewStaleRecord<'_> {
@@ -738,86 +738,86 @@ impl NewStaleRecord<'_> {
 /// winning acquire inserted (matched by resource and token).
 #[derive(Debug, Clone)]
 pub struct RunEnd<'a> {
-    pub resource: &'a str,
-    pub token: Token,
-    pub outcome: RunOutcome,
-    pub exit_code: Option<i32>,
+    pub(crate) resource: &'a str,
+    pub(crate) token: Token,
+    pub(crate) outcome: RunOutcome,
+    pub(crate) exit_code: Option<i32>,
     /// The signal's name (`SIGKILL`).
-    pub signal: Option<&'a str>,
+    pub(crate) signal: Option<&'a str>,
     /// From the start of the job to its end.
-    pub duration_ms: i64,
+    pub(crate) duration_ms: i64,
     /// From the acquisition to the end: the row's `finished_at` is its
     /// `started_at` (the store's clock at the acquisition) plus this, so the
     /// store stamps no second time and needs no clock of its own here.
-    pub elapsed_ms: i64,
+    pub(crate) elapsed_ms: i64,
     /// The last bytes of the job's output (stdout and stderr as they came).
-    pub output: &'a str,
+    pub(crate) output: &'a str,
 }
 
 /// Which runs `runs` lists: newest first.
 #[derive(Debug, Clone, Default)]
 pub struct RunQuery<'a> {
-    pub job: Option<&'a str>,
+    pub(crate) job: Option<&'a str>,
     /// Only finished runs with this outcome.
-    pub outcome: Option<RunOutcome>,
+    pub(crate) outcome: Option<RunOutcome>,
     /// Runs started at or after this store time.
-    pub since: Option<StoreTime>,
+    pub(crate) since: Option<StoreTime>,
     /// Only runs of this node.
-    pub node: Option<&'a str>,
+    pub(crate) node: Option<&'a str>,
     /// Only the run of this acquisition (`runs show`).
-    pub owner_id: Option<OwnerId>,
-    pub limit: u32,
+    pub(crate) owner_id: Option<OwnerId>,
+    pub(crate) limit: u32,
 }
 
 /// One run of the history, as `fencecron runs` shows it. The keys follow
 /// the events' names.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct RunInfo {
-    pub job: String,
-    pub resource: String,
-    pub scheduled_at: Option<StoreTime>,
-    pub trigger: String,
-    pub node: String,
-    pub owner_id: OwnerId,
-    pub token: Token,
-    pub started_at: StoreTime,
-    pub finished_at: Option<StoreTime>,
+    pub(crate) job: String,
+    pub(crate) resource: String,
+    pub(crate) scheduled_at: Option<StoreTime>,
+    pub(crate) trigger: String,
+    pub(crate) node: String,
+    pub(crate) owner_id: OwnerId,
+    pub(crate) token: Token,
+    pub(crate) started_at: StoreTime,
+    pub(crate) finished_at: Option<StoreTime>,
     /// A finished run's outcome, or whether it still runs
     /// ([`RunState`]); shown under the key `outcome`.
-    pub outcome: RunState,
-    pub exit_code: Option<i64>,
-    pub signal: Option<String>,
-    pub duration_ms: Option<i64>,
-    pub output: Option<String>,
+    pub(crate) outcome: RunState,
+    pub(crate) exit_code: Option<i64>,
+    pub(crate) signal: Option<String>,
+    pub(crate) duration_ms: Option<i64>,
+    pub(crate) output: Option<String>,
 }
 
 /// A job paused fleet-wide.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct PauseInfo {
-    pub job: String,
-    pub note: Option<String>,
-    pub since: StoreTime,
+    pub(crate) job: String,
+    pub(crate) note: Option<String>,
+    pub(crate) since: StoreTime,
     /// When it resumes by itself (`pause --for`).
-    pub until: Option<StoreTime>,
+    pub(crate) until: Option<StoreTime>,
     /// Who paused it (`user@host`).
-    pub paused_by: String,
+    pub(crate) paused_by: String,
 }
 
 /// A request to run a job now (`fencecron trigger`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct TriggerInfo {
     /// A UUID the requesting CLI made up.
-    pub id: String,
-    pub job: String,
-    pub requested_at: StoreTime,
-    pub requested_by: String,
-    pub state: TriggerState,
+    pub(crate) id: String,
+    pub(crate) job: String,
+    pub(crate) requested_at: StoreTime,
+    pub(crate) requested_by: String,
+    pub(crate) state: TriggerState,
     /// The daemon that claimed it.
-    pub node: Option<String>,
+    pub(crate) node: Option<String>,
     /// The run's token once started.
-    pub token: Option<Token>,
+    pub(crate) token: Option<Token>,
     /// Why it was refused (the holder), or why it failed to start.
-    pub detail: Option<String>,
+    pub(crate) detail: Option<String>,
 }
 
 /// The id of one ownership: who a token was issued to. Every owner id the
@@ -844,7 +844,7 @@ impl OwnerId {
     }
 
     /// The id as the store binds and compares it.
-    pub fn as_str(&self) -> &str {
+    pub(crate) fn as_str(&self) -> &str {
         // A hyphenated UUID is ASCII.
         std::str::from_utf8(&self.text).unwrap_or_default()
     }

@@ -33,7 +33,7 @@ pub struct StoreUrl {
 /// libpq's `target_session_attrs`: which of a URL's servers a session may
 /// use. The first host in the URL's order whose session qualifies is used.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TargetSessionAttrs {
+pub(crate) enum TargetSessionAttrs {
     /// Any server that accepts the connection (libpq's default).
     Any,
     /// A session that accepts writes: not a standby, and
@@ -51,7 +51,7 @@ pub enum TargetSessionAttrs {
 
 impl TargetSessionAttrs {
     /// Every value, as written in a URL.
-    pub const ALL: [TargetSessionAttrs; 6] = [
+    pub(crate) const ALL: [TargetSessionAttrs; 6] = [
         TargetSessionAttrs::Any,
         TargetSessionAttrs::ReadWrite,
         TargetSessionAttrs::ReadOnly,
@@ -60,7 +60,7 @@ impl TargetSessionAttrs {
         TargetSessionAttrs::PreferStandby,
     ];
 
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             TargetSessionAttrs::Any => "any",
             TargetSessionAttrs::ReadWrite => "read-write",
@@ -73,7 +73,7 @@ impl TargetSessionAttrs {
 
     /// The value named `s` (as libpq spells it); the error lists the
     /// accepted values.
-    pub fn parse(s: &str) -> Result<TargetSessionAttrs, String> {
+    pub(crate) fn parse(s: &str) -> Result<TargetSessionAttrs, String> {
         Self::ALL
             .into_iter()
             .find(|a| a.as_str() == s)
@@ -88,7 +88,7 @@ impl TargetSessionAttrs {
 
     /// Whether a session on a server in recovery (`standby`) whose
     /// `transaction_read_only` is `read_only` qualifies.
-    pub fn accepts(self, standby: bool, read_only: bool) -> bool {
+    pub(crate) fn accepts(self, standby: bool, read_only: bool) -> bool {
         match self {
             TargetSessionAttrs::Any | TargetSessionAttrs::PreferStandby => true,
             TargetSessionAttrs::ReadWrite => !read_only,
@@ -111,23 +111,23 @@ impl fmt::Display for TargetSessionAttrs {
 /// `$PGTARGETSESSIONATTRS`, else `any`) and how long each host may take to
 /// answer (`connect_timeout` in seconds, else `$PGCONNECT_TIMEOUT`).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PgTargets {
+pub(crate) struct PgTargets {
     /// Each host as written (`h1:5432`, `[::1]:5433`, `db`); one empty
     /// entry for a URL without a host (a Unix socket or the driver's
     /// default).
-    pub hosts: Vec<String>,
-    pub attrs: TargetSessionAttrs,
+    pub(crate) hosts: Vec<String>,
+    pub(crate) attrs: TargetSessionAttrs,
     /// Where `attrs` came from: `"the URL"`, `"PGTARGETSESSIONATTRS"` or
     /// `"the default"`.
-    pub attrs_from: &'static str,
+    pub(crate) attrs_from: &'static str,
     /// Per host; `None`: not set.
-    pub connect_timeout: Option<std::time::Duration>,
+    pub(crate) connect_timeout: Option<std::time::Duration>,
 }
 
 impl PgTargets {
     /// Whether the driver's one host and no check suffice: a single host
     /// and `any`.
-    pub fn is_plain(&self) -> bool {
+    pub(crate) fn is_plain(&self) -> bool {
         self.hosts.len() == 1 && self.attrs == TargetSessionAttrs::Any
     }
 }
@@ -287,7 +287,7 @@ impl StoreUrl {
 
     /// [`StoreUrl::parse`] with the environment given (`env` looks a
     /// variable up).
-    pub fn parse_with_env(
+    pub(crate) fn parse_with_env(
         raw: &str,
         env: &dyn Fn(&str) -> Option<String>,
     ) -> Result<StoreUrl, String> {
@@ -349,7 +349,7 @@ impl StoreUrl {
 
     /// The embedded default: `fencecron.db` in `$STATE_DIRECTORY` (set by
     /// systemd) or else the current directory.
-    pub fn default_sqlite() -> StoreUrl {
+    pub(crate) fn default_sqlite() -> StoreUrl {
         let dir = std::env::var("STATE_DIRECTORY")
             .ok()
             // systemd may pass several directories separated by colons.
@@ -369,7 +369,7 @@ impl StoreUrl {
     /// For SQLite, the same URL with a relative path made absolute against
     /// the current directory, so that a job running in another `workdir`
     /// reaches the same file. Other URLs are returned unchanged.
-    pub fn absolutize(self) -> StoreUrl {
+    pub(crate) fn absolutize(self) -> StoreUrl {
         if self.backend != Backend::Sqlite {
             return self;
         }
@@ -404,7 +404,7 @@ impl StoreUrl {
     /// SQLite (a file on this host: daemons elsewhere never see it, so
     /// every host with its own file is a fleet of one that runs every
     /// job), `"fleet"` for a database server every host can share.
-    pub fn scope(&self) -> &'static str {
+    pub(crate) fn scope(&self) -> &'static str {
         match self.backend {
             Backend::Sqlite => "host",
             Backend::Postgres | Backend::MySql => "fleet",
@@ -412,7 +412,7 @@ impl StoreUrl {
     }
 
     /// [`StoreUrl::scope`] as the one line `check` prints.
-    pub fn scope_line(&self) -> String {
+    pub(crate) fn scope_line(&self) -> String {
         match self.backend {
             Backend::Sqlite => format!(
                 "store {self} fences the daemons of this host only; set [store] url or url_file to a shared PostgreSQL or MySQL database for a fleet"
@@ -424,18 +424,18 @@ impl StoreUrl {
     }
 
     /// Which backend the URL selects.
-    pub fn backend(&self) -> Backend {
+    pub(crate) fn backend(&self) -> Backend {
         self.backend
     }
 
     /// The URL including any password. Only for handing to the driver or to
     /// a child process's environment; never for logs or messages.
-    pub fn expose(&self) -> &str {
+    pub(crate) fn expose(&self) -> &str {
         &self.raw
     }
 
     /// A PostgreSQL URL's hosts and session requirement.
-    pub fn pg_targets(&self) -> Option<&PgTargets> {
+    pub(crate) fn pg_targets(&self) -> Option<&PgTargets> {
         self.pg.as_ref()
     }
 
@@ -474,7 +474,8 @@ impl StoreUrl {
 
     /// The redacted URL of host number `host` alone (for messages about
     /// that host).
-    pub fn host_url(&self, host: usize) -> String {
+    #[cfg(test)]
+    pub(crate) fn host_url(&self, host: usize) -> String {
         redact(&self.driver_url(host))
     }
 }
@@ -497,7 +498,7 @@ impl fmt::Debug for StoreUrl {
 /// `NAME=URL` as in an environment file such as systemd's
 /// `EnvironmentFile=` (`NAME` a variable name; the value may be quoted).
 /// Errors never show the file's content, only the redacted URL.
-pub fn url_in_file_text(text: &str) -> Result<StoreUrl, String> {
+pub(crate) fn url_in_file_text(text: &str) -> Result<StoreUrl, String> {
     let lines: Vec<&str> = text
         .lines()
         .map(str::trim)
@@ -540,7 +541,7 @@ fn is_env_name(s: &str) -> bool {
 /// group `fencecron`'s. A file this user cannot read is named with who can.
 /// The name of a file's group (its number when the group has no name
 /// here): the group an error tells a user to join to read the file.
-pub fn group_name(meta: &std::fs::Metadata) -> String {
+pub(crate) fn group_name(meta: &std::fs::Metadata) -> String {
     use std::os::unix::fs::MetadataExt;
     nix::unistd::Group::from_gid(meta.gid().into())
         .ok()
@@ -549,7 +550,7 @@ pub fn group_name(meta: &std::fs::Metadata) -> String {
         .unwrap_or_else(|| meta.gid().to_string())
 }
 
-pub fn read_url_file(path: &std::path::Path) -> Result<StoreUrl, String> {
+pub(crate) fn read_url_file(path: &std::path::Path) -> Result<StoreUrl, String> {
     use std::os::unix::fs::PermissionsExt;
     let shown = path.display();
     let meta = std::fs::metadata(path).map_err(|e| match e.kind() {
@@ -583,7 +584,7 @@ pub fn read_url_file(path: &std::path::Path) -> Result<StoreUrl, String> {
 /// driver reads; its MySQL driver reads none), `PASSWORD`, `Password`,
 /// `pass`, `passwd`, `pwd`, `sslpassword` (libpq), and does not hide the
 /// paths in `sslkey`/`sslcert`/`sslrootcert`.
-pub fn is_secret_param(name: &str) -> bool {
+pub(crate) fn is_secret_param(name: &str) -> bool {
     let name: String = name
         .chars()
         .filter(|c| *c != '-' && *c != '_')
@@ -597,7 +598,7 @@ pub fn is_secret_param(name: &str) -> bool {
 /// Replaces the password of a URL and the value of every query parameter
 /// that holds a secret ([`is_secret_param`]) with `***`, for every message
 /// and log line that mentions a store.
-pub fn redact(raw: &str) -> String {
+pub(crate) fn redact(raw: &str) -> String {
     match parse_lenient(raw) {
         Ok((mut u, list))
             if u.password().is_some() || u.query_pairs().any(|(k, _)| is_secret_param(&k)) =>

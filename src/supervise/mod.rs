@@ -39,7 +39,7 @@ use crate::names::Name;
 use crate::runs::{RunRecord, RunRecords};
 use crate::store::{millis, rfc3339, Lease, NewStaleRecord, RunEnd, StaleKind, Store};
 
-pub use crate::timing::{LeaseTiming, TimingError, DEFAULT_LEASE};
+pub use crate::timing::{LeaseTiming, DEFAULT_LEASE};
 use child::ShimLauncher;
 pub(crate) use child::{JobProcess, Launch};
 use deadline::Watch;

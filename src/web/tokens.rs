@@ -38,12 +38,9 @@ impl Tokens {
     }
 
     /// How many tokens there are.
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.pairs.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.pairs.is_empty()
     }
 }
 
