@@ -51,6 +51,7 @@ macro_rules! now_ms {
     };
 }
 
+mod claim;
 mod lease;
 mod values;
 

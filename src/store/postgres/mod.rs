@@ -67,7 +67,10 @@ macro_rules! epoch_floor {
 }
 
 mod hosts;
+// Its statement macros (`takeable!`, `due!`, `pause_holds!`) are the claim's too.
+#[macro_use]
 mod lease;
+mod claim;
 mod values;
 
 pub(crate) use hosts::{first_connection, host_options, Hosts, NoHost};

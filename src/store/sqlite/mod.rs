@@ -47,7 +47,9 @@ pub(crate) fn kernel_now_ms() -> i64 {
     ts.tv_sec * 1000 + ts.tv_nsec / 1_000_000
 }
 
+#[macro_use]
 mod lease;
+mod claim;
 mod protect;
 mod values;
 
