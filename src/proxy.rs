@@ -3,7 +3,7 @@
 //! HTTP API, a webhook).
 //!
 //! Every request carries `Fencing-Token: <resource>:<token>`. The proxy asks
-//! the store ([`Store::admit`]) whether the token was issued for that
+//! the store ([`Store::admit`](crate::store::Fences::admit)) whether the token was issued for that
 //! resource and is at least the highest one admitted for it so far (raising
 //! that in the same statement), and forwards the request only then. The
 //! highest admitted token lives in the store, so every proxy on one store

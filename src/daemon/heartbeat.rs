@@ -393,6 +393,7 @@ mod tests {
     use super::*;
     use crate::clock::Clock;
     use crate::domain::NodeState;
+    use crate::store::prelude::*;
 
     #[test]
     fn beats_fall_half_way_between_the_five_second_marks() {

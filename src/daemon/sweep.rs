@@ -2,7 +2,7 @@
 //! may still have committed: a ghost owner, its lease held with nothing
 //! under it and its instant counted as taken. Each such (occurrence, owner
 //! id) is looked for a few times; every look due at about the same time
-//! goes to the store as one [`Store::give_back_unseen`], so a node that
+//! goes to the store as one [`Store::give_back_unseen`](crate::store::Leases::give_back_unseen), so a node that
 //! missed a whole instant's answers sweeps them in one statement per try,
 //! not one per occurrence (on an overloaded store, per-occurrence sweeps
 //! queued ahead of the next instant's claim and made it late in turn).

@@ -79,12 +79,28 @@ pub(crate) use url::{
 };
 pub(crate) use url::{parse_lenient, unparse};
 
-/// The lease store. One SQL implementation (one dialect per backend), and
-/// the in-memory one of the crate's own tests; every method is one
+/// The lease store: the operations of every concern, [`Admin`], [`Leases`],
+/// [`Fences`], [`Runs`] and [`Fleet`], so that `Arc<dyn Store>` is the
+/// whole store. One SQL implementation of each (one dialect per backend),
+/// and the in-memory one of the crate's own tests; every method is one
 /// atomic operation on the store (one statement, or one short transaction
 /// where the backend needs it).
+pub trait Store: Admin + Leases + Fences + Runs + Fleet {}
+
+/// Every type that implements each concern is a [`Store`].
+impl<S: Admin + Leases + Fences + Runs + Fleet + ?Sized> Store for S {}
+
+/// The store's traits, to call any operation on a concrete store
+/// (`use crate::store::prelude::*`); on `dyn Store` they need no import.
+pub mod prelude {
+    pub use super::{Admin, Fences, Fleet, Leases, Runs, Store};
+}
+
+/// What a store is, and its housekeeping: which backend and URL, the
+/// outages its users are in, migrations, the store's clock, the epoch of
+/// tokens, the list of leases, and retention (every `prune_*`, `forget`).
 #[async_trait]
-pub trait Store: Send + Sync + 'static {
+pub trait Admin: Send + Sync + 'static {
     /// Which backend this is.
     fn backend(&self) -> Backend;
 
@@ -98,6 +114,58 @@ pub trait Store: Send + Sync + 'static {
     /// Applies pending migrations. Safe when many processes start at once.
     async fn migrate(&self) -> Result<(), StoreError>;
 
+    /// Every lease ever taken, held or not, ordered by resource.
+    async fn list(&self) -> Result<Vec<LeaseInfo>, StoreError>;
+
+    /// The store's clock.
+    async fn now(&self) -> Result<StoreTime, StoreError>;
+
+    /// The stored and effective epoch of fencing tokens.
+    async fn epoch(&self) -> Result<EpochInfo, StoreError>;
+
+    /// Raises the stored epoch, in one transaction, so that the effective
+    /// epoch becomes `max(effective, highest fence >> 32) + 1`: every token
+    /// issued afterwards, for any resource (also one never leased), is
+    /// greater than every token this store, or a primary it replicated from,
+    /// could have issued before. For failover hooks.
+    async fn advance_epoch(&self) -> Result<EpochInfo, StoreError>;
+
+    /// Deletes every job's runs started before `before`, and all but each
+    /// job's newest `keep`, in one statement; how many went. Off the hot
+    /// path (the daemon's hourly housekeeping).
+    async fn prune_runs(&self, keep: u32, before: StoreTime) -> Result<u64, StoreError>;
+
+    /// Deletes triggers requested before `before` and pauses that ended
+    /// before it; how many rows went.
+    async fn prune_fleet(&self, before: StoreTime) -> Result<u64, StoreError>;
+
+    /// Deletes the stale-owner records made before `before`; how many
+    /// went.
+    async fn prune_stale(&self, before: StoreTime) -> Result<u64, StoreError>;
+
+    /// `lease forget`: hides the lease row of `resource` from [`Store::list`](crate::store::Admin::list)
+    /// until it is acquired again, if it is not held at `now` (the store's
+    /// clock, read just before). The row and its fence stay, so the next
+    /// token is still greater than every earlier one. `None`: no such row;
+    /// `Some(false)`: held, nothing changed.
+    async fn forget(&self, resource: &Name, now: StoreTime) -> Result<Option<bool>, StoreError>;
+
+    /// Deletes the stored values written before `before` whose resource's
+    /// lease is neither held nor was held (renewed, released) since then:
+    /// a value of a resource still in use always stays. The lease row and
+    /// its fence are never touched (tokens keep growing). How many went.
+    async fn prune_values(&self, before: StoreTime) -> Result<u64, StoreError>;
+
+    /// Deletes the rows of nodes last seen before `before`, and their
+    /// definitions; how many nodes went.
+    async fn prune_nodes(&self, before: StoreTime) -> Result<u64, StoreError>;
+}
+
+/// The lease: the single acquire, the batch claim, renewal, release, giving
+/// an occurrence back, preemption (`overlap = "replace"`). Every guarantee
+/// of a token is made here.
+#[async_trait]
+pub trait Leases: Send + Sync + 'static {
     /// Takes the lease if it is free or expired by the store's clock (and,
     /// with an occurrence, only if that occurrence is newer than the last one
     /// taken, due, and not superseded by `next_occurrence`, all by the
@@ -141,7 +209,7 @@ pub trait Store: Send + Sync + 'static {
         occurrence: StoreTime,
     ) -> Result<ReleaseOutcome, StoreError>;
 
-    /// [`Store::give_back`] without a token for each item, in one
+    /// [`Store::give_back`](crate::store::Leases::give_back) without a token for each item, in one
     /// operation where the backend can (PostgreSQL): an unswept ghost costs
     /// the fleet as much as a run, so a node sweeps everything it has to in
     /// one statement. Answers, per item, whether a win was given back.
@@ -149,11 +217,8 @@ pub trait Store: Send + Sync + 'static {
         give_back_each(self, items).await
     }
 
-    /// Every lease ever taken, held or not, ordered by resource.
-    async fn list(&self) -> Result<Vec<LeaseInfo>, StoreError>;
-
     /// Claims several scheduled occurrences in one operation, with every
-    /// guarantee of [`Store::acquire`] for each item it wins (store clock,
+    /// guarantee of [`Store::acquire`](crate::store::Leases::acquire) for each item it wins (store clock,
     /// occurrence identity, fence bump, pause, the run recorded, losers
     /// writing nothing), trying them in the request's order, winning at
     /// most the claim's limit, and skipping rows another caller has locked
@@ -179,7 +244,12 @@ pub trait Store: Send + Sync + 'static {
         token: Token,
         occurrence: StoreTime,
     ) -> Result<bool, StoreError>;
+}
 
+/// The write boundary: fenced writes (`put`), the proxy's admission,
+/// reads, and the stale-owner records.
+#[async_trait]
+pub trait Fences: Send + Sync + 'static {
     /// A fenced write, accepted only when the token *is* the resource's
     /// fence (the newest token issued for it: no newer generation exists),
     /// the lease row's owner id is `req.owner_id` (the store issued exactly
@@ -219,31 +289,23 @@ pub trait Store: Send + Sync + 'static {
         since: StoreTime,
         limit: u32,
     ) -> Result<Vec<StaleRecord>, StoreError>;
+}
 
-    /// The store's clock.
-    async fn now(&self) -> Result<StoreTime, StoreError>;
-
-    /// The stored and effective epoch of fencing tokens.
-    async fn epoch(&self) -> Result<EpochInfo, StoreError>;
-
-    /// Raises the stored epoch, in one transaction, so that the effective
-    /// epoch becomes `max(effective, highest fence >> 32) + 1`: every token
-    /// issued afterwards, for any resource (also one never leased), is
-    /// greater than every token this store, or a primary it replicated from,
-    /// could have issued before. For failover hooks.
-    async fn advance_epoch(&self) -> Result<EpochInfo, StoreError>;
-
-    // Operating the fleet: run history, pauses, triggers (`fleet` module).
-    // None of these is on a losing acquire's path; a run adds exactly one
-    // statement, `finish_run` (the winning acquire inserts the row).
+/// The run history: a run's end (the winning acquire recorded its start),
+/// alone or with the release, and the history's reads.
+#[async_trait]
+pub trait Runs: Leases {
+    // Statements in the `fleet` module. None of these is on a losing
+    // acquire's path; a run adds exactly one statement, `finish_run` (the
+    // winning acquire inserts the row).
 
     /// Writes how a run ended into the row its winning acquire inserted
     /// (matched by resource and token, once). False if no unfinished row
     /// matched.
     async fn finish_run(&self, end: &RunEnd<'_>) -> Result<bool, StoreError>;
 
-    /// The end of a run under a lease still held: [`Store::finish_run`]
-    /// and [`Store::release`] in one operation where the backend can
+    /// The end of a run under a lease still held: [`Store::finish_run`](crate::store::Runs::finish_run)
+    /// and [`Store::release`](crate::store::Leases::release) in one operation where the backend can
     /// (PostgreSQL: one statement), so the history's end and the lease go
     /// back together and the store sees one round trip per run's end, not
     /// two. Whether a history row was finished, and the release's outcome.
@@ -261,12 +323,12 @@ pub trait Store: Send + Sync + 'static {
     /// Runs of the history, newest first, each with its state derived from
     /// its lease when it has not ended ([`RUNNING`], [`UNKNOWN`]).
     async fn runs(&self, q: &RunQuery<'_>) -> Result<Vec<RunInfo>, StoreError>;
+}
 
-    /// Deletes every job's runs started before `before`, and all but each
-    /// job's newest `keep`, in one statement; how many went. Off the hot
-    /// path (the daemon's hourly housekeeping).
-    async fn prune_runs(&self, keep: u32, before: StoreTime) -> Result<u64, StoreError>;
-
+/// Operating the fleet: pauses, triggers, the nodes' beats and the job
+/// definitions they published. Off the occurrence's path.
+#[async_trait]
+pub trait Fleet: Send + Sync + 'static {
     /// Pauses a job fleet-wide, atomically: written where the job has no
     /// pause in force (none, or a timed one that ended by `pause.since`,
     /// the store's time), or over one when `replace`. `None` once written;
@@ -307,27 +369,6 @@ pub trait Store: Send + Sync + 'static {
     /// Withdraws a trigger nobody claimed; false if a daemon claimed it.
     async fn cancel_trigger(&self, id: &str) -> Result<bool, StoreError>;
 
-    /// Deletes triggers requested before `before` and pauses that ended
-    /// before it; how many rows went.
-    async fn prune_fleet(&self, before: StoreTime) -> Result<u64, StoreError>;
-
-    /// Deletes the stale-owner records made before `before`; how many
-    /// went.
-    async fn prune_stale(&self, before: StoreTime) -> Result<u64, StoreError>;
-
-    /// `lease forget`: hides the lease row of `resource` from [`Store::list`]
-    /// until it is acquired again, if it is not held at `now` (the store's
-    /// clock, read just before). The row and its fence stay, so the next
-    /// token is still greater than every earlier one. `None`: no such row;
-    /// `Some(false)`: held, nothing changed.
-    async fn forget(&self, resource: &Name, now: StoreTime) -> Result<Option<bool>, StoreError>;
-
-    /// Deletes the stored values written before `before` whose resource's
-    /// lease is neither held nor was held (renewed, released) since then:
-    /// a value of a resource still in use always stays. The lease row and
-    /// its fence are never touched (tokens keep growing). How many went.
-    async fn prune_values(&self, before: StoreTime) -> Result<u64, StoreError>;
-
     // The fleet's nodes: `fencecron_nodes` (one row per node id, see
     // [`NodeInfo::live`]) and `fencecron_node_jobs` (the job definitions
     // each node published). Off the occurrence's path: a heartbeat every
@@ -358,10 +399,6 @@ pub trait Store: Send + Sync + 'static {
         node: &str,
         definitions: bool,
     ) -> Result<Vec<PublishedJob>, StoreError>;
-
-    /// Deletes the rows of nodes last seen before `before`, and their
-    /// definitions; how many nodes went.
-    async fn prune_nodes(&self, before: StoreTime) -> Result<u64, StoreError>;
 }
 
 /// How often a daemon looks for triggers: the idle cost of `fencecron
@@ -427,8 +464,8 @@ pub(crate) fn postgres_options(
     postgres::host_options(url, 0, application_name, env_chose)
 }
 
-/// [`Store::give_back_unseen`] as one [`Store::give_back`] per item.
-pub(crate) async fn give_back_each<S: Store + ?Sized>(
+/// [`Store::give_back_unseen`](crate::store::Leases::give_back_unseen) as one [`Store::give_back`](crate::store::Leases::give_back) per item.
+pub(crate) async fn give_back_each<S: Leases + ?Sized>(
     store: &S,
     items: &[Unseen<'_>],
 ) -> Result<Vec<bool>, StoreError> {

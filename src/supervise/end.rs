@@ -188,7 +188,7 @@ impl Supervisor {
 
     /// Wins nobody saw (an acquire or a claim that went unanswered may have
     /// committed): given back by owner id and occurrence, all in one store
-    /// call ([`crate::store::Store::give_back_unseen`]); whether each was.
+    /// call ([`crate::store::Store::give_back_unseen`](crate::store::Leases::give_back_unseen)); whether each was.
     /// Tried once: the daemon's sweeper looks again later.
     pub(crate) async fn give_back_unseen(&self, items: &[Unseen<'_>]) -> Vec<bool> {
         match self.store.give_back_unseen(items).await {

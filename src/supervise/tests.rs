@@ -20,7 +20,9 @@ use super::{
 };
 use crate::clock::Clock;
 use crate::names::Name;
-use crate::store::{AcquireOutcome, AcquireRequest, Lease, OwnerId, StaleKind, Store, StoreTime};
+use crate::store::{
+    prelude::*, AcquireOutcome, AcquireRequest, Lease, OwnerId, StaleKind, StoreTime,
+};
 use crate::testing::epoch_wall;
 use crate::testing::job::{FakeLauncher, JobHandle, Script};
 use crate::testing::store::{Commit, Fault, Gate, MemoryStore, Op};

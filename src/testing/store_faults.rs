@@ -11,8 +11,8 @@ use crate::clock::Clock;
 use crate::domain::{LossReason, Stage};
 use crate::names::Name;
 use crate::store::{
-    AcquireOutcome, AcquireRequest, Lease, NewStaleRecord, OwnerId, Refusal, RenewOutcome,
-    StaleKind, Store, StoreError, StoreTime,
+    prelude::*, AcquireOutcome, AcquireRequest, Lease, NewStaleRecord, OwnerId, Refusal,
+    RenewOutcome, StaleKind, StoreError, StoreTime,
 };
 use tokio::time::Instant;
 

@@ -35,8 +35,8 @@ use crate::events::SkipReason;
 use crate::names::Name;
 use crate::schedule::Schedule;
 use crate::store::{
-    AcquireOutcome, AcquireRequest, OwnerId, PauseInfo, Refusal, RenewOutcome, RunStart, StartedBy,
-    Store, StoreTime, TriggerInfo,
+    prelude::*, AcquireOutcome, AcquireRequest, OwnerId, PauseInfo, Refusal, RenewOutcome,
+    RunStart, StartedBy, StoreTime, TriggerInfo,
 };
 use crate::supervise::{LeaseTiming, Supervisor};
 use crate::testing::epoch_wall;

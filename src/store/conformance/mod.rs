@@ -33,7 +33,7 @@ use std::time::Duration;
 use sqlx::Executor;
 
 use crate::clock::Clock;
-use crate::store::{open, open_bench, OpenOptions, Store, StoreUrl};
+use crate::store::{open, open_bench, prelude::*, OpenOptions, StoreUrl};
 use crate::testing::epoch_wall;
 use crate::testing::store::MemoryStore;
 

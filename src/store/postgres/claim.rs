@@ -15,7 +15,7 @@ macro_rules! claim_paused {
     };
 }
 
-/// A batch claim ([`Store::claim`]): `$1`..`$6` the items' resources, owner
+/// A batch claim ([`Store::claim`](crate::store::Leases::claim)): `$1`..`$6` the items' resources, owner
 /// ids, jobs, instants, next instants and lease lengths (parallel arrays, in
 /// this node's order), `$7` the node, `$8` the limit, `$9` whether to bound
 /// it by the node's share, `$10`/`$11` [`NODE_BEAT`]/[`NODE_LIVE`] in ms

@@ -261,7 +261,7 @@ pub(super) const GIVE_BACK: &str = concat!(
       RETURNING fence"
 );
 
-/// [`Store::give_back_unseen`]: `GIVE_BACK` without a token for every
+/// [`Store::give_back_unseen`](crate::store::Leases::give_back_unseen): `GIVE_BACK` without a token for every
 /// (`$1` resource, `$2` owner id, `$3` occurrence) at once; the ordinals
 /// of the items given back.
 pub(super) const GIVE_BACK_UNSEEN: &str = concat!(
@@ -276,7 +276,7 @@ pub(super) const GIVE_BACK_UNSEEN: &str = concat!(
       RETURNING u.ord"
 );
 
-/// [`Store::finish_and_release`]: the fleet's `FINISH_RUN` (`$1`..`$8`:
+/// [`Store::finish_and_release`](crate::store::Runs::finish_and_release): the fleet's `FINISH_RUN` (`$1`..`$8`:
 /// the run's end, matched by `$7` resource and `$8` token, once) and the
 /// release of the lease (`$9` owner id, `$8` token), in one statement; how
 /// many rows each changed.

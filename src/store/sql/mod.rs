@@ -21,9 +21,9 @@ use super::fleet::{FleetDb, FleetSql};
 use super::hook::{self, Hook};
 pub(super) use super::rows::Affected;
 use super::{
-    classify_admission, rows, timed, unavailable, AcquireOutcome, AcquireRequest, Admission,
-    AdmitOutcome, AdmitRequest, Backend, EpochInfo, LeaseInfo, LeaseRow, NewStaleRecord,
-    OpenOptions, Outages, PutOutcome, PutRequest, ReleaseOutcome, RenewOutcome, StaleRecord, Store,
+    classify_admission, prelude::*, rows, timed, unavailable, AcquireOutcome, AcquireRequest,
+    Admission, AdmitOutcome, AdmitRequest, Backend, EpochInfo, LeaseInfo, LeaseRow, NewStaleRecord,
+    OpenOptions, Outages, PutOutcome, PutRequest, ReleaseOutcome, RenewOutcome, StaleRecord,
     StoreError, StoreTime, StoreUrl, StoredValue, Token,
 };
 use super::{
@@ -162,12 +162,12 @@ pub(super) trait Dialect: Send + Sync + 'static {
         unavailable(url, e)
     }
 
-    /// [`Store::migrate`], with its own time limit.
+    /// [`Store::migrate`](crate::store::Admin::migrate), with its own time limit.
     async fn migrate(&self, db: &Db<Self::DB>) -> Result<(), StoreError>;
 
     async fn acquire(&self, db: &Db<Self::DB>, req: &AcquireRequest<'_>) -> Sql<AcquireOutcome>;
 
-    /// [`Store::claim`].
+    /// [`Store::claim`](crate::store::Leases::claim).
     async fn claim(&self, db: &Db<Self::DB>, req: &ClaimRequest<'_>) -> Sql<ClaimOutcome>;
 
     async fn renew(
@@ -190,7 +190,7 @@ pub(super) trait Dialect: Send + Sync + 'static {
         occurrence: Option<StoreTime>,
     ) -> Sql<ReleaseOutcome>;
 
-    /// [`Store::give_back_unseen`] without the run rows: which items were
+    /// [`Store::give_back_unseen`](crate::store::Leases::give_back_unseen) without the run rows: which items were
     /// given back. One `give_back` each unless the backend does better.
     async fn give_back_unseen(&self, db: &Db<Self::DB>, items: &[Unseen<'_>]) -> Sql<Vec<bool>> {
         let mut out = Vec::with_capacity(items.len());
@@ -209,7 +209,7 @@ pub(super) trait Dialect: Send + Sync + 'static {
         Ok(out)
     }
 
-    /// [`Store::finish_and_release`] in one statement, if the backend has
+    /// [`Store::finish_and_release`](crate::store::Runs::finish_and_release) in one statement, if the backend has
     /// one; `None` (the default): the store makes the two calls.
     async fn finish_and_release(
         &self,
@@ -281,7 +281,7 @@ pub(super) trait Dialect: Send + Sync + 'static {
 
     async fn now(&self, db: &Db<Self::DB>) -> Sql<StoreTime>;
 
-    /// [`Store::beat`]: the store's clock, the upsert and the read of the
+    /// [`Store::beat`](crate::store::Fleet::beat): the store's clock, the upsert and the read of the
     /// live nodes, one after the other, unless the backend does it in one
     /// statement (PostgreSQL, MySQL). Left as is on SQLite, whose clock is
     /// the host's (no round trip) and whose statements run in process.

@@ -1,4 +1,5 @@
-//! The one [`Store`] implementation of the SQL backends: each operation
+//! The SQL backends' one implementation of each store trait ([`Admin`],
+//! [`Leases`], [`Fences`], [`Runs`], [`Fleet`], together the `Store`): each operation
 //! under its time limit and heard by the opener's hook ([`SqlStore::call`]),
 //! through its dialect or the shared statements.
 
@@ -44,7 +45,7 @@ impl<D: Dialect> SqlStore<D> {
 }
 
 #[async_trait]
-impl<D: Dialect> Store for SqlStore<D> {
+impl<D: Dialect> Admin for SqlStore<D> {
     fn backend(&self) -> Backend {
         D::BACKEND
     }
@@ -62,6 +63,68 @@ impl<D: Dialect> Store for SqlStore<D> {
             .await
     }
 
+    async fn list(&self) -> Result<Vec<LeaseInfo>, StoreError> {
+        self.call("list", self.dialect.list(&self.db)).await
+    }
+
+    async fn now(&self) -> Result<StoreTime, StoreError> {
+        self.call("now", self.dialect.now(&self.db)).await
+    }
+
+    async fn epoch(&self) -> Result<EpochInfo, StoreError> {
+        self.call("epoch", self.dialect.epoch(&self.db)).await
+    }
+
+    async fn advance_epoch(&self) -> Result<EpochInfo, StoreError> {
+        self.call("advance_epoch", self.dialect.advance_epoch(&self.db))
+            .await
+    }
+
+    async fn prune_runs(&self, keep: u32, before: StoreTime) -> Result<u64, StoreError> {
+        self.call("prune_runs", async {
+            Ok(D::DB::prune_runs(&self.db.pool, &self.fleet, keep, before).await?)
+        })
+        .await
+    }
+
+    async fn prune_fleet(&self, before: StoreTime) -> Result<u64, StoreError> {
+        self.call("prune_fleet", async {
+            Ok(D::DB::prune_fleet(&self.db.pool, &self.fleet, before).await?)
+        })
+        .await
+    }
+
+    async fn forget(&self, resource: &Name, now: StoreTime) -> Result<Option<bool>, StoreError> {
+        self.call("forget", async {
+            Ok(D::DB::forget(&self.db.pool, &self.fleet, resource.as_str(), now).await?)
+        })
+        .await
+    }
+
+    async fn prune_stale(&self, before: StoreTime) -> Result<u64, StoreError> {
+        self.call("prune_stale", async {
+            Ok(D::DB::prune_kept(&self.db.pool, &self.fleet, false, before).await?)
+        })
+        .await
+    }
+
+    async fn prune_values(&self, before: StoreTime) -> Result<u64, StoreError> {
+        self.call("prune_values", async {
+            Ok(D::DB::prune_kept(&self.db.pool, &self.fleet, true, before).await?)
+        })
+        .await
+    }
+
+    async fn prune_nodes(&self, before: StoreTime) -> Result<u64, StoreError> {
+        self.call("prune_nodes", async {
+            Ok(D::DB::prune_nodes(&self.db.pool, &self.fleet, before).await?)
+        })
+        .await
+    }
+}
+
+#[async_trait]
+impl<D: Dialect> Leases for SqlStore<D> {
     async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<AcquireOutcome, StoreError> {
         self.call("acquire", self.dialect.acquire(&self.db, req))
             .await
@@ -160,10 +223,28 @@ impl<D: Dialect> Store for SqlStore<D> {
         .await
     }
 
-    async fn list(&self) -> Result<Vec<LeaseInfo>, StoreError> {
-        self.call("list", self.dialect.list(&self.db)).await
+    async fn preempt(
+        &self,
+        resource: &Name,
+        token: Token,
+        occurrence: StoreTime,
+    ) -> Result<bool, StoreError> {
+        self.call("preempt", async {
+            Ok(D::DB::preempt(
+                &self.db.pool,
+                &self.fleet,
+                resource.as_str(),
+                token,
+                occurrence,
+            )
+            .await?)
+        })
+        .await
     }
+}
 
+#[async_trait]
+impl<D: Dialect> Fences for SqlStore<D> {
     async fn put(&self, req: &PutRequest<'_>) -> Result<PutOutcome, StoreError> {
         self.observe("put", async {
             match self.limited(self.put_tx(req)).await {
@@ -253,39 +334,10 @@ impl<D: Dialect> Store for SqlStore<D> {
         })
         .await
     }
+}
 
-    async fn now(&self) -> Result<StoreTime, StoreError> {
-        self.call("now", self.dialect.now(&self.db)).await
-    }
-
-    async fn epoch(&self) -> Result<EpochInfo, StoreError> {
-        self.call("epoch", self.dialect.epoch(&self.db)).await
-    }
-
-    async fn advance_epoch(&self) -> Result<EpochInfo, StoreError> {
-        self.call("advance_epoch", self.dialect.advance_epoch(&self.db))
-            .await
-    }
-
-    async fn preempt(
-        &self,
-        resource: &Name,
-        token: Token,
-        occurrence: StoreTime,
-    ) -> Result<bool, StoreError> {
-        self.call("preempt", async {
-            Ok(D::DB::preempt(
-                &self.db.pool,
-                &self.fleet,
-                resource.as_str(),
-                token,
-                occurrence,
-            )
-            .await?)
-        })
-        .await
-    }
-
+#[async_trait]
+impl<D: Dialect> Runs for SqlStore<D> {
     async fn finish_and_release(
         &self,
         resource: &Name,
@@ -338,14 +390,10 @@ impl<D: Dialect> Store for SqlStore<D> {
         })
         .await
     }
+}
 
-    async fn prune_runs(&self, keep: u32, before: StoreTime) -> Result<u64, StoreError> {
-        self.call("prune_runs", async {
-            Ok(D::DB::prune_runs(&self.db.pool, &self.fleet, keep, before).await?)
-        })
-        .await
-    }
-
+#[async_trait]
+impl<D: Dialect> Fleet for SqlStore<D> {
     async fn pause(
         &self,
         pause: &PauseInfo,
@@ -419,13 +467,6 @@ impl<D: Dialect> Store for SqlStore<D> {
         .await
     }
 
-    async fn prune_fleet(&self, before: StoreTime) -> Result<u64, StoreError> {
-        self.call("prune_fleet", async {
-            Ok(D::DB::prune_fleet(&self.db.pool, &self.fleet, before).await?)
-        })
-        .await
-    }
-
     async fn beat(&self, beat: &NodeBeat<'_>) -> Result<crate::store::BeatAnswer, StoreError> {
         self.call("beat", self.dialect.beat(&self.db, &self.fleet, beat))
             .await
@@ -459,34 +500,6 @@ impl<D: Dialect> Store for SqlStore<D> {
     ) -> Result<Vec<PublishedJob>, StoreError> {
         self.call("published_jobs", async {
             Ok(D::DB::published(&self.db.pool, &self.fleet, node, definitions).await?)
-        })
-        .await
-    }
-
-    async fn forget(&self, resource: &Name, now: StoreTime) -> Result<Option<bool>, StoreError> {
-        self.call("forget", async {
-            Ok(D::DB::forget(&self.db.pool, &self.fleet, resource.as_str(), now).await?)
-        })
-        .await
-    }
-
-    async fn prune_stale(&self, before: StoreTime) -> Result<u64, StoreError> {
-        self.call("prune_stale", async {
-            Ok(D::DB::prune_kept(&self.db.pool, &self.fleet, false, before).await?)
-        })
-        .await
-    }
-
-    async fn prune_values(&self, before: StoreTime) -> Result<u64, StoreError> {
-        self.call("prune_values", async {
-            Ok(D::DB::prune_kept(&self.db.pool, &self.fleet, true, before).await?)
-        })
-        .await
-    }
-
-    async fn prune_nodes(&self, before: StoreTime) -> Result<u64, StoreError> {
-        self.call("prune_nodes", async {
-            Ok(D::DB::prune_nodes(&self.db.pool, &self.fleet, before).await?)
         })
         .await
     }

@@ -13,7 +13,7 @@ pub(crate) const NODE_LIVE: Duration = Duration::from_secs(15);
 
 /// How often a daemon refreshes its row in `fencecron_nodes`: one small
 /// statement per node every 5 s (the upsert, which reads the store's clock
-/// and answers the live nodes; [`super::Store::beat`]), whatever the number
+/// and answers the live nodes; [`super::Store::beat`](crate::store::Fleet::beat)), whatever the number
 /// of jobs.
 pub(crate) const HEARTBEAT: Duration = Duration::from_secs(5);
 
@@ -71,7 +71,7 @@ impl NodeInfo {
     }
 }
 
-/// What a heartbeat answers ([`super::Store::beat`]): the store's time the
+/// What a heartbeat answers ([`super::Store::beat`](crate::store::Fleet::beat)): the store's time the
 /// row was written with, and the node rows live at that time
 /// ([`NodeInfo::live`]; the beating node's own among them unless it said
 /// `stopped`), by node id: what the drift check reads, with the beat, in

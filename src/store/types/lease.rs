@@ -36,7 +36,7 @@ pub struct AcquireRequest<'a> {
 
 /// A win this owner may have made of `occurrence` without seeing the
 /// answer (an acquire or claim that went unanswered): what
-/// [`super::Store::give_back_unseen`] looks for.
+/// [`super::Store::give_back_unseen`](crate::store::Leases::give_back_unseen) looks for.
 #[derive(Debug, Clone, Copy)]
 pub struct Unseen<'a> {
     pub(crate) resource: &'a Name,
@@ -44,7 +44,7 @@ pub struct Unseen<'a> {
     pub(crate) occurrence: StoreTime,
 }
 
-/// One scheduled occurrence in a batch claim ([`Store::claim`]): what an
+/// One scheduled occurrence in a batch claim ([`Store::claim`](crate::store::Leases::claim)): what an
 /// [`AcquireRequest`] for it would say, the run being recorded as
 /// `schedule`.
 #[derive(Debug, Clone)]
@@ -93,7 +93,7 @@ pub struct ClaimRequest<'a> {
 /// What a batch claim did for one item.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Claimed {
-    /// Won, exactly as a winning [`Store::acquire`] (run recorded),
+    /// Won, exactly as a winning [`Store::acquire`](crate::store::Leases::acquire) (run recorded),
     /// including a resource never leased before, whose row the claim
     /// created as the acquire's first acquisition would.
     Won(Lease),
@@ -112,7 +112,7 @@ pub(crate) enum Claimed {
 
 impl Claimed {
     /// An item the claim did not win, from how a losing acquire of it is
-    /// classified ([`super::classify_loss`]).
+    /// classified ([`super::classify_loss`](crate::store::classify_loss)).
     pub(crate) fn from_loss(outcome: AcquireOutcome) -> Claimed {
         match outcome {
             // The snapshot showed the lease free: locked by another caller,
