@@ -72,9 +72,10 @@ fn recording(dir: &Path, sleep: &str) -> Vec<String> {
     vec![
         "sh".into(),
         "-c".into(),
-        r#"end() { echo "$FENCECRON_SCHEDULED_AT $FENCECRON_TOKEN $FENCECRON_NODE $(date +%s%N)" >> "$1/ends.$FENCECRON_JOB"; }
+        r#"dir=$1
+end() { echo "$FENCECRON_SCHEDULED_AT $FENCECRON_TOKEN $FENCECRON_NODE $(date +%s%N)" >> "$dir/ends.$FENCECRON_JOB"; }
 trap 'end; exit 143' TERM
-echo "$FENCECRON_SCHEDULED_AT $FENCECRON_TOKEN $FENCECRON_NODE $(date +%s%N)" >> "$1/runs.$FENCECRON_JOB"
+echo "$FENCECRON_SCHEDULED_AT $FENCECRON_TOKEN $FENCECRON_NODE $(date +%s%N)" >> "$dir/runs.$FENCECRON_JOB"
 sleep "$2"
 end"#
             .into(),
@@ -133,6 +134,13 @@ fn run_ends(dir: &Path, daemons: &[Daemon]) -> BTreeMap<(String, i64), i64> {
             ends.insert((job.to_string(), token_of(&e)), ns);
         }
     }
+    ends.extend(own_ends(dir));
+    ends
+}
+
+/// The runs' own end lines: (job, token) -> when the run ended.
+fn own_ends(dir: &Path) -> BTreeMap<(String, i64), i64> {
+    let mut ends = BTreeMap::new();
     for (job, ..) in JOBS {
         let text = std::fs::read_to_string(dir.join(format!("ends.{job}"))).unwrap_or_default();
         let whole = text.rfind('\n').map_or("", |end| &text[..end]);
@@ -149,6 +157,21 @@ fn run_ends(dir: &Path, daemons: &[Daemon]) -> BTreeMap<(String, i64), i64> {
         }
     }
     ends
+}
+
+/// Runs their daemon saw succeed that wrote no end line: the end lines the
+/// overlap check relies on are missing (none, if the job records them).
+fn succeeded_without_end_line(dir: &Path, daemons: &[Daemon]) -> Vec<(String, i64)> {
+    let own = own_ends(dir);
+    daemons
+        .iter()
+        .flat_map(|d| d.events("job_finished"))
+        .filter(|e| e.get("outcome").and_then(|v| v.as_str()) == Some("succeeded"))
+        .filter_map(|e| {
+            let key = (e.get("job")?.as_str()?.to_string(), token_of(&e));
+            (!own.contains_key(&key)).then_some(key)
+        })
+        .collect()
 }
 
 /// Every pair of runs of one job where the later one started before the
@@ -547,7 +570,13 @@ fn fleet_survives_a_switchover_and_a_crash(test: &str, synchronous_mode: bool) {
         }
     }
     // No two runs of one job at once over the whole test, by the runs'
-    // own start and end records.
+    // own start and end records (which every run that succeeded wrote).
+    let unrecorded = succeeded_without_end_line(dir, &daemons);
+    assert!(
+        unrecorded.is_empty(),
+        "runs that succeeded wrote no end line (the overlap check would rest on \
+         job_finished alone): {unrecorded:?}"
+    );
     let all_overlaps = overlaps(&all, &run_ends(dir, &daemons), now_ns(), 0);
     assert!(
         all_overlaps.is_empty(),
