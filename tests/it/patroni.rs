@@ -7,11 +7,14 @@
 //! postgres SIGKILLed). For each event the test prints, and puts in its
 //! assertion messages: the longest time a job had no run (seconds without
 //! an owner), the runs killed (`job_cancelled`), the instants missed, the
-//! duplicates (one job and instant run twice) and the reissued tokens (a
+//! duplicates (one job and instant run twice), the reissued tokens (a
 //! token after the event not above every token before, or one token used
-//! twice). Duplicates and reissued tokens must be 0, and every job must run
-//! again on the new leader within a bound derived from Patroni's `ttl` +
-//! `loop_wait` and the lease. With `synchronous_mode` off and on.
+//! twice) and the overlapping runs (a run of a job that started before an
+//! earlier run of the same job had ended, by the runs' own start and end
+//! records). Duplicates, reissued tokens and overlaps must be 0, and every
+//! job must run again on the new leader within a bound derived from
+//! Patroni's `ttl` + `loop_wait` and the lease. With `synchronous_mode` off
+//! and on.
 //!
 //! Needs root, Patroni, etcd and PostgreSQL's server binaries; without
 //! them a loud `*** SKIPPED … ***`, under `CI=true` a failure.
@@ -24,7 +27,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use chrono::{DateTime, Utc};
 
-use common::daemon::{ev, is, job_toml, wait_until, write_config, Daemon, DaemonOpts};
+use common::daemon::{ev, is, job_toml, token_of, wait_until, write_config, Daemon, DaemonOpts};
 use common::harness::{describe, fencecron, run};
 use common::patroni::{skip_unless_available, Cluster, LOOP_WAIT, RETRY_TIMEOUT, TTL};
 
@@ -61,12 +64,20 @@ struct Run {
 }
 
 /// A job that appends `SCHEDULED_AT TOKEN NODE NOW_NS` to `dir/runs.JOB`,
-/// then sleeps `sleep` seconds.
+/// sleeps `sleep` seconds, then appends the same with the time it ended to
+/// `dir/ends.JOB`, also when SIGTERM stops it (a run SIGKILLed before that
+/// has no end line: its end is its daemon's `job_finished`, see
+/// [`run_ends`]).
 fn recording(dir: &Path, sleep: &str) -> Vec<String> {
     vec![
         "sh".into(),
         "-c".into(),
-        r#"echo "$FENCECRON_SCHEDULED_AT $FENCECRON_TOKEN $FENCECRON_NODE $(date +%s%N)" >> "$1/runs.$FENCECRON_JOB"; exec sleep "$2""#
+        r#"dir=$1
+end() { echo "$FENCECRON_SCHEDULED_AT $FENCECRON_TOKEN $FENCECRON_NODE $(date +%s%N)" >> "$dir/ends.$FENCECRON_JOB"; }
+trap 'end; exit 143' TERM
+echo "$FENCECRON_SCHEDULED_AT $FENCECRON_TOKEN $FENCECRON_NODE $(date +%s%N)" >> "$dir/runs.$FENCECRON_JOB"
+sleep "$2"
+end"#
             .into(),
         "sh".into(),
         dir.display().to_string(),
@@ -99,6 +110,118 @@ fn read_runs(dir: &Path) -> Vec<Run> {
         }
     }
     runs
+}
+
+/// When each run (job, token) ended: the job's own end line, else (a run
+/// killed before it could write one) the `job_finished` its daemon logged
+/// once the run's whole process tree was gone, a later instant than the
+/// run's last. A run with neither is still running.
+fn run_ends(dir: &Path, daemons: &[Daemon]) -> BTreeMap<(String, i64), i64> {
+    let mut ends = BTreeMap::new();
+    for d in daemons {
+        for e in d.events("job_finished") {
+            let (Some(job), Some(at)) = (
+                e.get("job").and_then(|v| v.as_str()),
+                e.get("timestamp").and_then(|v| v.as_str()),
+            ) else {
+                continue;
+            };
+            let at = DateTime::parse_from_rfc3339(at)
+                .unwrap_or_else(|err| panic!("job_finished timestamp {at:?}: {err}"));
+            let ns = at
+                .timestamp_nanos_opt()
+                .expect("a timestamp within i64 nanoseconds");
+            ends.insert((job.to_string(), token_of(&e)), ns);
+        }
+    }
+    ends.extend(own_ends(dir));
+    ends
+}
+
+/// The runs' own end lines: (job, token) -> when the run ended.
+fn own_ends(dir: &Path) -> BTreeMap<(String, i64), i64> {
+    let mut ends = BTreeMap::new();
+    for (job, ..) in JOBS {
+        let text = std::fs::read_to_string(dir.join(format!("ends.{job}"))).unwrap_or_default();
+        let whole = text.rfind('\n').map_or("", |end| &text[..end]);
+        for line in whole.lines().filter(|l| !l.trim().is_empty()) {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            assert_eq!(f.len(), 4, "malformed end line {line:?} of {job}");
+            let token: i64 = f[1]
+                .parse()
+                .unwrap_or_else(|e| panic!("token {:?}: {e}", f[1]));
+            let ns: i64 = f[3]
+                .parse()
+                .unwrap_or_else(|e| panic!("end {:?}: {e}", f[3]));
+            ends.insert((job.to_string(), token), ns);
+        }
+    }
+    ends
+}
+
+/// Runs their daemon saw succeed that wrote no end line: the end lines the
+/// overlap check relies on are missing (none, if the job records them).
+fn succeeded_without_end_line(dir: &Path, daemons: &[Daemon]) -> Vec<(String, i64)> {
+    let own = own_ends(dir);
+    daemons
+        .iter()
+        .flat_map(|d| d.events("job_finished"))
+        .filter(|e| e.get("outcome").and_then(|v| v.as_str()) == Some("succeeded"))
+        .filter_map(|e| {
+            let key = (e.get("job")?.as_str()?.to_string(), token_of(&e));
+            (!own.contains_key(&key)).then_some(key)
+        })
+        .collect()
+}
+
+/// Every pair of runs of one job where the later one started before the
+/// earlier one had ended (by [`run_ends`]; a run with no end is still
+/// running at `now_ns`), described; only pairs whose later run started
+/// after `since_ns`.
+fn overlaps(
+    runs: &[Run],
+    ends: &BTreeMap<(String, i64), i64>,
+    now_ns: i64,
+    since_ns: i64,
+) -> Vec<String> {
+    let mut found = Vec::new();
+    let jobs: BTreeSet<&str> = runs.iter().map(|r| r.job.as_str()).collect();
+    for job in jobs {
+        let mut mine: Vec<&Run> = runs.iter().filter(|r| r.job == job).collect();
+        mine.sort_by_key(|r| r.started_ns);
+        // The run among the earlier ones that ends last, and its end.
+        let mut latest: Option<(&Run, i64)> = None;
+        for r in mine {
+            if let Some((prev, end)) = latest {
+                if r.started_ns < end && r.started_ns > since_ns {
+                    found.push(format!(
+                        "{job}: the run of {} (token {}, {}) started {:.3} s before the run of {} \
+                         (token {}, {}) ended{}",
+                        r.scheduled_at,
+                        r.token,
+                        r.node,
+                        (end - r.started_ns) as f64 / 1e9,
+                        prev.scheduled_at,
+                        prev.token,
+                        prev.node,
+                        if ends.contains_key(&(job.to_string(), prev.token)) {
+                            ""
+                        } else {
+                            " (it has not ended)"
+                        }
+                    ));
+                }
+            }
+            let end = ends
+                .get(&(job.to_string(), r.token))
+                .copied()
+                .unwrap_or(now_ns);
+            if latest.is_none_or(|(_, e)| end > e) {
+                latest = Some((r, end));
+            }
+        }
+    }
+    found
 }
 
 fn now_ns() -> i64 {
@@ -137,6 +260,9 @@ struct Report {
     instants_missed: usize,
     duplicates: usize,
     reissued_tokens: usize,
+    /// Pairs of runs of one job at once, the later one started after the
+    /// event (see [`overlaps`]).
+    overlapping_runs: Vec<String>,
 }
 
 impl std::fmt::Display for Report {
@@ -144,14 +270,20 @@ impl std::fmt::Display for Report {
         write!(
             f,
             "{}: jobs ran again on the new leader after {:.1} s; longest gap between runs \
-             {:.1} s; runs killed {}; instants missed {}; duplicates {}; reissued tokens {}",
+             {:.1} s; runs killed {}; instants missed {}; duplicates {}; reissued tokens {}; \
+             overlapping runs {}{}",
             self.event,
             self.recovered_s,
             self.longest_gap_s,
             self.runs_killed,
             self.instants_missed,
             self.duplicates,
-            self.reissued_tokens
+            self.reissued_tokens,
+            self.overlapping_runs.len(),
+            self.overlapping_runs
+                .iter()
+                .map(|o| format!("\n    {o}"))
+                .collect::<String>()
         )
     }
 }
@@ -307,6 +439,7 @@ fn measure(
         instants_missed,
         duplicates: twice(&all, |r| (r.job.clone(), r.scheduled_at.timestamp_millis())),
         reissued_tokens,
+        overlapping_runs: overlaps(&all, &run_ends(dir, daemons), now_ns(), t0),
     };
     eprintln!("patroni: {report}");
     report
@@ -411,6 +544,7 @@ fn fleet_survives_a_switchover_and_a_crash(test: &str, synchronous_mode: bool) {
     for r in [&switchover, &crash] {
         assert_eq!(r.duplicates, 0, "duplicates: {context}");
         assert_eq!(r.reissued_tokens, 0, "reissued tokens: {context}");
+        assert!(r.overlapping_runs.is_empty(), "overlapping runs: {context}");
     }
     // The whole run, too: one job and instant never ran twice, no token
     // was used twice, and each job's tokens rise with its instants.
@@ -435,6 +569,19 @@ fn fleet_survives_a_switchover_and_a_crash(test: &str, synchronous_mode: bool) {
             );
         }
     }
+    // No two runs of one job at once over the whole test, by the runs'
+    // own start and end records (which every run that succeeded wrote).
+    let unrecorded = succeeded_without_end_line(dir, &daemons);
+    assert!(
+        unrecorded.is_empty(),
+        "runs that succeeded wrote no end line (the overlap check would rest on \
+         job_finished alone): {unrecorded:?}"
+    );
+    let all_overlaps = overlaps(&all, &run_ends(dir, &daemons), now_ns(), 0);
+    assert!(
+        all_overlaps.is_empty(),
+        "runs of one job overlapped: {all_overlaps:#?}\n{context}"
+    );
     // Both daemons took part and neither stopped.
     for d in &daemons {
         assert!(!d.log_ended(), "[{}] stopped: {}", d.node, d.summary());
@@ -459,4 +606,48 @@ fn a_fleet_survives_a_switchover_and_a_crash_with_synchronous_mode_on() {
         "patroni::a_fleet_survives_a_switchover_and_a_crash_with_synchronous_mode_on",
         true,
     );
+}
+
+/// The overlap check itself, on made-up runs: it finds a run that started
+/// before an earlier one ended (also one that ended long after a third
+/// started), one still running, and nothing in back-to-back runs.
+#[test]
+fn the_overlap_check_finds_two_runs_of_one_job_at_once() {
+    let at = |s: i64| DateTime::from_timestamp(1_796_000_000 + s, 0).expect("a time");
+    let run = |job: &str, s: i64, token: i64| Run {
+        job: job.to_string(),
+        scheduled_at: at(s),
+        token,
+        node: "n".into(),
+        started_ns: s * 1_000_000_000,
+    };
+    let ends = |list: &[(&str, i64, i64)]| -> BTreeMap<(String, i64), i64> {
+        list.iter()
+            .map(|(job, token, s)| ((job.to_string(), *token), s * 1_000_000_000))
+            .collect()
+    };
+    let now = 100 * 1_000_000_000;
+    // Back to back (one ends as the next starts), and another job alongside.
+    let runs = [run("a", 0, 1), run("a", 10, 2), run("b", 5, 1)];
+    let e = ends(&[("a", 1, 10), ("a", 2, 15), ("b", 1, 20)]);
+    assert!(overlaps(&runs, &e, now, 0).is_empty());
+    // The second run starts before the first ended.
+    let e = ends(&[("a", 1, 11), ("a", 2, 15), ("b", 1, 20)]);
+    let found = overlaps(&runs, &e, now, 0);
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(
+        found[0].contains("token 2") && found[0].contains("token 1"),
+        "{found:?}"
+    );
+    // Only pairs whose later run started after `since`.
+    assert!(overlaps(&runs, &e, now, 10 * 1_000_000_000).is_empty());
+    // A long first run overlaps a third run too, not only the second.
+    let runs3 = [run("a", 0, 1), run("a", 10, 2), run("a", 20, 3)];
+    let e = ends(&[("a", 1, 25), ("a", 2, 15), ("a", 3, 30)]);
+    assert_eq!(overlaps(&runs3, &e, now, 0).len(), 2);
+    // A run that never ended (no end line, no job_finished) is running.
+    let e = ends(&[("a", 2, 15), ("a", 3, 30)]);
+    let found = overlaps(&runs3, &e, now, 0);
+    assert_eq!(found.len(), 2, "{found:?}");
+    assert!(found[0].contains("has not ended"), "{found:?}");
 }

@@ -368,8 +368,11 @@ impl Cluster {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
+        // Written without `eprintln!`, which panics when stderr is gone (a
+        // closed pipe): a panic in this drop while the test panics would
+        // abort and leave the cluster running.
         if std::thread::panicking() {
-            eprintln!("{}", self.logs());
+            let _ = writeln!(std::io::stderr(), "{}", self.logs());
         }
         // Patroni first, so that none restarts its postgres; then the
         // postmasters' groups; then etcd; then anything still naming the
@@ -398,7 +401,10 @@ impl Drop for Cluster {
                     break;
                 }
                 if Instant::now() >= deadline {
-                    eprintln!("patroni cluster: processes left behind: {left:?}");
+                    let _ = writeln!(
+                        std::io::stderr(),
+                        "patroni cluster: processes left behind: {left:?}"
+                    );
                     break;
                 }
                 for pid in left {
