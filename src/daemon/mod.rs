@@ -87,8 +87,8 @@ pub struct Settings {
     /// `node.max_running`: how many runs this daemon holds at once; `None`
     /// for no limit.
     pub max_running: Option<u32>,
-    /// The jobs to schedule. Held once, by the scheduler: with croner's
-    /// schedules at about 5 KB each, every copy of 1,000 jobs costs 5 MB.
+    /// The jobs to schedule. Held once, by the scheduler (a few hundred
+    /// bytes a job: a copy of 10,000 jobs would cost megabytes).
     pub jobs: Vec<Job>,
     /// The store, opened with [`store_options`]; migrations are applied by
     /// the daemon, retried until the store answers.

@@ -8,8 +8,8 @@
 //! fires nothing and polls no triggers (the other nodes take the instants
 //! at once); it only goes on turning for systemd's watchdog until the stop.
 //!
-//! *Invariant:* the job list is held once, here: with croner's schedules at
-//! about 5 KB each, every copy of 1,000 jobs costs 5 MB.
+//! *Invariant:* the job list is held once, here: a few hundred bytes a job,
+//! so every copy of 10,000 jobs costs megabytes.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet};
