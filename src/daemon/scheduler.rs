@@ -185,7 +185,9 @@ impl Scheduler {
             self.generation += 1;
             let rank = rank(self.shared.supervisor.node(), &name);
             if let Some(next) = job.schedule.next_after(now) {
-                crate::metrics::next_run(&name, next);
+                if self.shared.metrics {
+                    crate::metrics::next_run(&name, next);
+                }
                 self.heap
                     .push(Reverse((next, rank, self.generation, name.clone())));
             }
@@ -197,13 +199,19 @@ impl Scheduler {
                 },
             );
         }
-        // Every job's series from the start, before any run (zero counters).
-        let configured: Vec<&str> = self.jobs.keys().map(String::as_str).collect();
-        let gone: Vec<&str> = gone.iter().map(String::as_str).collect();
-        crate::metrics::jobs_configured(&configured, &gone);
+        // Every job's series from the start, before any run (zero counters),
+        // where `/metrics` is served.
+        if self.shared.metrics {
+            let configured: Vec<&str> = self.jobs.keys().map(String::as_str).collect();
+            let gone: Vec<&str> = gone.iter().map(String::as_str).collect();
+            crate::metrics::jobs_configured(&configured, &gone);
+        }
         if is_reload {
             events::config_reloaded(added, removed, changed, self.jobs.len());
         }
+        // The replaced jobs and what installing the new ones needed for a
+        // moment (their digests, the old list) go back to the system.
+        crate::config::release_freed_memory();
     }
 
     /// Fires every occurrence that is due: the occurrences of each instant
@@ -225,7 +233,9 @@ impl Scheduler {
             let job = entry.job.clone();
             let next = job.schedule.next_after(at);
             if let Some(n) = next {
-                crate::metrics::next_run(&name, n);
+                if self.shared.metrics {
+                    crate::metrics::next_run(&name, n);
+                }
                 self.heap.push(Reverse((n, rank, generation, name.clone())));
             }
             if next.is_some_and(|n| n <= now) {
