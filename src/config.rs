@@ -24,14 +24,16 @@ use crate::timing::{LeaseTiming, TimingError, DEFAULT_LEASE};
 /// `$FENCECRON_CONFIG` names one.
 pub(crate) const DEFAULT_PATH: &str = "/etc/fencecron/jobs.toml";
 
-/// The largest config file read, in bytes. A real `jobs.toml` is small (a
-/// thousand jobs with commands, resources and env take about 170 KB), while
-/// parsing TOML with the spans every error message needs costs over a
-/// hundred times the file's size in memory (18.8 MB of TOML took 2.4 GB). A
-/// file named by mistake (a log, a dump, `/dev/zero`) must not exhaust the
-/// host, least of all on SIGHUP while the daemon runs jobs: 1 MiB leaves room
-/// for thousands of jobs and bounds the parse to a few hundred MB at worst.
-pub const MAX_CONFIG_BYTES: u64 = 1024 * 1024;
+/// The largest config file read, in bytes: 8 MiB, about 50,000 jobs with
+/// commands, resources and env (a thousand take about 170 KB; 50,000 jobs
+/// of four keys are 4.7 MB). The limit is there for a file named by mistake
+/// (a log, a dump, `/dev/zero`), which must not exhaust the host, least of
+/// all on SIGHUP while the daemon runs jobs: parsing TOML with the spans
+/// every error message needs costs about 30 times a real file's size in
+/// memory, and up to 80 times for the worst text (8 MiB of `1,1,1,…` took
+/// 640 MB). It was 1 MiB (about 10,000 jobs) while the parser, toml 0.8,
+/// needed over a hundred times the file's size.
+pub const MAX_CONFIG_BYTES: u64 = 8 * 1024 * 1024;
 
 /// The largest `store.max_connections` accepted.
 pub(crate) const MAX_STORE_CONNECTIONS: u32 = 64;
@@ -402,13 +404,33 @@ pub(crate) fn load_store_given(path: &Path) -> Result<Config, ConfigError> {
 
 fn load_with(path: &Path, read_url_env: bool) -> Result<Config, ConfigError> {
     let text = read_text(path)?;
-    Parser {
+    let config = Parser {
         path,
         text: &text,
         lines: Lines::new(&text),
         read_url_env,
     }
-    .parse()
+    .parse();
+    drop(text);
+    release_freed_memory();
+    config
+}
+
+/// Hands the memory a parse freed back to the operating system. Parsing
+/// 10,000 jobs takes about 35 MB for a moment (the TOML tokens and document)
+/// in small blocks between which the jobs kept are allocated, so the
+/// allocator keeps most of those pages: without this a daemon that loaded
+/// 10,000 jobs held about 60 MB idle, and each SIGHUP could add to it.
+/// glibc's `malloc_trim` returns every whole free page of every arena; it
+/// takes about a millisecond, once per load (and once per installed job
+/// list: `daemon::scheduler`).
+pub fn release_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only releases pages glibc's allocator holds free;
+    // it takes no pointer and is thread-safe (it locks each arena).
+    unsafe {
+        libc::malloc_trim(0);
+    }
 }
 
 /// Reads the whole file as UTF-8, refusing one larger than
@@ -440,7 +462,7 @@ fn read_text(path: &Path) -> Result<String, ConfigError> {
         .map_err(cannot_read)?;
     if bytes.len() as u64 > MAX_CONFIG_BYTES {
         return Err(fail(format!(
-            "the config file is larger than {MAX_CONFIG_BYTES} bytes (1 MiB), the most fencecron reads; check that --config names your jobs.toml (a real one is a few KB)"
+            "the config file is larger than {MAX_CONFIG_BYTES} bytes (8 MiB), the most fencecron reads; check that --config names your jobs.toml (a real one is a few KB)"
         )));
     }
     String::from_utf8(bytes).map_err(|e| {
@@ -503,10 +525,7 @@ impl Parser<'_> {
     }
 
     fn parse(&self) -> Result<Config, ConfigError> {
-        let raw: RawConfig = serde_path_to_error::deserialize(toml::Deserializer::new(self.text))
-            .map_err(|e| {
-            let key = key_path(e.path(), e.inner().message());
-            let e = e.into_inner();
+        let toml_error = |key: Option<String>, e: toml::de::Error| {
             let (line, column) = match e.span() {
                 Some(span) => {
                     let (l, c) = self.lines.line_col(span.start);
@@ -521,6 +540,36 @@ impl Parser<'_> {
                 key,
                 message: e.message().trim().to_string(),
             }
+        };
+        // A syntax error has no key; a value of the wrong kind or an
+        // unknown key has the path serde was at.
+        let document = toml::de::Deserializer::parse(self.text).map_err(|e| {
+            // Worded, and placed, as toml_edit (toml 0.8) did, which names
+            // the duplicate key and its table; toml 0.9's own error only
+            // for what toml_edit accepts.
+            match toml_edit::ImDocument::parse(self.text) {
+                Err(old) => {
+                    let (line, column) = match old.span() {
+                        Some(span) => {
+                            let (l, c) = self.lines.line_col(span.start);
+                            (Some(l), Some(c))
+                        }
+                        None => (None, None),
+                    };
+                    ConfigError {
+                        path: self.path.to_path_buf(),
+                        line,
+                        column,
+                        key: None,
+                        message: old.message().trim().to_string(),
+                    }
+                }
+                Ok(_) => toml_error(None, e),
+            }
+        })?;
+        let raw: RawConfig = serde_path_to_error::deserialize(document).map_err(|e| {
+            let key = key_path(e.path(), e.inner().message());
+            toml_error(key, e.into_inner())
         })?;
 
         let store = match &raw.store {
@@ -1531,6 +1580,32 @@ mod tests {
         let e = err(&format!("{JOB}{JOB}"));
         assert_eq!(e.line, Some(6));
         assert!(e.message.contains("already used"));
+    }
+
+    /// A syntax error is worded and placed as before jobs.toml was read
+    /// with toml 0.9: the duplicate key and its table named, an unclosed
+    /// array at the end of the file; no key (the file is not TOML).
+    #[test]
+    fn syntax_errors_are_worded_and_placed_as_before() {
+        let e = err(&format!("{JOB}name = \"b\"\n"));
+        assert_eq!(
+            (e.line, e.column, e.key.as_deref()),
+            (Some(5), Some(1), None)
+        );
+        assert_eq!(e.message, "duplicate key `name` in table `job`");
+        let e = err("[defaults]\nlease = \"10s\"\ncommand = [\n");
+        assert_eq!((e.line, e.column), (Some(4), Some(1)));
+        assert_eq!(e.message, "invalid array\nexpected `]`");
+        let e = err("[defaults]\n[defaults]\n");
+        assert_eq!((e.line, e.column), (Some(2), Some(1)));
+        assert_eq!(
+            e.message,
+            "invalid table header\nduplicate key `defaults` in document root"
+        );
+        // What serde reports keeps its key path.
+        let e = err(&format!("{JOB}timeout = 5\n"));
+        assert_eq!((e.line, e.column), (Some(5), Some(11)));
+        assert_eq!(e.key.as_deref(), Some("job[0].timeout"));
     }
 
     /// `n` jobs, each with a command and a workdir (whose places are

@@ -13,8 +13,10 @@ use std::fmt;
 use chrono::offset::LocalResult;
 use chrono::{DateTime, NaiveDateTime, TimeZone, Timelike, Utc};
 use chrono_tz::Tz;
-use croner::parser::{CronParser, Seconds};
-use croner::Cron;
+
+mod pattern;
+
+use pattern::Pattern;
 
 /// The cron macros, as Vixie cron, cronie and systemd's cron generators
 /// read them, and the 5-field pattern each stands for (evaluated in the
@@ -45,10 +47,11 @@ fn macro_pattern(name: &str) -> Result<&'static str, String> {
         })
 }
 
-/// A parsed cron schedule in a time zone.
+/// A parsed cron schedule in a time zone: about 100 bytes and the
+/// expression's text (see [`pattern`] for why not croner's `Cron`).
 #[derive(Clone)]
 pub struct Schedule {
-    cron: Cron,
+    cron: Pattern,
     tz: Tz,
     text: String,
     /// Every instant is shifted this much later (`jitter`): the same on
@@ -71,15 +74,16 @@ impl Schedule {
                 "`{expr}` has {fields} fields; write 5 (min hour day month weekday) or 6 (with seconds first)"
             ));
         }
-        let cron = CronParser::builder()
-            .seconds(Seconds::Optional)
-            .build()
-            .parse(pattern)
+        let cron = Pattern::parse(pattern)
             .map_err(|e| format!("`{expr}` is not a valid cron expression: {e}"))?;
         // A pattern that can never match (e.g. 30 February) is an error too.
-        let probe = Utc::now().with_timezone(&tz);
-        cron.find_next_occurrence(&probe, false)
-            .map_err(|e| format!("`{expr}` never fires: {e}"))?;
+        let probe = Utc::now().with_timezone(&tz).naive_local();
+        if cron.next_after(probe).is_none() {
+            return Err(format!(
+                "`{expr}` never fires: {}",
+                croner::errors::CronError::TimeSearchLimitExceeded
+            ));
+        }
         Ok(Schedule {
             cron,
             tz,
@@ -141,14 +145,13 @@ impl Schedule {
 
     /// `next_after` for the cron expression itself, before the jitter.
     fn next_unshifted(&self, whole: DateTime<Utc>) -> Option<DateTime<Utc>> {
-        // The wall clock at `t`, as a zone-less time (UTC stands in for
-        // "no zone": it has no transitions).
-        let mut wall = whole.with_timezone(&self.tz).naive_local().and_utc();
+        // The wall clock at `t`, as a zone-less time.
+        let mut wall = whole.with_timezone(&self.tz).naive_local();
         // Bounded: a fold repeats at most a few hours, and a match inside it
         // that was already passed is skipped once per repeated wall time.
         for _ in 0..100_000 {
-            let next = self.cron.find_next_occurrence(&wall, false).ok()?;
-            let at = self.resolve(next.naive_utc())?;
+            let next = self.cron.next_after(wall)?;
+            let at = self.resolve(next)?;
             if at > whole {
                 return at.with_nanosecond(0);
             }

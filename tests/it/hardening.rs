@@ -283,8 +283,8 @@ fn padded_config(len: usize) -> String {
     text
 }
 
-/// A config file above 1 MiB is refused by name, by `check`, by the other
-/// commands that load it and by `run`; one of exactly 1 MiB is fine. The
+/// A config file above the limit (8 MiB) is refused by name, by `check`, by
+/// the other commands that load it and by `run`; one exactly at it is fine. The
 /// file is never read whole (a FIFO or `/dev/zero` would never end).
 #[test]
 fn config_larger_than_the_limit_is_refused_everywhere_it_is_loaded() {
@@ -313,7 +313,8 @@ fn config_larger_than_the_limit_is_refused_everywhere_it_is_loaded() {
         assert_eq!(code(&out), EXIT_USAGE, "{args:?}: {}", describe(&out));
         let err = stderr(&out);
         assert!(
-            err.starts_with(&format!("fencecron: {over_s}: ")) && err.contains("1048576 bytes"),
+            err.starts_with(&format!("fencecron: {over_s}: "))
+                && err.contains(&format!("{limit} bytes")),
             "{args:?}: the error names the file and the limit: {err}"
         );
         assert_eq!(err.lines().count(), 1, "{err}");
@@ -340,7 +341,8 @@ fn reload_of_an_oversized_config_keeps_the_old_one() {
     let (_, invalid) = d.expect_from(cut, "config_invalid", ev("config_invalid"), secs(30));
     let error = str_field(&invalid, "error").unwrap_or("");
     assert!(
-        error.contains(&config.display().to_string()) && error.contains("1048576 bytes"),
+        error.contains(&config.display().to_string())
+            && error.contains(&format!("{} bytes", fencecron::config::MAX_CONFIG_BYTES)),
         "{invalid}"
     );
     assert!(d.is_running());

@@ -93,6 +93,7 @@ impl Rig {
             hook_env: Default::default(),
             history: Default::default(),
             sweeper: Default::default(),
+            metrics: true,
         };
         let job = Job {
             name: Name::parse("job", "job").unwrap(),

@@ -260,8 +260,59 @@ async fn case_a_beat_answers_its_time_and_the_live_nodes(subject: Subject) {
     }
 }
 
+/// A node with thousands of jobs publishes them all (in several
+/// statements on the SQL stores: at most `PUBLISH_ROWS` rows and about
+/// `PUBLISH_BYTES` a statement), each row its own, in one transaction that
+/// replaces what the node published before and no other node's rows.
+async fn case_thousands_of_definitions_are_published_whole(subject: Subject) {
+    let s = subject.store.as_ref();
+    let (node, other) = ("node-many".to_string(), "node-many-other".to_string());
+    // 1,234 jobs: two full statements of 500 rows and a short one; three
+    // definitions of 400 KB make their statements end early by size.
+    let jobs: Vec<(String, String, String)> = (0..1234)
+        .map(|i| {
+            let body = if i % 500 == 7 {
+                "x".repeat(400 * 1024)
+            } else {
+                format!("command {i}")
+            };
+            (
+                format!("job-{i:05}"),
+                format!("{i:064x}"),
+                format!("{{\"name\":\"job-{i:05}\",\"body\":\"{body}\"}}"),
+            )
+        })
+        .collect();
+    s.publish_jobs(&other, &jobs[..1]).await.unwrap();
+    s.publish_jobs(&node, &jobs[..3]).await.unwrap();
+    s.publish_jobs(&node, &jobs).await.unwrap();
+    let got = s.published_jobs(&node, true).await.unwrap();
+    assert_eq!(
+        got.len(),
+        jobs.len(),
+        "every row, and the earlier three once"
+    );
+    for (p, (job, digest, definition)) in got.iter().zip(&jobs) {
+        assert_eq!(
+            (p.node.as_str(), p.job.as_str(), p.digest.as_str()),
+            (node.as_str(), job.as_str(), digest.as_str())
+        );
+        assert_eq!(p.definition.as_deref(), Some(definition.as_str()), "{job}");
+    }
+    s.publish_jobs(&node, &jobs[1230..]).await.unwrap();
+    let got = s.published_jobs(&node, false).await.unwrap();
+    assert_eq!(
+        got.iter().map(|p| p.job.as_str()).collect::<Vec<_>>(),
+        ["job-01230", "job-01231", "job-01232", "job-01233"]
+    );
+    let kept = s.published_jobs(&other, false).await.unwrap();
+    assert_eq!(kept.len(), 1, "another node's definitions stay");
+    s.publish_jobs(&node, &[]).await.unwrap();
+    assert!(s.published_jobs(&node, false).await.unwrap().is_empty());
+}
+
 conformance!(
-    [],
+    [case_thousands_of_definitions_are_published_whole],
     isolated: [
         case_nodes_register_publish_and_are_forgotten,
         case_a_beat_answers_its_time_and_the_live_nodes,

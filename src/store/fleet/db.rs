@@ -7,7 +7,7 @@ use super::*;
 #[async_trait]
 impl<DB> FleetDb for DB
 where
-    DB: Database,
+    DB: Database + sqlx::database::HasStatementCache,
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
     for<'c> &'c Pool<DB>: Executor<'c, Database = DB>,
     for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
@@ -402,14 +402,20 @@ where
             .bind(node)
             .execute(&mut *conn)
             .await?;
-        for (job, digest, definition) in jobs {
-            sqlx::query(&sql.publish)
-                .bind(node)
-                .bind(job.as_str())
-                .bind(digest.as_str())
-                .bind(definition.as_str())
-                .execute(&mut *conn)
-                .await?;
+        // Many rows a statement (10,000 jobs were 10,000 statements at
+        // every start). Not prepared for reuse: the last chunk's text is
+        // its own, and a start or reload publishes once.
+        for chunk in super::publish_chunks(jobs) {
+            let text = sql.publish(chunk.len());
+            let mut query = sqlx::query(&text).persistent(false);
+            for (job, digest, definition) in chunk {
+                query = query
+                    .bind(node)
+                    .bind(job.as_str())
+                    .bind(digest.as_str())
+                    .bind(definition.as_str());
+            }
+            query.execute(&mut *conn).await?;
         }
         Ok(())
     }

@@ -156,8 +156,76 @@ const LIVE_NODES: &str = "SELECT node, seen_ms, hostname, pid, version, config_d
 
 const UNPUBLISH: &str = "DELETE FROM fencecron_node_jobs WHERE node = $1";
 
-const PUBLISH: &str = "INSERT INTO fencecron_node_jobs (node, job, digest, definition)
- VALUES ($1, $2, $3, $4)";
+/// A node's definitions, [`PUBLISH_ROWS`] rows a statement at most: the
+/// statement for `rows` rows, `($1, $2, $3, $4), ($5, ...)` (four
+/// parameters a row, each used once and in order).
+fn publish(rows: usize) -> String {
+    let mut text =
+        String::from("INSERT INTO fencecron_node_jobs (node, job, digest, definition) VALUES ");
+    for row in 0..rows {
+        let n = row * 4;
+        if row > 0 {
+            text.push_str(", ");
+        }
+        text.push_str(&format!("(${}, ${}, ${}, ${})", n + 1, n + 2, n + 3, n + 4));
+    }
+    text
+}
+
+/// [`publish`] in `backend`'s placeholders; on SQLite the anonymous `?`
+/// (each parameter is used once and in order): sqlx looks up the name of
+/// every numbered parameter (`?1`, `?2`, …), which SQLite finds by a scan
+/// of all of the statement's names, so 2,000 numbered parameters cost 2
+/// million steps a statement (a third of a daemon's start with 10,000
+/// jobs), and anonymous ones none.
+fn publish_in(backend: Backend, rows: usize) -> String {
+    let positional = match backend {
+        Backend::Sqlite => Backend::MySql,
+        other => other,
+    };
+    placeholders(positional, &publish(rows))
+}
+
+/// The most rows one publishing statement inserts: 2,000 parameters, far
+/// below each server's limit on a statement's parameters (PostgreSQL and
+/// MySQL 65,535, SQLite 32,766), so 10,000 jobs are 20 statements rather
+/// than 10,000.
+pub(super) const PUBLISH_ROWS: usize = 500;
+
+// Four parameters a row, under the smallest of the three limits (SQLite's).
+const _: () = assert!(PUBLISH_ROWS * 4 <= 32_766);
+
+/// The most bytes of definitions one publishing statement carries, so
+/// that jobs with long commands or environments stay far below MySQL's
+/// `max_allowed_packet` (16 MiB by default on MariaDB, 64 MiB on MySQL 8)
+/// however many fit in [`PUBLISH_ROWS`].
+pub(super) const PUBLISH_BYTES: usize = 1024 * 1024;
+
+/// How `jobs` are split into publishing statements: consecutive runs of at
+/// most [`PUBLISH_ROWS`] rows and, unless a single row is larger,
+/// [`PUBLISH_BYTES`] of text.
+pub(super) fn publish_chunks(
+    jobs: &[(String, String, String)],
+) -> impl Iterator<Item = &[(String, String, String)]> {
+    let mut rest = jobs;
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        let mut bytes = 0;
+        let mut n = 0;
+        for (job, digest, definition) in rest.iter().take(PUBLISH_ROWS) {
+            bytes += job.len() + digest.len() + definition.len();
+            if n > 0 && bytes > PUBLISH_BYTES {
+                break;
+            }
+            n += 1;
+        }
+        let (chunk, tail) = rest.split_at(n);
+        rest = tail;
+        Some(chunk)
+    })
+}
 
 const PUBLISHED_DIGESTS: &str = "SELECT node, job, digest FROM fencecron_node_jobs
  WHERE node = $1 ORDER BY job";
@@ -215,7 +283,9 @@ pub(super) struct FleetSql {
     nodes: String,
     live_nodes: String,
     unpublish: String,
-    publish: String,
+    /// [`publish`] of [`PUBLISH_ROWS`] rows, in the backend's placeholders.
+    publish_full: String,
+    backend: Backend,
     published_digests: String,
     published_definitions: String,
     prune_nodes: String,
@@ -227,6 +297,15 @@ pub(super) struct FleetSql {
 }
 
 impl FleetSql {
+    /// The statement publishing `rows` definitions.
+    fn publish(&self, rows: usize) -> std::borrow::Cow<'_, str> {
+        if rows == PUBLISH_ROWS {
+            std::borrow::Cow::Borrowed(&self.publish_full)
+        } else {
+            std::borrow::Cow::Owned(publish_in(self.backend, rows))
+        }
+    }
+
     pub(super) fn new(backend: Backend) -> FleetSql {
         let sql = |text: &str| placeholders(backend, text);
         FleetSql {
@@ -267,7 +346,8 @@ impl FleetSql {
             nodes: sql(NODES),
             live_nodes: sql(LIVE_NODES),
             unpublish: sql(UNPUBLISH),
-            publish: sql(PUBLISH),
+            publish_full: publish_in(backend, PUBLISH_ROWS),
+            backend,
             published_digests: sql(PUBLISHED_DIGESTS),
             published_definitions: sql(PUBLISHED_DEFINITIONS),
             prune_nodes: sql(PRUNE_NODES),
@@ -578,7 +658,7 @@ mod tests {
             NODES,
             LIVE_NODES,
             UNPUBLISH,
-            PUBLISH,
+            publish(3).as_str(),
             PUBLISHED_DIGESTS,
             PUBLISHED_DEFINITIONS,
             PRUNE_NODES,
@@ -600,6 +680,37 @@ mod tests {
                 rest = &rest[i + 1 + digits.len()..];
             }
         }
+    }
+
+    /// Definitions go [`PUBLISH_ROWS`] to a statement, fewer where
+    /// [`PUBLISH_BYTES`] is reached first, and a row larger than that alone;
+    /// every row once, in order.
+    #[test]
+    fn definitions_are_published_in_bounded_statements() {
+        let row = |i: usize, len: usize| (format!("j{i}"), "d".repeat(64), "x".repeat(len));
+        let sizes = |jobs: &[(String, String, String)]| {
+            let chunks: Vec<_> = publish_chunks(jobs).collect();
+            let flat: Vec<_> = chunks.iter().flat_map(|c| c.iter()).collect();
+            assert_eq!(flat, jobs.iter().collect::<Vec<_>>());
+            chunks.iter().map(|c| c.len()).collect::<Vec<_>>()
+        };
+        let small: Vec<_> = (0..1234).map(|i| row(i, 300)).collect();
+        assert_eq!(sizes(&small), [500, 500, 234]);
+        assert!(sizes(&[]).is_empty());
+        let mut big = small[..10].to_vec();
+        big[3] = row(3, PUBLISH_BYTES / 2);
+        big[4] = row(4, PUBLISH_BYTES / 2);
+        big[7] = row(7, 2 * PUBLISH_BYTES);
+        assert_eq!(sizes(&big), [4, 3, 1, 2]);
+        assert_eq!(
+            publish(2),
+            "INSERT INTO fencecron_node_jobs (node, job, digest, definition) VALUES ($1, $2, $3, $4), ($5, $6, $7, $8)"
+        );
+        // SQLite's parameters unnumbered (sqlx would look each name up).
+        assert_eq!(
+            publish_in(Backend::Sqlite, 1),
+            "INSERT INTO fencecron_node_jobs (node, job, digest, definition) VALUES (?, ?, ?, ?)"
+        );
     }
 
     #[test]
