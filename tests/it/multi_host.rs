@@ -12,7 +12,10 @@
 //!   standby listed first;
 //! - a daemon leaves a primary that turns read-only while it still
 //!   answers (its writes fail with 25006, the pooled connections are
-//!   dropped, new ones go to the next host).
+//!   dropped, new ones go to the next host);
+//! - a daemon leaves a host whose address accepts and then closes every
+//!   connection (a proxy in front of a dead server), without waiting for
+//!   that server to come back.
 //!
 //! Needs root and PostgreSQL's server binaries; without them a loud
 //! `*** SKIPPED … ***`, under `CI=true` a failure.
@@ -494,5 +497,50 @@ async fn a_daemon_leaves_a_primary_that_turns_read_only() {
     eprintln!("{TEST}: moved in {:?}", started.elapsed());
     d.signal(Signal::SIGTERM);
     assert!(d.wait_exit(secs(20)).is_some(), "{}", d.summary());
+    drop(pair);
+}
+
+/// A host whose address still accepts connections but closes each at once
+/// (a proxy, load balancer or pooler in front of a dead server) fails
+/// every call at once, before the walk beside a slow call would start: the
+/// daemon walks the hosts after such a failure and follows the failover
+/// to the next host, without a restart and while the dead server stays
+/// dead (before, it stayed on that host until it answered again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daemon_leaves_a_host_that_closes_its_connections_at_once() {
+    const TEST: &str = "multi_host::a_daemon_leaves_a_host_that_closes_its_connections_at_once";
+    if skip_unless_available(TEST) {
+        return;
+    }
+    let pair = Pair::start().await;
+    let s = pair.standby.port;
+    // The primary behind a proxy: once the primary is gone, the proxy
+    // still accepts and closes each connection (its upstream refuses).
+    let front = Proxy::start(SocketAddr::from(([127, 0, 0, 1], pair.primary.port)));
+    let dir = tempfile::tempdir().expect("temp dir");
+    let runs = dir.path().join("runs");
+    let mut d = daemon(
+        dir.path(),
+        &url(
+            &[front.addr.port(), s],
+            "target_session_attrs=read-write&connect_timeout=2",
+        ),
+    );
+    let pid = d.pid();
+    wait_runs_above(&runs, 0, 2, &d);
+    let before = *tokens(&runs).iter().max().unwrap();
+
+    pair.primary.stop();
+    promote(&pair.standby);
+    wait_runs_above(&runs, before, 2, &d);
+    let after: Vec<i64> = tokens(&runs).into_iter().filter(|t| *t > before).collect();
+    assert!(
+        after.iter().all(|t| *t > 1 << 32),
+        "tokens after the failover come from the new timeline's epoch: {after:?}"
+    );
+    assert_eq!(d.pid(), pid, "the same daemon, never restarted");
+    d.signal(Signal::SIGTERM);
+    assert!(d.wait_exit(secs(20)).is_some(), "{}", d.summary());
+    drop(front);
     drop(pair);
 }

@@ -22,12 +22,16 @@
 //!   pool's next attempt reads ([`Hosts::look`]);
 //! - a write refused as read-only (SQLSTATE 25006: the server became a
 //!   standby, or read-only) retires every pooled connection opened before
-//!   it (`before_acquire`, no round trip), so the next calls walk again.
+//!   it (`before_acquire`, no round trip), so the next calls walk again;
+//! - a call that failed to reach its server (an I/O or protocol error: an
+//!   address that accepts and then closes, as a proxy in front of a dead
+//!   server does, fails at once, which the pool does not retry) makes the
+//!   next call walk the hosts before it runs ([`Hosts::saw`]).
 //!
 //! A URL with one host and `any` (the default) needs none of this: the
 //! pool connects as before ([`Hosts::new`] gives `None`).
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -120,6 +124,8 @@ pub(crate) struct Hosts {
     looking: tokio::sync::Mutex<()>,
     /// How long a walk's failure explains a failed call.
     recent: Duration,
+    /// A call failed to reach its server: the next call walks first.
+    walk_next: AtomicBool,
 }
 
 impl Hosts {
@@ -165,6 +171,7 @@ impl Hosts {
             failure: Mutex::new(None),
             looking: tokio::sync::Mutex::new(()),
             recent: call_timeout * 2,
+            walk_next: AtomicBool::new(false),
         })))
     }
 
@@ -205,15 +212,25 @@ impl Hosts {
     }
 
     /// Notes what a call's driver error says about its server: a write
-    /// refused as read-only retires the pooled connections.
+    /// refused as read-only retires the pooled connections; a connection
+    /// that failed at the I/O or protocol level makes the next call walk
+    /// the hosts first ([`watched`]). The pool retries only a refused
+    /// connection: an address that accepts and then closes or resets
+    /// (a proxy, load balancer or pooler in front of a dead server) fails
+    /// each call at once, before the walk beside a slow call would start,
+    /// and the pool would go on opening connections to it.
     pub(crate) fn saw(&self, e: &sqlx::Error) {
-        if let sqlx::Error::Database(db) = e {
-            if db.code().as_deref() == Some("25006") {
+        match e {
+            sqlx::Error::Database(db) if db.code().as_deref() == Some("25006") => {
                 *self
                     .retired_before
                     .lock()
                     .unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
             }
+            sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::Tls(_) => {
+                self.walk_next.store(true, Ordering::Relaxed);
+            }
+            _ => {}
         }
     }
 
@@ -478,6 +495,12 @@ pub(crate) async fn watched<T>(
     op: impl std::future::Future<Output = T>,
 ) -> T {
     hosts.sync(pool);
+    if hosts.walk_next.swap(false, Ordering::Relaxed) {
+        // The last call could not reach its server: the anchor is moved
+        // to the first host that qualifies now (or the call fails with
+        // every host's reason, [`Hosts::recent_failure`]).
+        let _ = hosts.look(pool).await;
+    }
     tokio::pin!(op);
     tokio::select! {
         r = &mut op => return r,
