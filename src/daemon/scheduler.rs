@@ -23,7 +23,7 @@ use tokio::sync::mpsc;
 use super::occurrence::Occurrence;
 use super::Shared;
 use super::{claim, fleet};
-use crate::config::{Catchup, Job, CATCHUP_TOLERANCE};
+use crate::config::{Catchup, Job, Overlap, CATCHUP_TOLERANCE};
 use crate::events::{self, SkipReason};
 use crate::store::rfc3339;
 
@@ -211,6 +211,10 @@ impl Scheduler {
     fn fire_due(&mut self) {
         let now = self.shared.clock.now();
         let mut due: Vec<Occurrence> = Vec::new();
+        // How many claimable occurrences each instant has, attempted here
+        // or not: what every node with these jobs counts alike, for the
+        // instant's assignment (`super::assign`).
+        let mut fired: HashMap<DateTime<Utc>, usize> = HashMap::new();
         while let Some(Reverse((at, rank, generation, name))) = self.heap.peek().cloned() {
             if at > now {
                 break;
@@ -223,6 +227,9 @@ impl Scheduler {
                 continue;
             }
             let job = entry.job.clone();
+            if job.overlap != Overlap::Replace {
+                *fired.entry(at).or_default() += 1;
+            }
             let next = job.schedule.next_after(at);
             if let Some(n) = next {
                 crate::metrics::next_run(&name, n);
@@ -264,9 +271,10 @@ impl Scheduler {
             let at = due[0].at;
             let split = due.iter().position(|o| o.at != at).unwrap_or(due.len());
             let rest = due.split_off(split);
+            let count = fired.get(&at).copied().unwrap_or(0);
             self.shared
                 .tracker
-                .spawn(claim::claim(self.shared.clone(), due));
+                .spawn(claim::claim_instant(self.shared.clone(), due, count));
             due = rest;
         }
     }
