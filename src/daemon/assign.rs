@@ -68,6 +68,11 @@ use crate::store::{millis, BeatAnswer, HEARTBEAT};
 /// live nodes).
 pub(super) const BATCH: usize = 16;
 
+/// How many nodes read the pending triggers in each
+/// [`TRIGGER_POLL`](crate::store::TRIGGER_POLL) period while the view is
+/// trusted ([`pollers`]); every node reads them otherwise.
+pub(super) const POLLERS: usize = 2;
+
 /// How many beats in a row must answer the same live nodes before the
 /// assignment is trusted.
 pub(super) const STABLE_BEATS: usize = 3;
@@ -155,6 +160,17 @@ impl Assignment {
     }
 }
 
+/// The nodes (indices into the sorted list of `nodes`) that read the
+/// pending triggers in the poll period `slot` (the wall clock's
+/// milliseconds divided by the poll period): [`POLLERS`] of them, rotated
+/// by the period. A trigger they leave (at capacity, dead) stays pending
+/// for the next period's pollers: a request waits longer, it is never lost.
+pub(super) fn pollers(nodes: usize, slot: i64) -> Vec<usize> {
+    let n = nodes.max(1);
+    let start = (hash(b"triggers", slot as u64) % n as u64) as usize;
+    (0..POLLERS.min(n)).map(|i| (start + i) % n).collect()
+}
+
 /// The live nodes as this node's last beats saw them, trusted.
 #[derive(Debug, Clone)]
 pub(super) struct View {
@@ -170,6 +186,12 @@ impl View {
     /// How many nodes the view holds.
     pub(super) fn len(&self) -> usize {
         self.nodes.len()
+    }
+
+    /// Whether this node reads the pending triggers in the poll period
+    /// `slot` ([`pollers`]).
+    pub(super) fn polls_triggers(&self, slot: i64) -> bool {
+        pollers(self.nodes.len(), slot).contains(&self.me)
     }
 
     /// This node's role for `job`'s occurrence under `assignment`.
@@ -434,6 +456,24 @@ mod tests {
         let mean = 100 * due / nodes;
         assert!(per_node.iter().all(|&c| c > 0), "{per_node:?}");
         assert!(per_node.iter().all(|&c| c < mean * 3), "{per_node:?}");
+    }
+
+    /// Two different pollers per period with two nodes or more (one
+    /// alone), rotating so that every node polls now and then.
+    #[test]
+    fn two_pollers_per_period_rotate() {
+        assert_eq!(pollers(1, 7), [0]);
+        let mut polled = [0usize; 10];
+        for slot in 900_000_000..900_000_200 {
+            let p = pollers(10, slot);
+            assert_eq!(p.len(), 2);
+            assert_ne!(p[0], p[1]);
+            assert_eq!(p, pollers(10, slot));
+            for i in p {
+                polled[i] += 1;
+            }
+        }
+        assert!(polled.iter().all(|&c| c > 10), "{polled:?}");
     }
 
     fn node(id: &str, seen: i64, state: NodeState, digest: &str) -> NodeInfo {

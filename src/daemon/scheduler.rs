@@ -95,9 +95,11 @@ impl Scheduler {
             let t = tokio::time::Instant::now();
             if t >= next_poll {
                 next_poll = t + crate::store::TRIGGER_POLL;
-                self.spawn_once(&polling, |shared, jobs| {
-                    fleet::poll_triggers(shared, jobs.into_iter().collect())
-                });
+                if self.polls_triggers() {
+                    self.spawn_once(&polling, |shared, jobs| {
+                        fleet::poll_triggers(shared, jobs.into_iter().collect())
+                    });
+                }
             }
             if t >= next_prune {
                 next_prune = t + fleet::PRUNE_EVERY;
@@ -134,6 +136,23 @@ impl Scheduler {
                 _ = tokio::time::sleep(wait) => {}
             }
         }
+    }
+
+    /// Whether this node reads the pending triggers in this poll period:
+    /// always, unless its view of the live nodes is trusted; then only
+    /// when it is one of the period's pollers (`assign::pollers`).
+    fn polls_triggers(&self) -> bool {
+        let period = i64::try_from(crate::store::TRIGGER_POLL.as_millis()).unwrap_or(2_000);
+        let slot = self
+            .shared
+            .clock
+            .now()
+            .timestamp_millis()
+            .div_euclid(period);
+        self.shared
+            .views
+            .current()
+            .is_none_or(|v| v.polls_triggers(slot))
     }
 
     /// Spawns `task` on the current jobs unless the previous one of its

@@ -395,3 +395,64 @@ async fn a_reload_competes_at_once() {
     each_ran_once(&rig, &jobs, 1..=25).await;
     each_ran_once(&rig, &more[20..], 21..=25).await;
 }
+
+/// Trigger polls follow the same view: while the nodes are steady only two
+/// of them read the pending triggers every 2 s (instead of all five), and
+/// a trigger is still claimed once and run within a poll period; before
+/// the nodes are steady, every node polls.
+#[tokio::test(start_paused = true)]
+async fn only_two_nodes_poll_the_triggers_once_the_nodes_are_steady() {
+    let rig = quick_rig();
+    let mut jobs = every_second(&rig, 20);
+    jobs.push(job_on(&rig, "rare", "0 0 0 1 1 *"));
+    let nodes: Vec<_> = ["node-a", "node-b", "node-c", "node-d", "node-e"]
+        .iter()
+        .map(|n| start_node(&rig, n, jobs.clone()))
+        .collect();
+    tokio::time::sleep(ms(30_100)).await;
+    let polls = |from: u64, to: u64| {
+        rig.store
+            .entries(Op::Fleet)
+            .iter()
+            .filter(|e| e.what == "pending_triggers")
+            .filter(|e| (ms(from)..ms(to)).contains(&(e.at - rig.t0)))
+            .count()
+    };
+    // Polls at 2, 4, 6, 8 s: not steady yet, all five nodes poll.
+    assert_eq!(polls(1_000, 9_000), 4 * 5);
+    // Polls at 14, 16, …, 30 s: steady, two per period.
+    assert_eq!(polls(13_000, 30_100), 9 * 2);
+    rig.store
+        .request_trigger(&TriggerInfo {
+            id: "t1".into(),
+            job: "rare".into(),
+            requested_at: at(),
+            requested_by: "ops@host".into(),
+            state: TriggerState::Pending,
+            node: None,
+            token: None,
+            detail: None,
+        })
+        .await
+        .unwrap();
+    tokio::time::sleep(ms(2_000)).await;
+    let t = rig.store.trigger("t1").await.unwrap().unwrap();
+    assert!(
+        matches!(t.state, TriggerState::Started | TriggerState::Ended),
+        "{t:?}"
+    );
+    assert_eq!(t.token, Some(1), "{t:?}");
+    stop_all(&rig, nodes).await;
+    let manual = rig
+        .store
+        .runs(&RunQuery {
+            limit: 1_000_000,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|r| r.trigger == "manual")
+        .count();
+    assert_eq!(manual, 1);
+}
