@@ -22,6 +22,13 @@
 //!   wins what a dead, slow or full primary left;
 //! * every other node does not ask about it.
 //!
+//! The split is used only where it makes fewer claims than every node
+//! claiming everything, i.e. `2 m < N` ([`Assignment::pays`]): from three
+//! nodes on for an instant of up to 16 occurrences, from five for up to
+//! 32, from nine for up to 64. Smaller fleets keep full competition,
+//! which costs them about as few claims (3 nodes, 33 due: about 5 claims
+//! per instant against the split's 6).
+//!
 //! The hash is FNV-1a with a fixed mixer, so that nodes built apart
 //! compute the same; `J` is the number of the node's jobs due at that
 //! instant (claimable ones: not `overlap = "replace"`), the same on every
@@ -142,6 +149,14 @@ impl Assignment {
     /// How many nodes claim at this instant.
     pub(super) fn claimers(&self) -> usize {
         self.m
+    }
+
+    /// Whether the split makes fewer claims than full competition: its
+    /// `2 m` (a primary and a backup claim per chunk) against at least one
+    /// claim per node. In a small fleet (3 nodes, 33 due: 6 against 3 plus
+    /// a few second rounds) every node claims everything instead.
+    pub(super) fn pays(&self) -> bool {
+        2 * self.m < self.order.len()
     }
 
     /// The node indices (into the sorted list) of `job`'s primary and
@@ -387,6 +402,23 @@ mod tests {
         (3, Some(4)),
         (3, Some(4)),
     ];
+
+    /// The split is used only where it makes fewer claims than every
+    /// node claiming: `2 m < N`.
+    #[test]
+    fn the_split_is_used_only_where_it_makes_fewer_claims() {
+        assert!(Assignment::of(100, 0, 50).pays());
+        assert!(Assignment::of(20, 0, 50).pays());
+        assert!(Assignment::of(5, 0, 20).pays());
+        assert!(!Assignment::of(4, 0, 20).pays());
+        assert!(!Assignment::of(3, 0, 33).pays());
+        assert!(
+            Assignment::of(3, 0, 1).pays(),
+            "one chunk: 2 claims against 3"
+        );
+        assert!(!Assignment::of(2, 0, 1).pays());
+        assert!(!Assignment::of(1, 0, 1).pays());
+    }
 
     /// `m = clamp(ceil(J / BATCH), 1, N)`.
     #[test]

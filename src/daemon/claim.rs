@@ -173,14 +173,15 @@ pub(super) async fn claim_instant(
         }
         return out.all().await;
     }
-    let Some(view) = shared.views.current() else {
+    let split = shared.views.current().and_then(|view| {
+        let at = due.first()?.at;
+        let assignment = assign::Assignment::of(view.len(), at.timestamp(), fired);
+        assignment.pays().then_some((view, at, assignment))
+    });
+    let Some((view, at, assignment)) = split else {
         let entered = enter(&shared, &mut out, due.into_iter().enumerate());
         return compete(&shared, out, entered).await;
     };
-    let Some(at) = due.first().map(|o| o.at) else {
-        return Vec::new();
-    };
-    let assignment = assign::Assignment::of(view.len(), at.timestamp(), fired);
     let (mut primary, mut backup, mut others) = (Vec::new(), Vec::new(), 0);
     for (index, occurrence) in due.into_iter().enumerate() {
         if occurrence.job.overlap == Overlap::Replace {
