@@ -566,6 +566,53 @@ pub fn occurrences_claimed(scheduled_at: &str, round: u32, items: usize, won: us
     );
 }
 
+/// The occurrences of one instant split among its claimers (debug level,
+/// one line per instant): this node claims `primary` at the instant and
+/// `backup` after the primary, and asks nothing about `others` (the other
+/// claimers' chunks), of the instant's `due`, among `claimers` of `nodes`.
+pub fn occurrences_assigned(
+    scheduled_at: &str,
+    due: usize,
+    claimers: usize,
+    nodes: usize,
+    primary: usize,
+    backup: usize,
+    others: usize,
+) {
+    debug!(
+        event = "occurrences_assigned",
+        scheduled_at,
+        due,
+        claimers,
+        nodes,
+        primary,
+        backup,
+        others,
+        "occurrences split among the instant's claimers"
+    );
+}
+
+/// From now on this node claims only what the assignment gives it: its
+/// last beats answered the same `nodes` running live nodes, with the same
+/// jobs and version (logged when the mode changes).
+pub fn claims_assigned(nodes: usize) {
+    info!(
+        event = "claims_assigned",
+        nodes,
+        "the live nodes are steady: each instant's occurrences are split among a few claimers"
+    );
+}
+
+/// From now on this node claims every occurrence, as every node does
+/// while its view of the fleet cannot be trusted (`reason`; logged when
+/// the mode changes).
+pub fn claims_competed(reason: &str) {
+    info!(
+        event = "claims_competed",
+        reason, "every node claims every occurrence until the live nodes are steady"
+    );
+}
+
 /// This node holds `node.max_running` runs: the occurrence waits for one
 /// to end before it competes (debug level; `occurrence_skipped` with
 /// reason `capacity` if none ends in time).

@@ -1,11 +1,21 @@
 //! Batch claims, the daemon's first attempt at every scheduled occurrence:
 //! the occurrences this node fires at one instant, claimed in one store
 //! operation ([`Store::claim`](crate::store::Store::claim), every store)
-//! instead of one acquire each. [`claim`] is the one entry of an
+//! instead of one acquire each. [`claim_instant`] is the one entry of an
 //! occurrence: it turns the claim's answer into one [`Decision`] per
 //! occurrence, which [`Occurrence::run_entered`] follows.
 //!
-//! The flow, for the occurrences of one instant ([`claim`]):
+//! Who asks: while the node's view of the live nodes is trusted
+//! ([`assign`]), the instant's occurrences are split into chunks among a
+//! few claimers; this node claims its primary chunk at the instant and its
+//! backup chunk [`SECOND_ROUND_AFTER`] later, each in one claim bounded
+//! only by its free places, and does not ask about the rest
+//! ([`Ending::Assigned`]). A chunk claim that stops at the node's places
+//! with occurrences left leaves those to wait for a place alone, and makes
+//! the node compete for everything for a while. Otherwise, *full
+//! competition*: the node claims every occurrence, as follows.
+//!
+//! The flow of full competition, for the occurrences of one instant:
 //!
 //! * each enters the node's running set (or skips `held`, as alone), and
 //!   one past its `starting_deadline` is skipped without asking the store;
@@ -51,6 +61,7 @@ use std::time::Duration;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use super::assign::{self, Role};
 use super::occurrence::{
     give_back_late, Decision, Ending, Occurrence, RunningGuard, Slot, Undecided,
 };
@@ -108,6 +119,17 @@ impl Endings {
         self.going.push((e.index, shared.tracker.spawn(task)));
     }
 
+    /// Takes over what `other` (over the same occurrences) ended and
+    /// started.
+    fn merge(&mut self, other: Endings) {
+        for (mine, theirs) in self.ended.iter_mut().zip(other.ended) {
+            if theirs.is_some() {
+                *mine = theirs;
+            }
+        }
+        self.going.extend(other.going);
+    }
+
     /// Every occurrence's ending, once each has ended.
     async fn all(mut self) -> Vec<Ending> {
         for (index, task) in std::mem::take(&mut self.going) {
@@ -120,9 +142,29 @@ impl Endings {
     }
 }
 
-/// Claims and runs the occurrences of one instant (see the module docs);
-/// returns how each ended, in order, once every one has.
+/// Claims and runs the occurrences of one instant (see the module docs),
+/// the instant's claimable count taken from `due` itself; returns how each
+/// ended, in order, once every one has.
+#[cfg(test)]
 pub(super) async fn claim(shared: Shared, due: Vec<Occurrence>) -> Vec<Ending> {
+    let fired = due
+        .iter()
+        .filter(|o| o.job.overlap != Overlap::Replace)
+        .count();
+    claim_instant(shared, due, fired).await
+}
+
+/// Claims and runs the occurrences of one instant (see the module docs):
+/// those of its chunks when the node's view of the fleet is trusted
+/// ([`assign`]), every one otherwise. `fired` is how many claimable
+/// occurrences the node's jobs have at this instant, whether or not this
+/// node attempts them (the same on every node with the same jobs); returns
+/// how each of `due` ended, in order, once every one has.
+pub(super) async fn claim_instant(
+    shared: Shared,
+    due: Vec<Occurrence>,
+    fired: usize,
+) -> Vec<Ending> {
     let mut out = Endings::new(due.len());
     if shared.draining.is_cancelled() {
         // Fired just before the drain began: competed for by nobody here.
@@ -131,8 +173,86 @@ pub(super) async fn claim(shared: Shared, due: Vec<Occurrence>) -> Vec<Ending> {
         }
         return out.all().await;
     }
-    let mut entered = Vec::with_capacity(due.len());
+    let split = shared.views.current().and_then(|view| {
+        let at = due.first()?.at;
+        let assignment = assign::Assignment::of(view.len(), at.timestamp(), fired);
+        assignment.pays().then_some((view, at, assignment))
+    });
+    let Some((view, at, assignment)) = split else {
+        let entered = enter(&shared, &mut out, due.into_iter().enumerate());
+        return compete(&shared, out, entered).await;
+    };
+    let (mut primary, mut backup, mut others) = (Vec::new(), Vec::new(), 0);
     for (index, occurrence) in due.into_iter().enumerate() {
+        if occurrence.job.overlap == Overlap::Replace {
+            // Every node competes for it on its own, as without the
+            // assignment.
+            primary.push((index, occurrence));
+            continue;
+        }
+        match view.role(&assignment, occurrence.job.name.as_str()) {
+            Role::Primary => primary.push((index, occurrence)),
+            Role::Backup => backup.push((index, occurrence)),
+            Role::Neither => {
+                // Another claimer's chunk: not asked about here (one debug
+                // line per instant below, not one per occurrence).
+                others += 1;
+                out.ended(index, Ending::Assigned);
+            }
+        }
+    }
+    events::occurrences_assigned(
+        &crate::store::rfc3339(at),
+        fired,
+        assignment.claimers(),
+        view.len(),
+        primary.len(),
+        backup.len(),
+        others,
+    );
+    let primary = async {
+        let mut out = Endings::new(out.ended.len());
+        let entered = enter(&shared, &mut out, primary.into_iter());
+        chunk(&shared, &mut out, entered, 1).await;
+        out
+    };
+    let backup = async {
+        let mut out = Endings::new(out.ended.len());
+        if backup.is_empty() {
+            return out;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(SECOND_ROUND_AFTER) => {}
+            // Draining: what the primary left is for the others (a node
+            // that drains competes for nothing new).
+            _ = shared.draining.cancelled() => {
+                for (index, _) in backup {
+                    out.ended(index, Ending::Stopped);
+                }
+                return out;
+            }
+        }
+        let entered = enter(&shared, &mut out, backup.into_iter());
+        chunk(&shared, &mut out, entered, 2).await;
+        out
+    };
+    let (primary, backup) = tokio::join!(primary, backup);
+    out.merge(primary);
+    out.merge(backup);
+    out.all().await
+}
+
+/// Enters each occurrence into the node's running set (a held one is
+/// skipped, one past its `starting_deadline` ends there) and gives it its
+/// owner id; `overlap = "replace"` ones are decided at once
+/// ([`Undecided::Replace`]). Returns those to claim.
+fn enter(
+    shared: &Shared,
+    out: &mut Endings,
+    due: impl Iterator<Item = (usize, Occurrence)>,
+) -> Vec<Entered> {
+    let mut entered = Vec::new();
+    for (index, occurrence) in due {
         let Some(guard) = occurrence.enter() else {
             out.ended(index, Ending::Skipped(crate::events::SkipReason::Held));
             continue;
@@ -153,20 +273,26 @@ pub(super) async fn claim(shared: Shared, due: Vec<Occurrence>) -> Vec<Ending> {
             owner_id: OwnerId::fresh(),
         };
         if e.occurrence.job.overlap == Overlap::Replace {
-            out.decided(&shared, e, Decision::Undecided(Undecided::Replace));
+            out.decided(shared, e, Decision::Undecided(Undecided::Replace));
             continue;
         }
         entered.push(e);
     }
-    let slots = take_slots(&shared, entered.len());
+    entered
+}
+
+/// Full competition: one claim of every occurrence, winning at most the
+/// node's share, then a second round for what nobody took.
+async fn compete(shared: &Shared, mut out: Endings, entered: Vec<Entered>) -> Vec<Ending> {
+    let slots = take_slots(shared, entered.len());
     if slots.is_empty() {
         // At capacity: no claim; each waits for a place and competes alone.
         for e in entered {
-            out.decided(&shared, e, Decision::Undecided(Undecided::AtCapacity));
+            out.decided(shared, e, Decision::Undecided(Undecided::AtCapacity));
         }
         return out.all().await;
     }
-    let left = round(&shared, &mut out, entered, slots, true).await;
+    let left = round(shared, &mut out, entered, slots, Round::Share).await;
     if left.is_empty() {
         return out.all().await;
     }
@@ -180,18 +306,47 @@ pub(super) async fn claim(shared: Shared, due: Vec<Occurrence>) -> Vec<Ending> {
             return out.all().await;
         }
     }
-    let slots = take_slots(&shared, left.len());
+    let slots = take_slots(shared, left.len());
     if slots.is_empty() {
         for e in left {
-            out.decided(&shared, e, Decision::Undecided(Undecided::AtCapacity));
+            out.decided(shared, e, Decision::Undecided(Undecided::AtCapacity));
         }
         return out.all().await;
     }
-    let skipped = round(&shared, &mut out, left, slots, false).await;
+    let skipped = round(shared, &mut out, left, slots, Round::Rest).await;
     for e in skipped {
         out.ended(e.index, taken(&e));
     }
     out.all().await
+}
+
+/// One claim of this node's chunk (`round` 1 as the primary, 2 as the
+/// backup), winning as many as the node's free places allow. With no free
+/// place, or when the claim stopped at its places with occurrences still
+/// free, those wait for a place and compete alone, and the node competes
+/// for everything for a while ([`Views::hold_off`]): its chunks need a
+/// node with room.
+///
+/// [`Views::hold_off`]: assign::Views::hold_off
+async fn chunk(shared: &Shared, out: &mut Endings, entered: Vec<Entered>, round_no: u32) {
+    if entered.is_empty() {
+        return;
+    }
+    let slots = take_slots(shared, entered.len());
+    if slots.is_empty() {
+        shared.views.hold_off();
+        for e in entered {
+            out.decided(shared, e, Decision::Undecided(Undecided::AtCapacity));
+        }
+        return;
+    }
+    let full = round(shared, out, entered, slots, Round::Chunk(round_no)).await;
+    if !full.is_empty() {
+        shared.views.hold_off();
+        for e in full {
+            out.decided(shared, e, Decision::Undecided(Undecided::AtCapacity));
+        }
+    }
 }
 
 /// Up to `n` free places of the node's capacity (`n` without a limit).
@@ -210,23 +365,33 @@ fn taken(e: &Entered) -> Ending {
     Ending::Taken
 }
 
+/// Which claim [`round`] makes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Round {
+    /// Full competition's first claim: at most the node's share.
+    Share,
+    /// Full competition's second claim: what the others left.
+    Rest,
+    /// The node's chunk of an instant's assignment (1 as the primary, 2 as
+    /// the backup).
+    Chunk(u32),
+}
+
 /// One claim of `entered`, winning at most `slots.len()`; decides each
-/// occurrence (into `out`). Returns the occurrences it skipped while
-/// stopping at its share (`share`) with rows still free, for a second
-/// round; without `share` every skipped occurrence is returned.
-///
-/// Each occurrence waits for the answer until its own give-up time, then
-/// ends as an unanswered acquire would; the claim itself is never dropped
-/// half-way (that would cost the connection): an answer that comes after
-/// some gave up is used for the others, and what it won for those goes
-/// back. Only a claim that fails leaves wins unseen, to be swept.
+/// occurrence (into `out`). Returns the occurrences it skipped: with
+/// [`Round::Share`], only when the claim stopped at its share with rows
+/// still free (for a second round); with [`Round::Rest`], every one; with
+/// [`Round::Chunk`], only when the claim stopped at its free places with
+/// rows still free (they wait for a place). A skipped row otherwise means
+/// another claimer took or is taking it: ended as taken.
 async fn round(
     shared: &Shared,
     out: &mut Endings,
     entered: Vec<Entered>,
     mut slots: Vec<Slot>,
-    share: bool,
+    kind: Round,
 ) -> Vec<Entered> {
+    let share = kind == Round::Share;
     let store = shared.supervisor.store().clone();
     let node = shared.supervisor.node().to_string();
     let items: Vec<ClaimJob> = entered
@@ -308,9 +473,16 @@ async fn round(
         .iter()
         .filter(|c| matches!(c, Claimed::Won(_)))
         .count();
-    let round_no = if share { 1 } else { 2 };
+    let round_no = match kind {
+        Round::Share => 1,
+        Round::Rest => 2,
+        Round::Chunk(n) => n,
+    };
     events::occurrences_claimed(&at, round_no, count, won, outcome.limit);
-    let again = share && outcome.left_some();
+    let again = match kind {
+        Round::Share | Round::Chunk(_) => outcome.left_some(),
+        Round::Rest => true,
+    };
     let mut left = Vec::new();
     for ((w, claimed), (job, _, at)) in waiting.into_iter().zip(outcome.items).zip(&items) {
         let Some(e) = w else {
@@ -327,7 +499,7 @@ async fn round(
                 slot: slots.pop().unwrap_or_default(),
             },
             Claimed::Lost(lost) => Decision::Lost(lost),
-            Claimed::Skipped if again || !share => {
+            Claimed::Skipped if again => {
                 left.push(e);
                 continue;
             }

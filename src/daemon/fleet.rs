@@ -3,8 +3,10 @@
 //!
 //! Triggers are polled: every [`crate::store::TRIGGER_POLL`] (2 s) the
 //! scheduler loop starts one `pending_triggers` read (never two at once),
-//! the idle cost of the feature: 30 statements a minute per daemon, one
-//! indexed read of a table that is empty unless a trigger waits. A pending trigger for one of this
+//! the idle cost of the feature: one indexed read of a table that is empty
+//! unless a trigger waits, 30 statements a minute per daemon; while the
+//! node's view of the live nodes is trusted, only the period's two pollers
+//! read (`super::assign::pollers`), 30 a minute for the whole fleet. A pending trigger for one of this
 //! daemon's jobs is claimed (exactly one daemon's claim succeeds; a daemon
 //! at `node.max_running` claims none), then the
 //! job's lease is acquired like `exec` acquires one (no occurrence: a new

@@ -22,6 +22,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use super::assign::{Me, Stability, Views};
 use super::occurrence::Running;
 use crate::clock::Clock;
 use crate::domain::NodeState;
@@ -78,6 +79,9 @@ pub(super) struct Heartbeat {
     /// also read the pauses (`fencecron_job_paused`), and every
     /// [`ALL_ROWS_EVERY`]th beat every node row (`fencecron_nodes`).
     pub metrics: bool,
+    /// Where each beat leaves the live nodes for the claims
+    /// ([`super::assign`]).
+    pub views: Views,
 }
 
 /// Where in each [`HEARTBEAT`] period of the wall clock a beat falls: 2.5 s
@@ -114,6 +118,8 @@ struct Beats {
     /// rows were gone then (`fencecron_nodes{state="gone"}`).
     beats_since_rows: u32,
     gone: usize,
+    /// The live nodes of the last beats, for the claims' assignment.
+    stability: Stability,
 }
 
 impl Heartbeat {
@@ -200,10 +206,12 @@ impl Heartbeat {
             .is_err()
         {
             // `await_store` logs it and retries.
+            b.stability.failed(&self.views);
             return;
         }
         let set = self.jobs.borrow().clone();
         if let Err(e) = self.publish(b, &set).await {
+            b.stability.failed(&self.views);
             events::store_unavailable(
                 self.store.outages(),
                 "publish_jobs",
@@ -225,10 +233,17 @@ impl Heartbeat {
                 answer
             }
             Err(e) => {
+                b.stability.failed(&self.views);
                 events::store_unavailable(self.store.outages(), "beat", None, &e.to_string(), None);
                 return;
             }
         };
+        let me = Me {
+            node: &self.node,
+            digest: &set.digest,
+            version: env!("CARGO_PKG_VERSION"),
+        };
+        b.stability.beat(&self.views, &me, &answer);
         let now = answer.now;
         b.started_at.get_or_insert(now);
         if let Err(e) = self.check_drift(b, &answer).await {
@@ -468,6 +483,7 @@ mod tests {
             clock: on_phase(),
             retention,
             metrics: true,
+            views: Default::default(),
         }
     }
 

@@ -28,6 +28,7 @@
 //! says what the daemon waits for), RELOADING, STATUS, STOPPING and, with
 //! `WatchdogSec=`, WATCHDOG pings from the scheduler loop itself.
 
+mod assign;
 mod claim;
 mod fleet;
 mod heartbeat;
@@ -215,6 +216,7 @@ async fn serve(
     // every other task (its last beat says the node stopped).
     let stopped = CancellationToken::new();
     let (jobs_tx, jobs_rx) = watch::channel(JobSet::of(&jobs));
+    let views = assign::Views::default();
     let beats = tokio::spawn(
         Heartbeat {
             store: store.clone(),
@@ -227,6 +229,7 @@ async fn serve(
             clock,
             retention: history.nodes,
             metrics,
+            views: views.clone(),
         }
         .run(),
     );
@@ -244,6 +247,7 @@ async fn serve(
         history,
         sweeper: Default::default(),
         metrics,
+        views: views.clone(),
     });
     let job_count = jobs.len();
     tracker.spawn(scheduler.run(jobs, reload_rx));
@@ -266,6 +270,10 @@ async fn serve(
         match control.recv().await {
             Some(Control::Reload(jobs)) => {
                 if let Ok(jobs) = &jobs {
+                    // The other nodes may split the instants by the old
+                    // jobs until they see the new ones: compete for
+                    // everything until the beats agree again.
+                    views.hold_off();
                     jobs_tx.send_replace(JobSet::of(jobs));
                 }
                 reload(jobs, &reload_tx, ready.initialized()).await
@@ -482,4 +490,7 @@ struct Shared {
     /// about 1 KB a job that no one could read otherwise (10 MB at 10,000
     /// jobs). Events still move the series of the jobs they are about.
     metrics: bool,
+    /// The live nodes as the heartbeat last saw them, when they can be
+    /// trusted: who claims which occurrence ([`assign`]).
+    views: assign::Views,
 }

@@ -68,6 +68,9 @@ pub(super) enum Ending {
     Skipped(SkipReason),
     /// Another node took it (`occurrence_taken`).
     Taken,
+    /// Another node's chunk of the instant: this node did not ask the
+    /// store about it (`occurrences_assigned`, [`super::assign`]).
+    Assigned,
     /// The daemon is stopping.
     Stopped,
 }

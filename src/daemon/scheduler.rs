@@ -23,7 +23,7 @@ use tokio::sync::mpsc;
 use super::occurrence::Occurrence;
 use super::Shared;
 use super::{claim, fleet};
-use crate::config::{Catchup, Job, CATCHUP_TOLERANCE};
+use crate::config::{Catchup, Job, Overlap, CATCHUP_TOLERANCE};
 use crate::events::{self, SkipReason};
 use crate::store::rfc3339;
 
@@ -95,9 +95,11 @@ impl Scheduler {
             let t = tokio::time::Instant::now();
             if t >= next_poll {
                 next_poll = t + crate::store::TRIGGER_POLL;
-                self.spawn_once(&polling, |shared, jobs| {
-                    fleet::poll_triggers(shared, jobs.into_iter().collect())
-                });
+                if self.polls_triggers() {
+                    self.spawn_once(&polling, |shared, jobs| {
+                        fleet::poll_triggers(shared, jobs.into_iter().collect())
+                    });
+                }
             }
             if t >= next_prune {
                 next_prune = t + fleet::PRUNE_EVERY;
@@ -134,6 +136,23 @@ impl Scheduler {
                 _ = tokio::time::sleep(wait) => {}
             }
         }
+    }
+
+    /// Whether this node reads the pending triggers in this poll period:
+    /// always, unless its view of the live nodes is trusted; then only
+    /// when it is one of the period's pollers (`assign::pollers`).
+    fn polls_triggers(&self) -> bool {
+        let period = i64::try_from(crate::store::TRIGGER_POLL.as_millis()).unwrap_or(2_000);
+        let slot = self
+            .shared
+            .clock
+            .now()
+            .timestamp_millis()
+            .div_euclid(period);
+        self.shared
+            .views
+            .current()
+            .is_none_or(|v| v.polls_triggers(slot))
     }
 
     /// Spawns `task` on the current jobs unless the previous one of its
@@ -219,6 +238,10 @@ impl Scheduler {
     fn fire_due(&mut self) {
         let now = self.shared.clock.now();
         let mut due: Vec<Occurrence> = Vec::new();
+        // How many claimable occurrences each instant has, attempted here
+        // or not: what every node with these jobs counts alike, for the
+        // instant's assignment (`super::assign`).
+        let mut fired: HashMap<DateTime<Utc>, usize> = HashMap::new();
         while let Some(Reverse((at, rank, generation, name))) = self.heap.peek().cloned() {
             if at > now {
                 break;
@@ -231,6 +254,9 @@ impl Scheduler {
                 continue;
             }
             let job = entry.job.clone();
+            if job.overlap != Overlap::Replace {
+                *fired.entry(at).or_default() += 1;
+            }
             let next = job.schedule.next_after(at);
             if let Some(n) = next {
                 if self.shared.metrics {
@@ -274,9 +300,10 @@ impl Scheduler {
             let at = due[0].at;
             let split = due.iter().position(|o| o.at != at).unwrap_or(due.len());
             let rest = due.split_off(split);
+            let count = fired.get(&at).copied().unwrap_or(0);
             self.shared
                 .tracker
-                .spawn(claim::claim(self.shared.clone(), due));
+                .spawn(claim::claim_instant(self.shared.clone(), due, count));
             due = rest;
         }
     }

@@ -10,6 +10,7 @@
 //! 10 s after its instant (a lease length; the next instant is 60 s away).
 
 mod acquire;
+mod assign;
 mod capacity;
 mod claim;
 mod daemon;
@@ -94,6 +95,7 @@ impl Rig {
             history: Default::default(),
             sweeper: Default::default(),
             metrics: true,
+            views: Default::default(),
         };
         let job = Job {
             name: Name::parse("job", "job").unwrap(),

@@ -59,6 +59,7 @@ impl Fleet for MemoryStore {
 
     async fn pending_triggers(&self) -> Result<Vec<TriggerInfo>, StoreError> {
         self.call(Op::Fleet, |s, _| {
+            s.note(Op::Fleet, "pending_triggers");
             s.triggers
                 .iter()
                 .filter(|t| t.state == TriggerState::Pending)

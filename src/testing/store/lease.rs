@@ -301,6 +301,12 @@ impl Leases for MemoryStore {
                 })
                 .collect();
             s.note(Op::Claim, format!("limit {limit}: {}", what.join(", ")));
+            s.claims.push(ClaimSeen {
+                at: Instant::now(),
+                node: node.clone(),
+                resources: items.iter().map(|i| i.resource.to_string()).collect(),
+                share,
+            });
             ClaimOutcome { items: out, limit }
         })
         .await

@@ -192,6 +192,20 @@ struct State {
     /// The fencing proxy's highest admitted token per resource
     /// (`fencecron_proxy_fences`).
     proxy: BTreeMap<String, Token>,
+    /// Every claim answered: who asked, for what.
+    claims: Vec<ClaimSeen>,
+}
+
+/// One claim the store answered ([`MemoryStore::claims`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ClaimSeen {
+    /// When (tokio's clock).
+    pub at: Instant,
+    pub node: String,
+    /// The items' resources, in the request's order.
+    pub resources: Vec<String>,
+    /// Whether the claim was bounded by the node's share.
+    pub share: bool,
 }
 
 impl State {
@@ -276,6 +290,11 @@ impl MemoryStore {
             .filter(|e| e.op == op)
             .cloned()
             .collect()
+    }
+
+    /// Every claim answered, in order.
+    pub(crate) fn claims(&self) -> Vec<ClaimSeen> {
+        self.lock().claims.clone()
     }
 
     /// The store's clock now, in milliseconds.
