@@ -22,6 +22,10 @@ use super::{
 use crate::domain::{self, NodeState, RunOutcome, RunState, TriggerState};
 
 mod db;
+mod publish;
+
+pub(super) use publish::{publish_chunks, PUBLISH_ROWS};
+use publish::publish_in;
 
 pub(super) const FINISH_RUN: &str = "UPDATE fencecron_runs
     SET finished_at_ms = started_at_ms + $1, outcome = $2, exit_code = $3, signal_name = $4,
@@ -155,77 +159,6 @@ const LIVE_NODES: &str = "SELECT node, seen_ms, hostname, pid, version, config_d
   FROM fencecron_nodes WHERE state <> $1 AND seen_ms > $2 ORDER BY node";
 
 const UNPUBLISH: &str = "DELETE FROM fencecron_node_jobs WHERE node = $1";
-
-/// A node's definitions, [`PUBLISH_ROWS`] rows a statement at most: the
-/// statement for `rows` rows, `($1, $2, $3, $4), ($5, ...)` (four
-/// parameters a row, each used once and in order).
-fn publish(rows: usize) -> String {
-    let mut text =
-        String::from("INSERT INTO fencecron_node_jobs (node, job, digest, definition) VALUES ");
-    for row in 0..rows {
-        let n = row * 4;
-        if row > 0 {
-            text.push_str(", ");
-        }
-        text.push_str(&format!("(${}, ${}, ${}, ${})", n + 1, n + 2, n + 3, n + 4));
-    }
-    text
-}
-
-/// [`publish`] in `backend`'s placeholders; on SQLite the anonymous `?`
-/// (each parameter is used once and in order): sqlx looks up the name of
-/// every numbered parameter (`?1`, `?2`, …), which SQLite finds by a scan
-/// of all of the statement's names, so 2,000 numbered parameters cost 2
-/// million steps a statement (a third of a daemon's start with 10,000
-/// jobs), and anonymous ones none.
-fn publish_in(backend: Backend, rows: usize) -> String {
-    let positional = match backend {
-        Backend::Sqlite => Backend::MySql,
-        other => other,
-    };
-    placeholders(positional, &publish(rows))
-}
-
-/// The most rows one publishing statement inserts: 2,000 parameters, far
-/// below each server's limit on a statement's parameters (PostgreSQL and
-/// MySQL 65,535, SQLite 32,766), so 10,000 jobs are 20 statements rather
-/// than 10,000.
-pub(super) const PUBLISH_ROWS: usize = 500;
-
-// Four parameters a row, under the smallest of the three limits (SQLite's).
-const _: () = assert!(PUBLISH_ROWS * 4 <= 32_766);
-
-/// The most bytes of definitions one publishing statement carries, so
-/// that jobs with long commands or environments stay far below MySQL's
-/// `max_allowed_packet` (16 MiB by default on MariaDB, 64 MiB on MySQL 8)
-/// however many fit in [`PUBLISH_ROWS`].
-pub(super) const PUBLISH_BYTES: usize = 1024 * 1024;
-
-/// How `jobs` are split into publishing statements: consecutive runs of at
-/// most [`PUBLISH_ROWS`] rows and, unless a single row is larger,
-/// [`PUBLISH_BYTES`] of text.
-pub(super) fn publish_chunks(
-    jobs: &[(String, String, String)],
-) -> impl Iterator<Item = &[(String, String, String)]> {
-    let mut rest = jobs;
-    std::iter::from_fn(move || {
-        if rest.is_empty() {
-            return None;
-        }
-        let mut bytes = 0;
-        let mut n = 0;
-        for (job, digest, definition) in rest.iter().take(PUBLISH_ROWS) {
-            bytes += job.len() + digest.len() + definition.len();
-            if n > 0 && bytes > PUBLISH_BYTES {
-                break;
-            }
-            n += 1;
-        }
-        let (chunk, tail) = rest.split_at(n);
-        rest = tail;
-        Some(chunk)
-    })
-}
 
 const PUBLISHED_DIGESTS: &str = "SELECT node, job, digest FROM fencecron_node_jobs
  WHERE node = $1 ORDER BY job";
@@ -618,113 +551,4 @@ where
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn placeholders_follow_the_backend() {
-        let text = "a = $1 AND b = $2 OR c = $10";
-        assert_eq!(placeholders(Backend::Postgres, text), text);
-        assert_eq!(
-            placeholders(Backend::Sqlite, text),
-            "a = ?1 AND b = ?2 OR c = ?10"
-        );
-        assert_eq!(
-            placeholders(Backend::MySql, text),
-            "a = ? AND b = ? OR c = ?"
-        );
-        // Every statement binds its parameters once each, in order, so that
-        // MySQL's positional `?` means the same.
-        for sql in [
-            FINISH_RUN,
-            FORGET_UNRUN,
-            RUNS,
-            PRUNE_RUNS,
-            PAUSE,
-            PAUSE_MYSQL,
-            PAUSE_OF,
-            RESUME,
-            PAUSES,
-            REQUEST_TRIGGER,
-            TRIGGER,
-            PENDING_TRIGGERS,
-            CLAIM_TRIGGER,
-            SETTLE_TRIGGER,
-            CANCEL_TRIGGER,
-            PRUNE_TRIGGERS,
-            PRUNE_PAUSES,
-            BEAT,
-            BEAT_MYSQL,
-            NODES,
-            LIVE_NODES,
-            UNPUBLISH,
-            publish(3).as_str(),
-            PUBLISHED_DIGESTS,
-            PUBLISHED_DEFINITIONS,
-            PRUNE_NODES,
-            PRUNE_NODE_JOBS,
-            PRUNE_STALE,
-            PRUNE_VALUES,
-            FORGET,
-            LEASE_EXISTS,
-        ] {
-            let mut expected = 1;
-            let mut rest = sql;
-            while let Some(i) = rest.find('$') {
-                let digits: String = rest[i + 1..]
-                    .chars()
-                    .take_while(char::is_ascii_digit)
-                    .collect();
-                assert_eq!(digits, expected.to_string(), "{sql}");
-                expected += 1;
-                rest = &rest[i + 1 + digits.len()..];
-            }
-        }
-    }
-
-    /// Definitions go [`PUBLISH_ROWS`] to a statement, fewer where
-    /// [`PUBLISH_BYTES`] is reached first, and a row larger than that alone;
-    /// every row once, in order.
-    #[test]
-    fn definitions_are_published_in_bounded_statements() {
-        let row = |i: usize, len: usize| (format!("j{i}"), "d".repeat(64), "x".repeat(len));
-        let sizes = |jobs: &[(String, String, String)]| {
-            let chunks: Vec<_> = publish_chunks(jobs).collect();
-            let flat: Vec<_> = chunks.iter().flat_map(|c| c.iter()).collect();
-            assert_eq!(flat, jobs.iter().collect::<Vec<_>>());
-            chunks.iter().map(|c| c.len()).collect::<Vec<_>>()
-        };
-        let small: Vec<_> = (0..1234).map(|i| row(i, 300)).collect();
-        assert_eq!(sizes(&small), [500, 500, 234]);
-        assert!(sizes(&[]).is_empty());
-        let mut big = small[..10].to_vec();
-        big[3] = row(3, PUBLISH_BYTES / 2);
-        big[4] = row(4, PUBLISH_BYTES / 2);
-        big[7] = row(7, 2 * PUBLISH_BYTES);
-        assert_eq!(sizes(&big), [4, 3, 1, 2]);
-        assert_eq!(
-            publish(2),
-            "INSERT INTO fencecron_node_jobs (node, job, digest, definition) VALUES ($1, $2, $3, $4), ($5, $6, $7, $8)"
-        );
-        // SQLite's parameters unnumbered (sqlx would look each name up).
-        assert_eq!(
-            publish_in(Backend::Sqlite, 1),
-            "INSERT INTO fencecron_node_jobs (node, job, digest, definition) VALUES (?, ?, ?, ?)"
-        );
-    }
-
-    #[test]
-    fn an_unfinished_run_is_running_only_under_its_own_held_lease() {
-        let (me, other) = (OwnerId::fresh(), OwnerId::fresh());
-        let state = |lease| run_state(None, 7, me, lease, 1000);
-        assert_eq!(state(Some((7, me, 2000))), RunState::Running);
-        assert_eq!(state(Some((7, me, 1000))), RunState::Unknown);
-        assert_eq!(state(Some((7, other, 2000))), RunState::Unknown);
-        assert_eq!(state(Some((8, other, 2000))), RunState::Unknown);
-        assert_eq!(state(None), RunState::Unknown);
-        assert_eq!(
-            run_state(Some("failed".into()), 7, me, Some((7, me, 2000)), 1000),
-            RunState::Ended(RunOutcome::Failed)
-        );
-    }
-}
+mod tests;
