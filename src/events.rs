@@ -599,7 +599,7 @@ pub fn claims_assigned(nodes: usize) {
     info!(
         event = "claims_assigned",
         nodes,
-        "the live nodes are steady: each instant's occurrences are split among a few claimers"
+        "the live nodes are steady: where it saves claims (three nodes or more), each instant's occurrences are split among a few claimers"
     );
 }
 

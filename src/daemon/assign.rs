@@ -343,7 +343,7 @@ pub(super) fn assess(
         .iter()
         .any(|n| n.node == me.node && n.state == NodeState::Running)
     {
-        return Err("this node is not among the live running nodes yet");
+        return Err("this node is not among the live running nodes (starting or draining)");
     }
     if live.iter().any(|n| n.config_digest != me.digest) {
         return Err("the live nodes' jobs differ (config drift)");
@@ -583,7 +583,7 @@ mod tests {
         let without_me = |i| vec![node("a", t(i), NodeState::Running, "d")];
         assert_eq!(
             beats(&[base(0), base(1), without_me(2)]),
-            Err("this node is not among the live running nodes yet")
+            Err("this node is not among the live running nodes (starting or draining)")
         );
         // A node joined at the last beat.
         let mut joined = base(2);

@@ -24,8 +24,8 @@ use crate::domain::{self, NodeState, RunOutcome, RunState, TriggerState};
 mod db;
 mod publish;
 
-pub(super) use publish::{publish_chunks, PUBLISH_ROWS};
 use publish::publish_in;
+pub(super) use publish::{publish_chunks, PUBLISH_ROWS};
 
 pub(super) const FINISH_RUN: &str = "UPDATE fencecron_runs
     SET finished_at_ms = started_at_ms + $1, outcome = $2, exit_code = $3, signal_name = $4,
