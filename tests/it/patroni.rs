@@ -65,15 +65,15 @@ struct Run {
 
 /// A job that appends `SCHEDULED_AT TOKEN NODE NOW_NS` to `dir/runs.JOB`,
 /// sleeps `sleep` seconds, then appends the same with the time it ended to
-/// `dir/ends.JOB`, also when SIGTERM stops it (a run SIGKILLed before that
-/// has no end line: its end is its daemon's `job_finished`, see
-/// [`run_ends`]).
+/// `dir/ends.JOB`, also when SIGTERM stops it (a run SIGKILLed before that,
+/// or while `date` reads the time, has no end line: its end is its
+/// daemon's `job_finished`, see [`run_ends`]).
 fn recording(dir: &Path, sleep: &str) -> Vec<String> {
     vec![
         "sh".into(),
         "-c".into(),
         r#"dir=$1
-end() { echo "$FENCECRON_SCHEDULED_AT $FENCECRON_TOKEN $FENCECRON_NODE $(date +%s%N)" >> "$dir/ends.$FENCECRON_JOB"; }
+end() { t=$(date +%s%N) && [ -n "$t" ] && echo "$FENCECRON_SCHEDULED_AT $FENCECRON_TOKEN $FENCECRON_NODE $t" >> "$dir/ends.$FENCECRON_JOB"; }
 trap 'end; exit 143' TERM
 echo "$FENCECRON_SCHEDULED_AT $FENCECRON_TOKEN $FENCECRON_NODE $(date +%s%N)" >> "$dir/runs.$FENCECRON_JOB"
 sleep "$2"

@@ -32,7 +32,7 @@ pub struct DaemonOpts {
     pub config: PathBuf,
     /// `--store`; empty for none.
     pub store: String,
-    /// Run under `faketime -f OFFSET` (e.g. `"+2s"`): the daemon's clock is
+    /// Run with libfaketime and `FAKETIME=OFFSET` (e.g. `"+2s"`): the daemon's clock is
     /// skewed, the store's is not.
     pub faketime: Option<String>,
     /// `FENCECRON_LOG`; `None` leaves the default (info).
@@ -65,7 +65,7 @@ impl DaemonOpts {
         self
     }
 
-    /// Runs the daemon under `faketime -f offset`.
+    /// Runs the daemon with libfaketime preloaded, `FAKETIME=offset`.
     pub fn faketime(mut self, offset: &str) -> Self {
         self.faketime = Some(offset.to_string());
         self
@@ -102,8 +102,6 @@ struct Shared {
 pub struct Daemon {
     pub node: String,
     child: Child,
-    /// The spawned process is `faketime`, which forks the daemon.
-    wrapped: bool,
     shared: Arc<Shared>,
     reader: Option<JoinHandle<()>>,
     status: Option<ExitStatus>,
@@ -138,15 +136,16 @@ impl Daemon {
             ]);
             args.extend(flags);
         }
-        let mut cmd = match &opts.faketime {
-            Some(offset) => {
-                let mut c = Command::new("faketime");
-                c.arg("-f").arg(offset).arg(bin());
-                c
-            }
-            None => Command::new(bin()),
-        };
+        let mut cmd = Command::new(bin());
         scrub(&mut cmd).args(&args);
+        if let Some(offset) = &opts.faketime {
+            // libfaketime preloaded, as the `faketime` wrapper would, but
+            // without the wrapper: it keeps a named semaphore per pid that a
+            // SIGKILLed wrapper leaves in /dev/shm, and a later wrapper given
+            // the same pid then fails at start (`sem_open: File exists`).
+            cmd.env("LD_PRELOAD", super::pg::libfaketime())
+                .env("FAKETIME", offset);
+        }
         if let Some(filter) = &opts.log_filter {
             cmd.env("FENCECRON_LOG", filter);
         }
@@ -180,32 +179,15 @@ impl Daemon {
         Daemon {
             node: opts.node,
             child,
-            wrapped: opts.faketime.is_some(),
             shared,
             reader: Some(reader),
             status: None,
         }
     }
 
-    /// The pid of the fencecron process itself (the child of `faketime` when
-    /// wrapped).
+    /// The pid of the fencecron process.
     pub fn pid(&self) -> Pid {
-        let spawned = self.child.id() as i32;
-        if !self.wrapped {
-            return Pid::from_raw(spawned);
-        }
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            if let Some(pid) = children_of(spawned).into_iter().next() {
-                return Pid::from_raw(pid);
-            }
-            assert!(
-                Instant::now() < deadline,
-                "[{}] faketime ({spawned}) has no child process",
-                self.node
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        Pid::from_raw(self.child.id() as i32)
     }
 
     /// Sends `sig` to the daemon process.
@@ -371,8 +353,7 @@ impl Drop for Daemon {
     fn drop(&mut self) {
         let pgid = Pid::from_raw(self.child.id() as i32);
         if self.is_running() {
-            // SIGKILL also ends a SIGSTOPped daemon; the group includes the
-            // `faketime` wrapper.
+            // SIGKILL also ends a SIGSTOPped daemon.
             let _ = killpg(pgid, Signal::SIGKILL);
             let _ = self.child.wait();
         }
@@ -434,29 +415,6 @@ fn read_log(stderr: impl Read, node: &str, shared: &Shared) {
     shared.log.lock().unwrap().eof = true;
     shared.changed.notify_all();
     eprintln!("[{node}] <stderr closed>");
-}
-
-/// Pids whose parent is `ppid`.
-fn children_of(ppid: i32) -> Vec<i32> {
-    let mut out = Vec::new();
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return out;
-    };
-    for entry in dir.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|s| s.parse::<i32>().ok())
-        else {
-            continue;
-        };
-        if let Some((_, parent)) = proc_state(pid) {
-            if parent == ppid {
-                out.push(pid);
-            }
-        }
-    }
-    out
 }
 
 /// State letter and parent pid from `/proc/PID/stat`.

@@ -64,7 +64,7 @@ pub fn as_postgres(bindir: &Path, program: &str, args: &[&str]) -> Output {
 /// libfaketime itself. A server is started with it preloaded rather than
 /// under the `faketime` wrapper, which waits for every process that
 /// inherited its clock (the server outlives `pg_ctl`).
-fn libfaketime() -> &'static str {
+pub fn libfaketime() -> &'static str {
     [
         "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1",
         "/usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1",
