@@ -1,6 +1,6 @@
 //! Batch claims, the daemon's first attempt at every scheduled occurrence:
 //! the occurrences this node fires at one instant, claimed in one store
-//! operation ([`Store::claim`](crate::store::Store::claim), every store)
+//! operation ([`Leases::claim`](crate::store::Leases::claim), every store)
 //! instead of one acquire each. [`claim_instant`] is the one entry of an
 //! occurrence: it turns the claim's answer into one [`Decision`] per
 //! occurrence, which [`Occurrence::run_entered`] follows.

@@ -32,12 +32,12 @@ pub(super) const FINISH_RUN: &str = "UPDATE fencecron_runs
         duration_ms = $5, output_tail = $6
   WHERE resource = $7 AND token = $8 AND finished_at_ms IS NULL";
 
-/// A win given back unused ([`super::Store::give_back`]): no run happened.
+/// A win given back unused ([`super::Leases::give_back`]): no run happened.
 /// An occurrence's owner id is its own, so it names the row.
 const FORGET_UNRUN: &str = "DELETE FROM fencecron_runs
  WHERE resource = $1 AND owner_id = $2 AND finished_at_ms IS NULL";
 
-/// `overlap = "replace"` ([`super::Store::preempt`]): the lease generation
+/// `overlap = "replace"` ([`super::Leases::preempt`]): the lease generation
 /// `$2` of `$1`, unexpired and not taken for instant `$3` or a later one,
 /// expires as of the moment it was acquired (a time the store's clock has
 /// passed, so no clock is read here), unreleased, so that the next acquire
@@ -69,7 +69,7 @@ const PRUNE_RUNS: &str = "DELETE FROM fencecron_runs
                                   FROM fencecron_runs) k
                WHERE k.n > $2)";
 
-/// A pause ([`super::Store::pause`]), written only where no pause is in
+/// A pause ([`super::Fleet::pause`]), written only where no pause is in
 /// force: the job has no row, `$6` is 1 (`--replace`) or the row's timed
 /// pause ended by `$7` (the store's time; an ended pause is no pause). One
 /// statement, so two CLIs pausing at once cannot both win.
@@ -127,7 +127,7 @@ const PRUNE_TRIGGERS: &str = "DELETE FROM fencecron_triggers WHERE requested_at_
 
 const PRUNE_PAUSES: &str = "DELETE FROM fencecron_pauses WHERE until_ms < $1";
 
-/// A node's heartbeat ([`super::Store::beat`]): its whole row, `$2` the
+/// A node's heartbeat ([`super::Fleet::beat`]): its whole row, `$2` the
 /// store's time read just before. A row only a batch claim of an older
 /// release wrote gains the rest here.
 const BEAT: &str = "INSERT INTO fencecron_nodes
