@@ -525,8 +525,9 @@ impl Parser<'_> {
     }
 
     fn parse(&self) -> Result<Config, ConfigError> {
-        let toml_error = |key: Option<String>, e: toml::de::Error| {
-            let (line, column) = match e.span() {
+        // An error at `span` (its start's line and column), under `key`.
+        let error_at = |span: Option<std::ops::Range<usize>>, key, message: &str| {
+            let (line, column) = match span {
                 Some(span) => {
                     let (l, c) = self.lines.line_col(span.start);
                     (Some(l), Some(c))
@@ -538,9 +539,11 @@ impl Parser<'_> {
                 line,
                 column,
                 key,
-                message: e.message().trim().to_string(),
+                message: message.trim().to_string(),
             }
         };
+        let toml_error =
+            |key: Option<String>, e: toml::de::Error| error_at(e.span(), key, e.message());
         // A syntax error has no key; a value of the wrong kind or an
         // unknown key has the path serde was at.
         let document = toml::de::Deserializer::parse(self.text).map_err(|e| {
@@ -548,22 +551,7 @@ impl Parser<'_> {
             // the duplicate key and its table; toml 0.9's own error only
             // for what toml_edit accepts.
             match toml_edit::ImDocument::parse(self.text) {
-                Err(old) => {
-                    let (line, column) = match old.span() {
-                        Some(span) => {
-                            let (l, c) = self.lines.line_col(span.start);
-                            (Some(l), Some(c))
-                        }
-                        None => (None, None),
-                    };
-                    ConfigError {
-                        path: self.path.to_path_buf(),
-                        line,
-                        column,
-                        key: None,
-                        message: old.message().trim().to_string(),
-                    }
-                }
+                Err(old) => error_at(old.span(), None, old.message()),
                 Ok(_) => toml_error(None, e),
             }
         })?;
