@@ -948,6 +948,16 @@ pub fn run_cgroup_left(cgroup: &str, error: &str) {
     );
 }
 
+/// The spawner that forks the runs' watchdogs could not be started or
+/// reached (twice): this run's watchdog is executed by the daemon itself,
+/// which costs more CPU but runs the job the same way.
+pub fn spawner_unavailable(error: &str) {
+    warn!(
+        event = "spawner_unavailable",
+        error, "could not hand the run to the spawner; the daemon starts its watchdog itself"
+    );
+}
+
 /// Inherited variables whose value contains the store's password are kept
 /// out of every job's environment (names only, never values).
 pub fn job_env_filtered(variables: &str) {

@@ -7,8 +7,10 @@
 //! and writes confirmed deadlines down the watchdog's control pipe; tests
 //! drive the same loop with a fake job on tokio's paused clock.
 
+use std::collections::BTreeMap;
+use std::ffi::{OsStr, OsString};
 use std::io::Write;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::PathBuf;
 use std::process::{ExitStatus, Stdio};
 use std::sync::Arc;
@@ -16,6 +18,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
+use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, BufReader};
 use tokio::net::unix::pipe;
 use tokio::process::{Child, Command};
@@ -93,6 +96,8 @@ pub(crate) struct ShimLauncher {
     /// The cgroup v2 delegated to this process, where each run gets its
     /// own; `None`: the watchdog as subreaper alone stops the tree.
     cgroups: Option<Cgroups>,
+    /// The process that forks each run's watchdog.
+    spawner: SpawnerSlot,
 }
 
 impl ShimLauncher {
@@ -101,6 +106,7 @@ impl ShimLauncher {
             shim: ShimProgram::locate(),
             child_env,
             cgroups: Cgroups::detect(),
+            spawner: SpawnerSlot::default(),
         }
     }
 }
@@ -131,7 +137,7 @@ impl ShimProgram {
             let opened = runnable
                 .then(|| std::fs::File::open(&path).ok())
                 .flatten()
-                .and_then(|f| dup_above(&OwnedFd::from(f), 10).ok());
+                .and_then(|f| shim::dup_above(&OwnedFd::from(f), 10).ok());
             if let Some(fd) = opened {
                 return ShimProgram {
                     exec: PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd())),
@@ -191,7 +197,10 @@ impl Launch for ShimLauncher {
 }
 
 impl ShimLauncher {
-    /// Starts the watchdog (and through it the job, in `cgroup` if given).
+    /// Starts the watchdog (and through it the job, in `cgroup` if given):
+    /// forked by the spawner when the job's output is the daemon's to log,
+    /// else (`fencecron exec`, a spawner that cannot be started, a request
+    /// too large for it) executed by this process.
     async fn spawn(
         &self,
         spec: &RunSpec,
@@ -201,17 +210,157 @@ impl ShimLauncher {
         kill_at: Instant,
         cgroup: Option<&RunCgroup>,
     ) -> Result<Box<dyn JobProcess>, String> {
+        let env = self.job_env(spec, lease, node);
+        if !spec.inherit_stdio {
+            if let Some(started) = self
+                .spawn_forked(spec, &env, term_at, kill_at, cgroup)
+                .await
+            {
+                return started;
+            }
+        }
+        self.spawn_executed(spec, &env, term_at, kill_at, cgroup)
+            .await
+    }
+
+    /// The job's whole environment: this process's, without what the job
+    /// must not see, with the run's fencing variables.
+    fn job_env(&self, spec: &RunSpec, lease: &Lease, node: &str) -> Vec<(OsString, OsString)> {
+        let mut env: BTreeMap<OsString, OsString> = std::env::vars_os().collect();
+        for name in &self.child_env.remove {
+            env.remove(name);
+        }
+        let mut set = |k: &str, v: &str| {
+            env.insert(k.into(), v.into());
+        };
+        for (k, v) in spec
+            .env
+            .iter()
+            .chain(self.child_env.set.iter().map(|(k, v)| (k, v)))
+        {
+            set(k, v);
+        }
+        set("FENCECRON_TOKEN", &lease.token.to_string());
+        set("FENCECRON_RESOURCE", spec.resource.as_str());
+        // `curl -H "Fencing-Token: $FENCECRON_FENCING_HEADER"` through
+        // `fencecron proxy`.
+        set(
+            crate::proxy::ENV_VAR,
+            &crate::proxy::header_value(spec.resource.as_str(), lease.token),
+        );
+        set("FENCECRON_OWNER_ID", &lease.owner_id.to_string());
+        set("FENCECRON_EXPIRES_AT", &lease.expires_at.rfc3339());
+        set("FENCECRON_JOB", &spec.job);
+        set("FENCECRON_NODE", node);
+        set("FENCECRON_RUN_ID", &spec.run_id(lease));
+        match spec.scheduled_at {
+            Some(at) => set("FENCECRON_SCHEDULED_AT", &rfc3339(at)),
+            None => {
+                env.remove(OsStr::new("FENCECRON_SCHEDULED_AT"));
+            }
+        }
+        // Not even from the job's own `env`.
+        for name in crate::job_env::DAEMON_ONLY {
+            env.remove(OsStr::new(name));
+        }
+        env.into_iter().collect()
+    }
+
+    /// Has the spawner fork the run's watchdog. `None`: the spawner cannot
+    /// take it (it cannot be started, or the request is too large), so the
+    /// caller executes the watchdog itself.
+    async fn spawn_forked(
+        &self,
+        spec: &RunSpec,
+        env: &[(OsString, OsString)],
+        term_at: Instant,
+        kill_at: Instant,
+        cgroup: Option<&RunCgroup>,
+    ) -> Option<Result<Box<dyn JobProcess>, String>> {
+        let msg = shim::Request {
+            term_at: to_monotonic(term_at),
+            kill_at: to_monotonic(kill_at),
+            grace_ms: u64::try_from(spec.timing.kill_grace.as_millis()).unwrap_or(u64::MAX),
+            cgroup: cgroup.map(|c| c.path()),
+            workdir: spec.workdir.as_deref(),
+            argv: &spec.command,
+            env,
+        }
+        .encode();
+        if msg.len() > shim::MAX_REQUEST {
+            return None;
+        }
+        let pipes =
+            (|| Ok::<_, std::io::Error>([pipe_pair()?, pipe_pair()?, pipe_pair()?, pipe_pair()?]))(
+            );
+        let [(ctl_r, ctl_w), (st_r, st_w), (out_r, out_w), (err_r, err_w)] = match pipes {
+            Ok(p) => p,
+            Err(e) => return Some(Err(format!("cannot create a pipe: {e}"))),
+        };
+        let fds = [
+            ctl_r.as_raw_fd(),
+            st_w.as_raw_fd(),
+            out_w.as_raw_fd(),
+            err_w.as_raw_fd(),
+        ];
+        if let Err(e) = self
+            .spawner
+            .send(&self.shim, &self.child_env, &msg, &fds)
+            .await
+        {
+            events::spawner_unavailable(&e.to_string());
+            return None;
+        }
+        drop((ctl_r, st_w, out_w, err_w));
+        let ctl = std::fs::File::from(ctl_w);
+        set_nonblocking(&ctl);
+        let started = match first_status(st_r, kill_at).await {
+            Ok(s) => s,
+            // The control pipe closes here: a watchdog that did start
+            // terminates its job.
+            Err(e) => return Some(Err(e)),
+        };
+        let Some(watchdog_pid) = started.watchdog else {
+            return Some(Err("the run watchdog did not report its pid".to_string()));
+        };
+        let receiver = |fd: OwnedFd| -> Option<Box<dyn AsyncRead + Send + Unpin>> {
+            pipe::Receiver::from_owned_fd(fd)
+                .ok()
+                .map(|r| Box::new(r) as Box<dyn AsyncRead + Send + Unpin>)
+        };
+        Some(Ok(Box::new(ShimJob {
+            watchdog: Watchdog::Spawned {
+                pid: watchdog_pid,
+                status: started.rest,
+                last: Vec::new(),
+                ended: None,
+            },
+            pid: started.job,
+            cgroup: cgroup.cloned(),
+            ctl,
+            outputs: [("stdout", receiver(out_r)), ("stderr", receiver(err_r))],
+            forwarders: Vec::new(),
+            tail: OutputTail::new(0),
+        })))
+    }
+
+    /// Executes the run's watchdog as this process's child.
+    async fn spawn_executed(
+        &self,
+        spec: &RunSpec,
+        env: &[(OsString, OsString)],
+        term_at: Instant,
+        kill_at: Instant,
+        cgroup: Option<&RunCgroup>,
+    ) -> Result<Box<dyn JobProcess>, String> {
         let io = |what: &str, e: std::io::Error| format!("{what}: {e}");
         let (ctl_r, ctl_w) = pipe_pair().map_err(|e| io("cannot create a pipe", e))?;
         let (st_r, st_w) = pipe_pair().map_err(|e| io("cannot create a pipe", e))?;
         // Above the descriptors the watchdog receives them on (3 and 4), so
         // that moving one there cannot overwrite the other.
-        let ctl_r = dup_above(&ctl_r, 10).map_err(|e| io("cannot duplicate a pipe", e))?;
-        let st_w = dup_above(&st_w, 10).map_err(|e| io("cannot duplicate a pipe", e))?;
+        let ctl_r = shim::dup_above(&ctl_r, 10).map_err(|e| io("cannot duplicate a pipe", e))?;
+        let st_w = shim::dup_above(&st_w, 10).map_err(|e| io("cannot duplicate a pipe", e))?;
         let mut cmd = Command::new(&self.shim.exec);
-        for name in &self.child_env.remove {
-            cmd.env_remove(name);
-        }
         cmd.arg0(shim::SHIM_NAME);
         if self.shim.internal {
             cmd.arg(shim::SHIM_ARG);
@@ -222,20 +371,8 @@ impl ShimLauncher {
             .args(cgroup.map(|c| c.path().as_os_str()))
             .arg("--")
             .args(&spec.command)
-            .envs(&spec.env)
-            .envs(self.child_env.set.iter().map(|(k, v)| (k, v)))
-            .env("FENCECRON_TOKEN", lease.token.to_string())
-            .env("FENCECRON_RESOURCE", spec.resource.as_str())
-            // `curl -H "Fencing-Token: $FENCECRON_FENCING_HEADER"` through
-            // `fencecron proxy`.
-            .env(
-                crate::proxy::ENV_VAR,
-                crate::proxy::header_value(spec.resource.as_str(), lease.token),
-            )
-            .env("FENCECRON_OWNER_ID", lease.owner_id.to_string())
-            .env("FENCECRON_EXPIRES_AT", lease.expires_at.rfc3339())
-            .env("FENCECRON_JOB", &spec.job)
-            .env("FENCECRON_NODE", node)
+            .env_clear()
+            .envs(env.iter().map(|(k, v)| (k, v)))
             // Its own group: a signal meant for the daemon's group (a
             // terminal's Ctrl-C, a stop) does not reach the watchdog.
             .process_group(0)
@@ -243,15 +380,6 @@ impl ShimLauncher {
             // watchdog sees its control pipe close and terminates the job
             // with a grace; killing it outright would orphan grandchildren.
             .kill_on_drop(false);
-        // Not even from the job's own `env`.
-        for name in crate::job_env::DAEMON_ONLY {
-            cmd.env_remove(name);
-        }
-        match spec.scheduled_at {
-            Some(at) => cmd.env("FENCECRON_SCHEDULED_AT", rfc3339(at)),
-            None => cmd.env_remove("FENCECRON_SCHEDULED_AT"),
-        };
-        cmd.env("FENCECRON_RUN_ID", spec.run_id(lease));
         if let Some(dir) = &spec.workdir {
             cmd.current_dir(dir);
         }
@@ -282,46 +410,204 @@ impl ShimLauncher {
         drop((ctl_r, st_w));
         let ctl = std::fs::File::from(ctl_w);
         set_nonblocking(&ctl);
+        match first_status(st_r, kill_at).await {
+            Ok(started) => {
+                let out = child
+                    .stdout
+                    .take()
+                    .map(|o| Box::new(o) as Box<dyn AsyncRead + Send + Unpin>);
+                let err = child
+                    .stderr
+                    .take()
+                    .map(|e| Box::new(e) as Box<dyn AsyncRead + Send + Unpin>);
+                Ok(Box::new(ShimJob {
+                    watchdog: Watchdog::Child(child),
+                    pid: started.job,
+                    cgroup: cgroup.cloned(),
+                    ctl,
+                    outputs: [("stdout", out), ("stderr", err)],
+                    forwarders: Vec::new(),
+                    tail: OutputTail::new(0),
+                }))
+            }
+            Err(failure) => {
+                drop(ctl);
+                let _ = child.start_kill();
+                let _ = child.wait().await;
+                Err(failure)
+            }
+        }
+    }
+}
 
-        // The first status line: `P PID` or `E MESSAGE`. Bounded by the kill
-        // deadline, which the watchdog enforces anyway.
-        let status = pipe::Receiver::from_owned_fd(st_r)
-            .map_err(|e| io("cannot read the run watchdog's status", e))?;
-        let mut line = String::new();
-        let mut status = BufReader::new(status);
-        let read = tokio::time::timeout_at(kill_at, status.read_line(&mut line));
-        let failure = match read.await {
-            Ok(Ok(_)) => match line.trim_end().split_once(' ') {
-                Some(("P", pid)) => match pid.parse::<u32>() {
-                    Ok(pid) => {
-                        return Ok(Box::new(ShimJob {
-                            child,
-                            pid,
-                            cgroup: cgroup.cloned(),
-                            ctl,
-                            forwarders: Vec::new(),
-                            tail: OutputTail::new(0),
-                        }))
+/// What a watchdog's first status line said.
+struct Started {
+    /// The job's pid.
+    job: u32,
+    /// The watchdog's own pid, which one forked by the spawner reports.
+    watchdog: Option<u32>,
+    /// The rest of the status pipe.
+    rest: BufReader<pipe::Receiver>,
+}
+
+/// Reads the watchdog's first status line: `P PID [WATCHDOG]` once the job
+/// runs, or `E MESSAGE` (the error, returned). Bounded by the kill deadline,
+/// which the watchdog enforces anyway.
+async fn first_status(st_r: OwnedFd, kill_at: Instant) -> Result<Started, String> {
+    let io = |what: &str, e: std::io::Error| format!("{what}: {e}");
+    let status = pipe::Receiver::from_owned_fd(st_r)
+        .map_err(|e| io("cannot read the run watchdog's status", e))?;
+    let mut line = String::new();
+    let mut status = BufReader::new(status);
+    let read = tokio::time::timeout_at(kill_at, status.read_line(&mut line));
+    match read.await {
+        Ok(Ok(_)) => {
+            let mut f = line.split_whitespace();
+            match f.next() {
+                Some("P") => {
+                    let job = f.next().and_then(|p| p.parse::<u32>().ok());
+                    let watchdog = f.next().and_then(|p| p.parse::<u32>().ok());
+                    match job {
+                        Some(job) => Ok(Started {
+                            job,
+                            watchdog,
+                            rest: status,
+                        }),
+                        None => Err(format!("the run watchdog reported `{}`", line.trim_end())),
                     }
-                    Err(_) => format!("the run watchdog reported `{}`", line.trim_end()),
-                },
-                Some(("E", msg)) => msg.to_string(),
-                _ => "the run watchdog exited before starting the job".to_string(),
-            },
-            Ok(Err(e)) => io("cannot read the run watchdog's status", e),
-            Err(_) => "the run watchdog did not start the job in time".to_string(),
-        };
-        drop(ctl);
-        let _ = child.start_kill();
-        let _ = child.wait().await;
-        Err(failure)
+                }
+                Some("E") => Err(line.trim_end()[1..].trim_start().to_string()),
+                _ => Err("the run watchdog exited before starting the job".to_string()),
+            }
+        }
+        Ok(Err(e)) => Err(io("cannot read the run watchdog's status", e)),
+        Err(_) => Err("the run watchdog did not start the job in time".to_string()),
+    }
+}
+
+/// The spawner this daemon's runs are forked by ([`crate::shim`]): started
+/// on the first run, started again when it is found gone.
+#[derive(Default)]
+struct SpawnerSlot(std::sync::Mutex<Option<Arc<Spawner>>>);
+
+/// A running spawner: the daemon's end of its socket.
+struct Spawner {
+    sock: AsyncFd<OwnedFd>,
+    /// Reaped once it exits (it does when the socket closes).
+    _process: Child,
+}
+
+impl SpawnerSlot {
+    /// Sends one request with its descriptors; starts the spawner first if
+    /// there is none, and once again if the one there is gone.
+    async fn send(
+        &self,
+        shim: &ShimProgram,
+        child_env: &ChildEnv,
+        msg: &[u8],
+        fds: &[RawFd; shim::SPAWN_FDS],
+    ) -> std::io::Result<()> {
+        let mut restarted = false;
+        loop {
+            let spawner = {
+                let mut slot = self.0.lock().unwrap_or_else(|p| p.into_inner());
+                match &*slot {
+                    Some(s) => s.clone(),
+                    None => {
+                        let s = Arc::new(Spawner::start(shim, child_env)?);
+                        *slot = Some(s.clone());
+                        s
+                    }
+                }
+            };
+            match spawner.send(msg, fds).await {
+                Ok(()) => return Ok(()),
+                Err(e) if restarted => return Err(e),
+                Err(_) => {
+                    // Gone (killed, or it failed): the next turn starts a
+                    // new one, unless another run already has.
+                    let mut slot = self.0.lock().unwrap_or_else(|p| p.into_inner());
+                    if slot.as_ref().is_some_and(|s| Arc::ptr_eq(s, &spawner)) {
+                        *slot = None;
+                    }
+                    restarted = true;
+                }
+            }
+        }
+    }
+}
+
+impl Spawner {
+    fn start(shim: &ShimProgram, child_env: &ChildEnv) -> std::io::Result<Spawner> {
+        use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
+        let (ours, theirs) = socketpair(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            None,
+            SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
+        )?;
+        let theirs = shim::dup_above(&theirs, 10)?;
+        let mut cmd = Command::new(&shim.exec);
+        cmd.arg0(shim::SHIM_NAME);
+        if shim.internal {
+            cmd.arg(shim::SHIM_ARG);
+        }
+        cmd.arg(shim::SPAWNER_ARG)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .process_group(0)
+            .kill_on_drop(false);
+        for name in &child_env.remove {
+            cmd.env_remove(name);
+        }
+        let fd = theirs.as_raw_fd();
+        // SAFETY: between fork and exec the closure only calls dup2, which
+        // is async-signal-safe; the descriptor stays open until spawn
+        // returns.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::dup2(fd, shim::SPAWNER_FD) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let process = cmd.spawn()?;
+        drop(theirs);
+        // SAFETY: `ours` owns its descriptor, which the `AsyncFd` keeps
+        // and closes; nothing else replaces or closes it.
+        let sock = unsafe { AsyncFd::register(ours)? };
+        Ok(Spawner {
+            sock,
+            _process: process,
+        })
+    }
+
+    async fn send(&self, msg: &[u8], fds: &[RawFd; shim::SPAWN_FDS]) -> std::io::Result<()> {
+        use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
+        let iov = [std::io::IoSlice::new(msg)];
+        let rights = [ControlMessage::ScmRights(fds)];
+        self.sock
+            .async_io(tokio::io::Interest::WRITABLE, |sock| {
+                sendmsg::<()>(
+                    sock.as_raw_fd(),
+                    &iov,
+                    &rights,
+                    MsgFlags::MSG_NOSIGNAL,
+                    None,
+                )
+                .map(|_| ())
+                .map_err(std::io::Error::from)
+            })
+            .await
     }
 }
 
 /// A job started through its watchdog.
 struct ShimJob {
-    /// The watchdog process; it exits the way the job did.
-    child: Child,
+    /// The watchdog; it exits the way the job did.
+    watchdog: Watchdog,
     /// The job's pid, which is also its process group.
     pid: u32,
     /// The run's cgroup, if it has one.
@@ -329,10 +615,28 @@ struct ShimJob {
     /// The control pipe: confirmed deadlines go down it. Closing it (this
     /// process dying included) tells the watchdog to terminate the job.
     ctl: std::fs::File,
+    /// The job's stdout and stderr, until their logging starts.
+    outputs: [(&'static str, Option<Box<dyn AsyncRead + Send + Unpin>>); 2],
     /// The tasks logging the job's output.
     forwarders: Vec<JoinHandle<()>>,
     /// The last bytes of its output, for the run history.
     tail: OutputTail,
+}
+
+/// How the daemon knows the watchdog.
+enum Watchdog {
+    /// Executed by this process: its child.
+    Child(Child),
+    /// Forked by the spawner: its pid, and its status pipe, whose last line
+    /// says how the job ended and whose end is the watchdog's exit.
+    Spawned {
+        pid: u32,
+        status: BufReader<pipe::Receiver>,
+        /// What the pipe brought after the first line (its last bytes).
+        last: Vec<u8>,
+        /// Once the pipe ended: the job's status.
+        ended: Option<ExitStatus>,
+    },
 }
 
 #[async_trait]
@@ -342,28 +646,25 @@ impl JobProcess for ShimJob {
     }
 
     fn watchdog_pid(&self) -> Option<u32> {
-        self.child.id()
+        match &self.watchdog {
+            Watchdog::Child(child) => child.id(),
+            // Once its pipe ended it has exited, and its pid may be reused.
+            Watchdog::Spawned { pid, ended, .. } => ended.is_none().then_some(*pid),
+        }
     }
 
     fn forward_output(&mut self, job: &str, token: Token, tail: usize) {
         self.tail = OutputTail::new(tail);
-        if let Some(out) = self.child.stdout.take() {
-            self.forwarders.push(tokio::spawn(forward_lines(
-                out,
-                job.to_string(),
-                token,
-                "stdout",
-                self.tail.clone(),
-            )));
-        }
-        if let Some(err) = self.child.stderr.take() {
-            self.forwarders.push(tokio::spawn(forward_lines(
-                err,
-                job.to_string(),
-                token,
-                "stderr",
-                self.tail.clone(),
-            )));
+        for (name, stream) in &mut self.outputs {
+            if let Some(stream) = stream.take() {
+                self.forwarders.push(tokio::spawn(forward_lines(
+                    stream,
+                    job.to_string(),
+                    token,
+                    name,
+                    self.tail.clone(),
+                )));
+            }
         }
     }
 
@@ -384,7 +685,7 @@ impl JobProcess for ShimJob {
         // Also here, not only through the watchdog: a watchdog that cannot
         // act (stopped by someone) must not keep the signal from the job.
         // Its descendants are the job's tree; it is not signalled itself.
-        match self.child.id() {
+        match self.watchdog_pid() {
             Some(watchdog) => crate::proctree::signal_tree(
                 watchdog as i32,
                 self.pid as i32,
@@ -403,7 +704,35 @@ impl JobProcess for ShimJob {
     }
 
     async fn wait(&mut self) -> std::io::Result<ExitStatus> {
-        self.child.wait().await
+        match &mut self.watchdog {
+            Watchdog::Child(child) => child.wait().await,
+            Watchdog::Spawned {
+                status,
+                last,
+                ended,
+                ..
+            } => loop {
+                if let Some(s) = ended {
+                    return Ok(*s);
+                }
+                let mut chunk = [0u8; 256];
+                // Cancel-safe: what a read brought is kept in `last`.
+                let n = status.read(&mut chunk).await?;
+                if n == 0 {
+                    // No last line: the watchdog itself was killed, as a
+                    // child's wait would report it.
+                    let text = String::from_utf8_lossy(last);
+                    let exit = text.lines().rev().find_map(shim::exit_status);
+                    *ended = Some(exit.unwrap_or_else(|| {
+                        std::os::unix::process::ExitStatusExt::from_raw(libc::SIGKILL)
+                    }));
+                    continue;
+                }
+                last.extend_from_slice(&chunk[..n]);
+                let excess = last.len().saturating_sub(256);
+                last.drain(..excess);
+            },
+        }
     }
 
     async fn reap(&mut self) {
@@ -441,18 +770,6 @@ fn pipe_pair() -> std::io::Result<(OwnedFd, OwnedFd)> {
     nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(std::io::Error::from)
 }
 
-/// A close-on-exec duplicate of `fd` numbered at least `min`.
-fn dup_above(fd: &OwnedFd, min: i32) -> std::io::Result<OwnedFd> {
-    use std::os::fd::FromRawFd;
-    // SAFETY: fcntl(F_DUPFD_CLOEXEC) returns a new descriptor we own.
-    let n = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, min) };
-    if n < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: `n` is a fresh descriptor owned by nobody else.
-    Ok(unsafe { OwnedFd::from_raw_fd(n) })
-}
-
 /// Writes to the control pipe never block the runtime: a watchdog that does
 /// not read (stopped by someone) only misses later, looser deadlines.
 fn set_nonblocking(f: &std::fs::File) {
@@ -482,7 +799,7 @@ fn to_monotonic(at: Instant) -> u64 {
 async fn forward_lines(
     stream: impl AsyncRead + Unpin,
     job: String,
-    token: i64,
+    token: Token,
     name: &'static str,
     tail: OutputTail,
 ) {

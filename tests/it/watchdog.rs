@@ -469,3 +469,97 @@ fn watchdog_binary_is_found_beside_fencecron_or_built_in() {
         "{beside}"
     );
 }
+
+/// The daemon's watchdogs are forked by its spawner (`fencecron-spawn`,
+/// the daemon's child), not executed by the daemon; each still reports
+/// the job's exit code and signal. A killed spawner is replaced at the
+/// next run, and no run is lost to it.
+#[test]
+fn daemon_forks_watchdogs_through_its_spawner_and_replaces_a_killed_one() {
+    let store = TestStore::new(Backend::Sqlite, "wd_spawner").expect("sqlite");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (coded, signalled) = (unique("wd-sp-code"), unique("wd-sp-sig"));
+    // Each run writes: its watchdog's pid and name, the watchdog's parent.
+    let report = |name: &str, end: &str| {
+        common::daemon::sh(&format!(
+            r#"w=$PPID; p=$(awk '{{print $4}}' /proc/$w/stat); echo "$FENCECRON_TOKEN $w $(cat /proc/$w/comm) $p $(cat /proc/$p/comm)" >> "{}/{name}"; {end}"#,
+            dir.path().display()
+        ))
+    };
+    let config = write_config(
+        dir.path(),
+        "",
+        &[
+            job_toml(&coded, "* * * * * *", &report(&coded, "exit 7"), ""),
+            job_toml(
+                &signalled,
+                "* * * * * *",
+                &report(&signalled, "kill -USR1 $$"),
+                "",
+            ),
+        ],
+    );
+    let mut daemon = single(&unique("wd-sp"), &config, &store.url);
+    let finished = |job: &str, after: usize| {
+        let job = job.to_string();
+        daemon
+            .expect_from(
+                after,
+                &format!("job_finished of {job}"),
+                move |e| is(e, "job_finished") && str_field(e, "job") == Some(job.as_str()),
+                secs(20),
+            )
+            .1
+    };
+    let code = finished(&coded, 0);
+    assert_eq!(i64_field(&code, "exit_code"), Some(7), "{code}");
+    let sig = finished(&signalled, 0);
+    assert_eq!(str_field(&sig, "signal"), Some("SIGUSR1"), "{sig}");
+    let lines = |job: &str| -> Vec<Vec<String>> {
+        std::fs::read_to_string(dir.path().join(job))
+            .unwrap_or_default()
+            .lines()
+            .map(|l| l.split_whitespace().map(String::from).collect())
+            .collect()
+    };
+    let first = lines(&coded)[0].clone();
+    assert_eq!(first[2], "fencecron-shim", "{first:?}");
+    assert_eq!(first[4], "fencecron-spawn", "{first:?}");
+    let spawner: i32 = first[3].parse().unwrap();
+    let parent = std::fs::read_to_string(format!("/proc/{spawner}/stat")).expect("spawner");
+    let parent: i32 = parent[parent.rfind(')').unwrap() + 2..]
+        .split_whitespace()
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(
+        parent,
+        daemon.pid().as_raw(),
+        "the spawner is the daemon's child"
+    );
+
+    kill(Pid::from_raw(spawner), Signal::SIGKILL).expect("kill the spawner");
+    let after = daemon.len();
+    let seen = lines(&coded).len();
+    let code = finished(&coded, after);
+    assert_eq!(i64_field(&code, "exit_code"), Some(7), "{code}");
+    common::daemon::wait_until(
+        secs(20),
+        || {
+            lines(&coded).iter().skip(seen).any(|l| {
+                l[3].parse::<i32>().is_ok_and(|p| p != spawner) && l[4] == "fencecron-spawn"
+            })
+        },
+        || format!("no run through a new spawner: {:?}", lines(&coded)),
+    );
+    assert!(
+        daemon.events("spawner_unavailable").is_empty(),
+        "a killed spawner is replaced, not given up: {}",
+        daemon.summary()
+    );
+    assert!(daemon.events("job_failed").iter().all(|e| {
+        i64_field(e, "exit_code") == Some(7) || str_field(e, "signal") == Some("SIGUSR1")
+    }));
+    daemon.stop(secs(30));
+}

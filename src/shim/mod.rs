@@ -59,10 +59,26 @@ use nix::unistd::Pid;
 
 use crate::proctree::RunCgroup;
 
+mod spawner;
+pub(crate) use spawner::{Request, FDS as SPAWN_FDS, MAX_REQUEST, SOCKET_FD as SPAWNER_FD};
+
+/// A close-on-exec duplicate of `fd` numbered at least `min`.
+pub(crate) fn dup_above(fd: &impl AsRawFd, min: i32) -> std::io::Result<OwnedFd> {
+    // SAFETY: fcntl(F_DUPFD_CLOEXEC) returns a new descriptor we own.
+    let n = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, min) };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `n` is a fresh descriptor owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(n) })
+}
+
 /// The first argument that selects the shim.
 pub const SHIM_ARG: &str = "__shim";
 /// The name the shim shows in `ps`.
 pub(crate) const SHIM_NAME: &str = "fencecron-shim";
+/// The first argument that selects the spawner ([`spawner`]).
+pub(crate) const SPAWNER_ARG: &str = "--spawner";
 /// The control pipe's read end in the shim.
 pub(crate) const CTL_FD: RawFd = 3;
 /// The status pipe's write end in the shim.
@@ -163,6 +179,13 @@ struct Args {
     /// The run's cgroup, created by the daemon, where it has one.
     cgroup: Option<std::path::PathBuf>,
     argv: Vec<OsString>,
+    /// The job's working directory, entered before it starts; `None`: the
+    /// shim's own (the daemon started it there).
+    workdir: Option<std::path::PathBuf>,
+    /// The job's whole environment; `None`: the shim's own.
+    env: Option<Vec<(OsString, OsString)>>,
+    /// Forked by the spawner rather than started by the daemon.
+    spawned: bool,
 }
 
 /// Parses `TERM_AT KILL_AT GRACE_MS [CGROUP] -- CMD ARGS…`.
@@ -184,6 +207,9 @@ fn parse(args: &[OsString]) -> Option<Args> {
         grace_ms,
         cgroup,
         argv: args[rest..].to_vec(),
+        workdir: None,
+        env: None,
+        spawned: false,
     })
 }
 
@@ -192,8 +218,13 @@ fn parse(args: &[OsString]) -> Option<Args> {
 static CGROUP: std::sync::OnceLock<RunCgroup> = std::sync::OnceLock::new();
 
 /// The shim's entry point; `args` are those after [`SHIM_ARG`]. Never
-/// returns: it exits the way the job did.
+/// returns: it exits the way the job did. With [`SPAWNER_ARG`] first it is
+/// the daemon's spawner instead ([`spawner`]), which forks a watchdog per
+/// run without an `exec`.
 pub fn main(args: Vec<OsString>) -> ! {
+    if args.first().is_some_and(|a| a == SPAWNER_ARG) {
+        spawner::serve();
+    }
     // Both pipes must be there: were either descriptor closed, the signalfd
     // created below would take its number and be misread as a pipe.
     for fd in [CTL_FD, STATUS_FD] {
@@ -209,27 +240,45 @@ pub fn main(args: Vec<OsString>) -> ! {
             std::process::exit(127);
         }
     }
-    // The pipes from the daemon must not reach the job.
-    for fd in [CTL_FD, STATUS_FD] {
-        // SAFETY: fcntl on a descriptor number; fails harmlessly if closed.
-        unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
-    }
     // SAFETY: fd 4 was set up by the daemon for this process alone; if it
     // is not open, writes fail and are ignored.
     let mut status = unsafe { std::fs::File::from_raw_fd(STATUS_FD) };
-    let Some(Args {
-        term_at,
-        kill_at,
-        grace_ms,
-        cgroup,
-        argv,
-    }) = parse(&args)
-    else {
+    let Some(args) = parse(&args) else {
         fail(
             &mut status,
             "fencecron __shim: internal use only (TERM_AT KILL_AT GRACE_MS -- CMD…)",
         );
     };
+    watch(args, status)
+}
+
+/// Runs the job and watches it until it and its whole tree are gone, then
+/// exits the way the job did. The control pipe is on [`CTL_FD`], the status
+/// pipe is `status` (on [`STATUS_FD`]).
+fn watch(args: Args, mut status: std::fs::File) -> ! {
+    // The pipes from the daemon must not reach the job.
+    for fd in [CTL_FD, STATUS_FD] {
+        // SAFETY: fcntl on a descriptor number; fails harmlessly if closed.
+        unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+    }
+    let Args {
+        term_at,
+        kill_at,
+        grace_ms,
+        cgroup,
+        argv,
+        workdir,
+        env,
+        spawned,
+    } = args;
+    if let Some(dir) = &workdir {
+        if let Err(e) = std::env::set_current_dir(dir) {
+            fail(
+                &mut status,
+                &format!("cannot enter the job's workdir {}: {e}", dir.display()),
+            );
+        }
+    }
 
     // Every signal the shim acts on arrives through a signalfd, so it is
     // blocked before the job exists (no SIGCHLD can be lost); the job gets
@@ -280,6 +329,9 @@ pub fn main(args: Vec<OsString>) -> ! {
     let shim_pid = std::process::id() as i32;
     let mut cmd = Command::new(&argv[0]);
     cmd.args(&argv[1..]).process_group(0);
+    if let Some(env) = &env {
+        cmd.env_clear().envs(env.iter().map(|(k, v)| (k, v)));
+    }
     // SAFETY: the closure only makes async-signal-safe system calls.
     unsafe {
         cmd.pre_exec(move || {
@@ -317,8 +369,16 @@ pub fn main(args: Vec<OsString>) -> ! {
         Err(e) => fail(&mut status, &e.to_string()),
     };
     let pid = Pid::from_raw(child.id() as i32);
-    let _ = writeln!(status, "P {pid}");
-    drop(status);
+    // Started by the spawner, the daemon is not this process's parent: it
+    // learns the watchdog's pid here and how the job ended from the last
+    // line ([`Exit::line`]), and the end of the pipe is this exit.
+    let mut status = if spawned {
+        let _ = writeln!(status, "P {pid} {}", std::process::id());
+        Some(status)
+    } else {
+        let _ = writeln!(status, "P {pid}");
+        None
+    };
 
     let mut deadlines = Deadlines {
         term_at,
@@ -395,6 +455,9 @@ pub fn main(args: Vec<OsString>) -> ! {
     // the job's tree to be gone.
     kill_tree_until_empty(pid, &sfd);
     drop(child);
+    if let Some(status) = status.as_mut() {
+        let _ = status.write_all(exit.line().as_bytes());
+    }
     exit_like(exit)
 }
 
@@ -471,9 +534,37 @@ fn read_control(fd: RawFd, pending: &mut Vec<u8>, deadlines: &mut Deadlines) -> 
 }
 
 /// How the job ended, once its leader has exited.
+#[derive(Debug, PartialEq)]
 enum Exit {
     Code(i32),
     Signal(i32),
+}
+
+impl Exit {
+    /// The status pipe's last line from a spawned watchdog: `X C CODE` or
+    /// `X S SIGNAL`, read by [`exit_status`].
+    fn line(&self) -> String {
+        match self {
+            Exit::Code(c) => format!("X C {c}\n"),
+            Exit::Signal(s) => format!("X S {s}\n"),
+        }
+    }
+}
+
+/// The exit status a spawned watchdog reported on its last line; `None`
+/// when there is none (the watchdog itself was killed).
+pub(crate) fn exit_status(line: &str) -> Option<std::process::ExitStatus> {
+    use std::os::unix::process::ExitStatusExt;
+    let mut f = line.split_whitespace();
+    let (Some("X"), Some(kind), Some(n), None) = (f.next(), f.next(), f.next(), f.next()) else {
+        return None;
+    };
+    let n: i32 = n.parse().ok()?;
+    match kind {
+        "C" => Some(std::process::ExitStatus::from_raw((n & 0xff) << 8)),
+        "S" => Some(std::process::ExitStatus::from_raw(n & 0x7f)),
+        _ => None,
+    }
 }
 
 /// Reaps every child that has exited: the job's leader (its status, if it
@@ -576,6 +667,27 @@ mod tests {
         x.kill_now(300);
         assert_eq!(x.kill_at, 300);
         assert!(x.term_sent);
+    }
+
+    #[test]
+    fn a_spawned_watchdogs_last_line_is_the_jobs_status() {
+        use std::os::unix::process::ExitStatusExt;
+        for exit in [
+            Exit::Code(0),
+            Exit::Code(7),
+            Exit::Code(255),
+            Exit::Signal(9),
+            Exit::Signal(10),
+        ] {
+            let status = exit_status(exit.line().trim_end()).expect("read back");
+            match exit {
+                Exit::Code(c) => assert_eq!((status.code(), status.signal()), (Some(c), None)),
+                Exit::Signal(s) => assert_eq!((status.code(), status.signal()), (None, Some(s))),
+            }
+        }
+        for bad in ["", "P 12 13", "X C", "X C x", "X Q 1", "X C 1 2"] {
+            assert!(exit_status(bad).is_none(), "{bad}");
+        }
     }
 
     #[test]
