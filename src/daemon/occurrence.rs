@@ -781,7 +781,7 @@ async fn acquire_attempt(
             job.name.as_str(),
             &rfc3339(at),
             &node,
-            held_by.as_str(),
+            *held_by,
             Some(held_on),
             *token,
         );

@@ -482,7 +482,7 @@ fn to_monotonic(at: Instant) -> u64 {
 async fn forward_lines(
     stream: impl AsyncRead + Unpin,
     job: String,
-    token: i64,
+    token: Token,
     name: &'static str,
     tail: OutputTail,
 ) {
