@@ -646,6 +646,18 @@ pub fn occurrence_waiting(job: &str, scheduled_at: &str, max_running: usize) {
     );
 }
 
+/// The daemon stopped while this occurrence's claim or acquire was still
+/// unanswered: it stops waiting, and should the answer be a win, that
+/// lease is given back before the daemon exits (debug level).
+pub fn occurrence_abandoned(job: &str, scheduled_at: &str) {
+    debug!(
+        event = "occurrence_abandoned",
+        job,
+        scheduled_at,
+        "stopping: no longer waiting for the store's answer; a win it brings is given back"
+    );
+}
+
 /// This host's clock is ahead of the store's: the occurrence is attempted
 /// again when the store's clock reaches it (debug level).
 pub fn occurrence_early(job: &str, scheduled_at: &str, ahead_ms: i64) {
