@@ -104,7 +104,7 @@ impl Proxy {
 
     /// When, during the current hold, a client's bytes were first seen
     /// waiting for the server (a statement sent and unanswered), one time
-    /// per connection, in the order seen.
+    /// per connection whose bytes still wait, in the order seen.
     pub fn held_requests(&self) -> Vec<SystemTime> {
         let seen = self.state.held_requests.lock().unwrap();
         seen.iter().map(|(_, t)| *t).collect()
@@ -119,7 +119,6 @@ impl Proxy {
     /// Delivers what was held and forwards as usual again.
     pub fn release(&self) {
         self.state.held.store(false, Ordering::SeqCst);
-        self.state.held_requests.lock().unwrap().clear();
         eprintln!("[proxy {}] released held traffic", self.addr);
     }
 
@@ -237,10 +236,17 @@ fn pump(mut from: TcpStream, mut to: TcpStream, conn: usize, to_server: bool, st
                 if to.write_all(&buf[..n]).is_err() {
                     break;
                 }
+                // Forwarded: no longer held, in flight until bytes come back.
                 let mut outstanding = state.outstanding.lock().unwrap();
                 outstanding.retain(|c| *c != conn);
                 if to_server {
                     outstanding.push(conn);
+                    drop(outstanding);
+                    state
+                        .held_requests
+                        .lock()
+                        .unwrap()
+                        .retain(|(c, _)| *c != conn);
                 }
             }
             Err(e)
@@ -253,6 +259,11 @@ fn pump(mut from: TcpStream, mut to: TcpStream, conn: usize, to_server: bool, st
     }
     // A closed connection has nothing in flight.
     state.outstanding.lock().unwrap().retain(|c| *c != conn);
+    state
+        .held_requests
+        .lock()
+        .unwrap()
+        .retain(|(c, _)| *c != conn);
     // While black-holed the connection must look alive: leave it open for
     // `restore` to close.
     if !state.blackholed.load(Ordering::SeqCst) {
