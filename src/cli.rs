@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use crate::store::Token;
+
 pub use crate::logging::LogFormat;
 
 /// `fencecron --version`: the package version and the commit it was built
@@ -198,7 +200,7 @@ pub(crate) enum LeaseCommand {
         owner_id: String,
         /// The token `lease acquire` printed with that owner id.
         #[arg(long, value_name = "T")]
-        token: i64,
+        token: Token,
         /// Lease length (5s..=300s) [default: 30s].
         #[arg(long, value_name = "D", value_parser = humantime::parse_duration)]
         lease: Option<Duration>,
@@ -215,7 +217,7 @@ pub(crate) enum LeaseCommand {
         owner_id: String,
         /// The token `lease acquire` printed with that owner id.
         #[arg(long, value_name = "T")]
-        token: i64,
+        token: Token,
     },
     /// Hide a lease that is not held from `lease list` and `status` (a
     /// removed job's) until its resource is acquired again; its fence stays.
@@ -243,7 +245,7 @@ pub(crate) struct PutArgs {
     /// The fencing token the write carries (required) [default:
     /// $FENCECRON_TOKEN]
     #[arg(long, value_name = "T", env = "FENCECRON_TOKEN")]
-    pub(crate) token: Option<i64>,
+    pub(crate) token: Option<Token>,
     /// The owner id the token was issued to (required; a UUID)
     /// [default: $FENCECRON_OWNER_ID]
     #[arg(long, value_name = "O", env = "FENCECRON_OWNER_ID")]
@@ -347,7 +349,7 @@ pub(crate) enum GuardCommand {
         resource: Option<String>,
         /// [default: $FENCECRON_TOKEN]
         #[arg(long, value_name = "T", env = "FENCECRON_TOKEN")]
-        token: Option<i64>,
+        token: Option<Token>,
         /// Print the record as JSON.
         #[arg(long)]
         json: bool,

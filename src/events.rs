@@ -30,7 +30,7 @@ pub fn lease_acquired(job: Option<&str>, lease: &Lease, node: &str) {
         job,
         resource = %lease.resource,
         owner_id = %lease.owner_id,
-        token = lease.token,
+        token = lease.token.get(),
         expires_at = %lease.expires_at,
         node,
         "lease acquired"
@@ -46,10 +46,10 @@ pub fn lease_taken_over(job: Option<&str>, lease: &Lease, previous: &Takeover, n
         job,
         resource = %lease.resource,
         owner_id = %lease.owner_id,
-        token = lease.token,
+        token = lease.token.get(),
         previous_owner_id = %previous.owner_id,
         previous_node = %previous.node,
-        previous_token = previous.token,
+        previous_token = previous.token.get(),
         expired_at = %previous.expired_at,
         node,
         "lease taken over from an owner that never released it"
@@ -63,8 +63,8 @@ pub fn epoch_advanced(info: &EpochInfo) {
         stored_epoch = info.stored,
         effective_epoch = info.effective,
         timeline = info.timeline,
-        lowest_token = info.lowest_token,
-        highest_token = info.highest_token,
+        lowest_token = info.lowest_token.get(),
+        highest_token = info.highest_token.map(Token::get),
         "epoch of fencing tokens advanced"
     );
 }
@@ -76,7 +76,7 @@ pub fn lease_renewed(job: Option<&str>, lease: &Lease, expires_at: StoreTime) {
         job,
         resource = %lease.resource,
         owner_id = %lease.owner_id,
-        token = lease.token,
+        token = lease.token.get(),
         expires_at = %expires_at,
         "lease renewed"
     );
@@ -89,7 +89,7 @@ pub fn lease_deadline(job: Option<&str>, lease: &Lease, kill_in: Duration, term_
         event = "lease_deadline",
         job,
         resource = %lease.resource,
-        token = lease.token,
+        token = lease.token.get(),
         sigterm_in_ms = ms(term_in),
         sigkill_in_ms = ms(kill_in),
         "local kill deadline set"
@@ -103,7 +103,7 @@ pub fn lease_released(job: Option<&str>, lease: &Lease) {
         job,
         resource = %lease.resource,
         owner_id = %lease.owner_id,
-        token = lease.token,
+        token = lease.token.get(),
         "lease released"
     );
 }
@@ -119,7 +119,7 @@ pub fn lease_lost(job: Option<&str>, lease: &Lease, node: &str, reason: LossReas
         job,
         resource = %lease.resource,
         owner_id = %lease.owner_id,
-        token = lease.token,
+        token = lease.token.get(),
         node,
         reason,
         detail,
@@ -143,13 +143,25 @@ pub fn job_started(
     let scheduled_at = scheduled_at.map(rfc3339).unwrap_or_default();
     info!(
         event = "job_started",
-        job, resource, token, pid, scheduled_at, "job started"
+        job,
+        resource,
+        token = token.get(),
+        pid,
+        scheduled_at,
+        "job started"
     );
 }
 
 /// One line of the job's stdout or stderr.
 pub fn job_output(job: &str, token: Token, stream: &'static str, line: &str) {
-    info!(event = "job_output", job, token, stream, line, "job output");
+    info!(
+        event = "job_output",
+        job,
+        token = token.get(),
+        stream,
+        line,
+        "job output"
+    );
 }
 
 // Why a lease was lost is the stale records' word too: it lives in
@@ -272,7 +284,7 @@ pub fn job_finished(end: &JobEnd<'_>) {
                 job,
                 resource,
                 node,
-                token,
+                token = token.get(),
                 scheduled_at,
                 outcome,
                 exit_code,
@@ -309,7 +321,11 @@ pub fn on_failure_failed(job: &str, error: &str) {
 pub fn job_cancelled(job: &str, token: Token, reason: &str, signal: &str) {
     warn!(
         event = "job_cancelled",
-        job, token, reason, signal, "job cancelled"
+        job,
+        token = token.get(),
+        reason,
+        signal,
+        "job cancelled"
     );
 }
 
@@ -334,7 +350,7 @@ pub fn job_stopped(end: &JobEnd<'_>, signal: &str) {
         job,
         resource,
         node,
-        token,
+        token = token.get(),
         scheduled_at,
         signal,
         duration_ms,
@@ -347,7 +363,10 @@ pub fn job_stopped(end: &JobEnd<'_>, signal: &str) {
 pub fn job_spawn_failed(job: &str, token: Token, error: &str) {
     error!(
         event = "job_spawn_failed",
-        job, token, error, "job could not be started"
+        job,
+        token = token.get(),
+        error,
+        "job could not be started"
     );
 }
 
@@ -361,7 +380,7 @@ pub fn run_replaced(
     job: &str,
     scheduled_at: &str,
     node: &str,
-    previous_owner_id: &str,
+    previous_owner_id: OwnerId,
     previous_node: Option<&str>,
     previous_token: Token,
 ) {
@@ -370,9 +389,9 @@ pub fn run_replaced(
         job,
         scheduled_at,
         node,
-        previous_owner_id,
+        previous_owner_id = previous_owner_id.as_str(),
         previous_node,
-        previous_token,
+        previous_token = previous_token.get(),
         "a run still holding the lease is replaced (overlap = \"replace\")"
     );
 }
@@ -450,7 +469,11 @@ pub fn trigger_requested(job: &str, trigger_id: &str, requested_by: &str) {
 pub fn trigger_started(job: &str, trigger_id: &str, requested_by: &str, token: Token) {
     info!(
         event = "trigger_started",
-        job, trigger_id, requested_by, token, "manual run started"
+        job,
+        trigger_id,
+        requested_by,
+        token = token.get(),
+        "manual run started"
     );
 }
 
@@ -623,6 +646,18 @@ pub fn occurrence_waiting(job: &str, scheduled_at: &str, max_running: usize) {
     );
 }
 
+/// The daemon stopped while this occurrence's claim or acquire was still
+/// unanswered: it stops waiting, and should the answer be a win, that
+/// lease is given back before the daemon exits (debug level).
+pub fn occurrence_abandoned(job: &str, scheduled_at: &str) {
+    debug!(
+        event = "occurrence_abandoned",
+        job,
+        scheduled_at,
+        "stopping: no longer waiting for the store's answer; a win it brings is given back"
+    );
+}
+
 /// This host's clock is ahead of the store's: the occurrence is attempted
 /// again when the store's clock reaches it (debug level).
 pub fn occurrence_early(job: &str, scheduled_at: &str, ahead_ms: i64) {
@@ -640,8 +675,8 @@ pub fn stale_write_rejected(rec: &StaleRecord) {
         resource = %rec.resource,
         key = rec.key.as_deref(),
         owner_id = rec.owner_id.as_ref().map(OwnerId::as_str),
-        token = rec.token,
-        accepted_token = rec.accepted_token,
+        token = rec.token.get(),
+        accepted_token = rec.accepted_token.map(Token::get),
         node = %rec.node,
         job = rec.job.as_deref(),
         stage = %rec.stage,
@@ -832,7 +867,11 @@ pub fn proxy_stopped(abandoned: usize) {
 pub fn proxy_upstream_failed(resource: &str, token: Token, upstream: &str, error: &str) {
     warn!(
         event = "proxy_upstream_failed",
-        resource, token, upstream, error, "the fencing proxy's upstream failed"
+        resource,
+        token = token.get(),
+        upstream,
+        error,
+        "the fencing proxy's upstream failed"
     );
 }
 
@@ -921,7 +960,7 @@ pub fn run_recovered(rec: &LeftRun<'_>, node: &str, outcome: &str, detail: &str)
         job = %rec.job,
         resource = %rec.resource,
         owner_id = %rec.owner_id,
-        token = rec.token,
+        token = rec.token.get(),
         pid = rec.pid,
         node,
         outcome,

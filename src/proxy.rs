@@ -363,7 +363,7 @@ impl Proxy {
     fn forget_unused(&self, resource: &Name, gate: Gate) {
         let mut gates = self.gates.lock().unwrap_or_else(|p| p.into_inner());
         // The map's reference and this one: no other request holds it.
-        if Arc::strong_count(&gate) == 2 && gate.try_read().is_ok_and(|t| *t == 0) {
+        if Arc::strong_count(&gate) == 2 && gate.try_read().is_ok_and(|t| *t == Token::default()) {
             gates.remove(resource);
         }
     }
@@ -551,15 +551,18 @@ mod tests {
 
     #[test]
     fn header_parsing() {
-        assert_eq!(parsed("reports:7"), Ok(("reports".into(), 7)));
+        assert_eq!(parsed("reports:7"), Ok(("reports".into(), Token::new(7))));
         // The last colon separates the token: resources may contain colons.
         assert_eq!(
             parsed("statement:monthly:4294967297"),
-            Ok(("statement:monthly".into(), 4_294_967_297))
+            Ok(("statement:monthly".into(), Token::new(4_294_967_297)))
         );
-        assert_eq!(parsed(" r:1 "), Ok(("r".into(), 1)));
-        assert_eq!(parsed("café:2"), Ok(("café".into(), 2)));
-        assert_eq!(parsed(&header_value("a b:c", 9)), Ok(("a b:c".into(), 9)));
+        assert_eq!(parsed(" r:1 "), Ok(("r".into(), Token::new(1))));
+        assert_eq!(parsed("café:2"), Ok(("café".into(), Token::new(2))));
+        assert_eq!(
+            parsed(&header_value("a b:c", Token::new(9))),
+            Ok(("a b:c".into(), Token::new(9)))
+        );
         assert!(parsed("reports").unwrap_err().contains("no colon"));
         assert!(parsed("reports:").unwrap_err().contains("not a decimal"));
         assert!(parsed("reports:-1").unwrap_err().contains("not a decimal"));

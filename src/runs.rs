@@ -28,7 +28,7 @@ use serde::{Deserialize, Serialize};
 use crate::backoff::Backoff;
 use crate::events;
 use crate::names::Name;
-use crate::store::{Lease, OwnerId, ReleaseOutcome, Store, StoreUrl};
+use crate::store::{Lease, OwnerId, ReleaseOutcome, Store, StoreUrl, Token};
 use crate::timing::LeaseTiming;
 
 /// One run in progress, as noted on disk.
@@ -37,7 +37,7 @@ pub struct RunRecord {
     pub job: String,
     pub resource: String,
     pub owner_id: OwnerId,
-    pub token: i64,
+    pub token: Token,
     /// The watchdog process and its start time (clock ticks since boot).
     pub shim_pid: u32,
     pub shim_start: Option<u64>,
@@ -358,7 +358,7 @@ mod tests {
             job: "j".into(),
             resource: "r".into(),
             owner_id: OwnerId::fresh(),
-            token: 1,
+            token: Token::new(1),
             shim_pid: me,
             shim_start: start_time(me),
             pgid: u32::MAX / 2,

@@ -183,7 +183,7 @@ async fn client_loop(
     // holder of "held" must outlast the measurement, or the lease would
     // become free half-way and the "held" samples would be wins.
     let holder_lease = (duration + Duration::from_secs(30)).clamp(MIN_LEASE, MAX_LEASE);
-    let (mut owner, mut token) = (OwnerId::fresh(), 0);
+    let (mut owner, mut token) = (OwnerId::fresh(), Token::default());
     if op == RawOp::AcquireFree {
         let (o, t) = take(store, resource, MIN_LEASE).await?;
         store.release(resource, o, t).await?;
@@ -225,7 +225,11 @@ async fn client_loop(
         }
         // `None`: the call did not have the outcome being measured.
         let sample: Option<Duration> = match (path, op) {
-            (Path::Ping, _) => Some(timed(store.raw(RawOp::Ping, resource, "", 0)).await?.1),
+            (Path::Ping, _) => Some(
+                timed(store.raw(RawOp::Ping, resource, "", Token::default()))
+                    .await?
+                    .1,
+            ),
             (Path::Fencecron, RawOp::AcquireFree) => {
                 let (outcome, d) = timed(store.acquire(&request(resource, MIN_LEASE))).await?;
                 match outcome {
@@ -238,8 +242,13 @@ async fn client_loop(
             }
             (Path::Raw, RawOp::AcquireFree) => {
                 let owner = OwnerId::fresh();
-                let (t, d) =
-                    timed(store.raw(RawOp::AcquireFree, resource, owner.as_str(), 0)).await?;
+                let (t, d) = timed(store.raw(
+                    RawOp::AcquireFree,
+                    resource,
+                    owner.as_str(),
+                    Token::default(),
+                ))
+                .await?;
                 match t {
                     // Releasing with this owner and token proves it won.
                     Some(t) => match store.release(resource, owner, t).await? {
@@ -309,7 +318,7 @@ async fn client_loop(
         }
     }
     // Leave nothing held behind (the purge deletes the rows anyway).
-    if token > 0 {
+    if token > Token::default() {
         let _ = store.release(resource, owner, token).await;
     }
     Ok(samples)

@@ -12,7 +12,7 @@ use crate::fence;
 use crate::guard::GuardDb;
 use crate::names::Name;
 use crate::output::{self, Align, Out, Table};
-use crate::store::{OpenOptions, OwnerId, PutOutcome, PutRequest, RejectReason, StoreTime};
+use crate::store::{OpenOptions, OwnerId, PutOutcome, PutRequest, RejectReason, StoreTime, Token};
 
 use super::{owner_id_arg, print_json, Context};
 
@@ -48,7 +48,7 @@ pub async fn put(cli: &Cli, args: &PutArgs) -> Result<Exit> {
                 .to_string(),
         )
     })?;
-    if token < 1 {
+    if token < Token::new(1) {
         return Err(Error::Usage(format!(
             "token {token} is not a fencing token; tokens start at 1"
         )));

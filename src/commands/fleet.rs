@@ -19,7 +19,7 @@ use crate::fleet::{Drift, JobDef, JobFacts};
 use crate::output::{self, Align, Out, Table};
 use crate::schedule::Schedule;
 use crate::store::{
-    millis, rfc3339, NodeInfo, OpenOptions, PauseInfo, RunInfo, RunQuery, Store, StoreTime,
+    millis, rfc3339, NodeInfo, OpenOptions, PauseInfo, RunInfo, RunQuery, Store, StoreTime, Token,
     TriggerInfo,
 };
 
@@ -199,7 +199,7 @@ struct JobStatus {
 #[derive(Debug, Serialize)]
 struct Running {
     node: String,
-    token: i64,
+    token: Token,
     trigger: String,
     since: StoreTime,
 }
@@ -209,7 +209,7 @@ struct LastRun {
     outcome: RunState,
     at: StoreTime,
     node: String,
-    token: i64,
+    token: Token,
 }
 
 impl LastRun {

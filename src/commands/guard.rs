@@ -9,7 +9,7 @@ use crate::fence;
 use crate::guard::{self, GuardDb, GuardReport, Recorded};
 use crate::names::Name;
 use crate::output::{self, Out};
-use crate::store::{Backend, StoreUrl};
+use crate::store::{Backend, StoreUrl, Token};
 
 use super::print_json;
 
@@ -89,7 +89,12 @@ async fn install(db: &str) -> Result<Exit> {
     Ok(Exit::Success)
 }
 
-async fn record(db: &str, resource: Option<&str>, token: Option<i64>, json: bool) -> Result<Exit> {
+async fn record(
+    db: &str,
+    resource: Option<&str>,
+    token: Option<Token>,
+    json: bool,
+) -> Result<Exit> {
     let url = db_url("--db", db)?;
     let resource = resource.ok_or_else(|| {
         Error::Usage(

@@ -440,6 +440,10 @@ async fn round(
             }
             _ = shared.shutdown.cancelled() => {
                 for e in waiting.into_iter().flatten() {
+                    events::occurrence_abandoned(
+                        e.occurrence.name(),
+                        &crate::store::rfc3339(e.occurrence.at),
+                    );
                     out.ended(e.index, Ending::Stopped);
                 }
                 settle_late(shared, call, items);

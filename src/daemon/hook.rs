@@ -16,6 +16,7 @@ use tokio::process::Command;
 use crate::domain::RunOutcome;
 use crate::events;
 use crate::job_env::ChildEnv;
+use crate::store::Token;
 
 /// How long a hook may run before it is killed.
 pub(super) const HOOK_TIMEOUT: Duration = Duration::from_secs(60);
@@ -28,7 +29,7 @@ pub(super) struct Failure {
     pub job: String,
     pub resource: String,
     pub node: String,
-    pub token: i64,
+    pub token: Token,
     pub outcome: RunOutcome,
     pub exit_code: Option<i32>,
     pub signal: Option<i32>,

@@ -283,7 +283,7 @@ impl Occurrence {
         ending
     }
 
-    fn name(&self) -> &str {
+    pub(super) fn name(&self) -> &str {
         self.job.name.as_str()
     }
 
@@ -354,6 +354,7 @@ impl Occurrence {
                     }
                     _ = self.shared.shutdown.cancelled() => {
                         self.give_back_if_won(attempt);
+                        events::occurrence_abandoned(name, &at);
                         return Ending::Stopped;
                     }
                 };
@@ -781,7 +782,7 @@ async fn acquire_attempt(
             job.name.as_str(),
             &rfc3339(at),
             &node,
-            held_by.as_str(),
+            *held_by,
             Some(held_on),
             *token,
         );

@@ -49,7 +49,7 @@ use crate::domain::Stage;
 use crate::names::Name;
 use crate::store::{
     first_connection, pg_first_connection, postgres_options, timed, unavailable, Backend, OwnerId,
-    PgHosts, RejectReason, StaleKind, StaleRecord, StoreError, StoreTime, StoreUrl,
+    PgHosts, RejectReason, StaleKind, StaleRecord, StoreError, StoreTime, StoreUrl, Token,
 };
 pub use ddl::{script, trigger_script};
 use ddl::{MYSQL, POSTGRES, SQLITE};
@@ -76,7 +76,7 @@ enum Pool {
 #[derive(Debug, Clone)]
 pub struct GuardReport<'a> {
     pub resource: &'a Name,
-    pub token: i64,
+    pub token: Token,
     pub node: Option<&'a str>,
     pub job: Option<&'a str>,
     pub owner_id: Option<OwnerId>,
@@ -91,7 +91,7 @@ pub enum Recorded {
     /// The guard accepts the token (`highest` is `None` when it never saw
     /// the resource): whatever failed, it was not the guard; nothing
     /// recorded.
-    NotStale { highest: Option<i64> },
+    NotStale { highest: Option<Token> },
 }
 
 const REJECTION_COLUMNS: &str =
@@ -211,7 +211,7 @@ impl GuardDb {
     }
 
     /// The highest token the guard accepted for `resource`, if any.
-    pub async fn highest(&self, resource: &Name) -> Result<Option<i64>, StoreError> {
+    pub async fn highest(&self, resource: &Name) -> Result<Option<Token>, StoreError> {
         timed(&self.url, CALL_LIMIT, async {
             self.connected()
                 .await
@@ -407,8 +407,8 @@ const UNKNOWN_NODE: &str = "-";
 struct RejectionRow {
     at_ms: i64,
     resource: String,
-    token: i64,
-    accepted_token: i64,
+    token: Token,
+    accepted_token: Token,
     source: String,
     db_user: Option<String>,
     node: Option<String>,
@@ -482,8 +482,8 @@ mod tests {
         let row = |source: &str, node: Option<&str>, user: Option<&str>| RejectionRow {
             at_ms: 1,
             resource: "r".into(),
-            token: 4,
-            accepted_token: 5,
+            token: Token::new(4),
+            accepted_token: Token::new(5),
             source: source.into(),
             db_user: user.map(str::to_string),
             node: node.map(str::to_string),
@@ -496,7 +496,7 @@ mod tests {
             (rec.stage.as_str(), rec.node.as_str()),
             ("guard", "app@10.0.0.7")
         );
-        assert_eq!(rec.accepted_token, Some(5));
+        assert_eq!(rec.accepted_token, Some(Token::new(5)));
         let rec = rejection(row("job", Some("host-a"), Some("app")));
         assert_eq!(
             (rec.stage.as_str(), rec.node.as_str()),

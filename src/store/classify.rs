@@ -163,10 +163,10 @@ impl Rejection {
 /// one with `once` is already applied.
 pub(crate) fn classify_rejection(
     token: Token,
-    owner_id: &str,
+    owner_id: OwnerId,
     once: bool,
     accepted: Option<Token>,
-    lease: Option<(Token, &str)>,
+    lease: Option<(Token, OwnerId)>,
 ) -> Option<Rejection> {
     let reject = |reason, accepted_token| {
         Some(Rejection {
@@ -229,7 +229,7 @@ pub(crate) fn classify_admission(
         return Admission::Refuse(RejectReason::Stale, Some(h));
     }
     match issued {
-        Some(fence) if (1..=fence).contains(&token) && !raised => Admission::Raise,
+        Some(fence) if (Token::new(1)..=fence).contains(&token) && !raised => Admission::Raise,
         _ => Admission::Refuse(RejectReason::Forged, issued),
     }
 }
@@ -238,41 +238,54 @@ pub(crate) fn classify_admission(
 mod tests {
     use super::*;
 
+    const fn t(n: i64) -> Token {
+        Token::new(n)
+    }
+
     #[test]
     fn admission_at_the_proxy() {
         use Admission::*;
         use RejectReason::*;
         // Never leased, not positive, above the fence: never issued.
         assert_eq!(
-            classify_admission(1, None, None, false),
+            classify_admission(t(1), None, None, false),
             Refuse(Forged, None)
         );
         assert_eq!(
-            classify_admission(0, None, Some(3), false),
-            Refuse(Forged, Some(3))
+            classify_admission(t(0), None, Some(t(3)), false),
+            Refuse(Forged, Some(t(3)))
         );
         assert_eq!(
-            classify_admission(-1, Some(2), Some(3), false),
-            Refuse(Stale, Some(2))
+            classify_admission(t(-1), Some(t(2)), Some(t(3)), false),
+            Refuse(Stale, Some(t(2)))
         );
         assert_eq!(
-            classify_admission(4, Some(3), Some(3), false),
-            Refuse(Forged, Some(3))
+            classify_admission(t(4), Some(t(3)), Some(t(3)), false),
+            Refuse(Forged, Some(t(3)))
         );
         // The highest admitted passes; a newer issued one is raised to.
-        assert_eq!(classify_admission(3, Some(3), Some(5), false), Admit);
-        assert_eq!(classify_admission(5, Some(3), Some(5), false), Raise);
-        assert_eq!(classify_admission(2, None, Some(5), false), Raise);
+        assert_eq!(
+            classify_admission(t(3), Some(t(3)), Some(t(5)), false),
+            Admit
+        );
+        assert_eq!(
+            classify_admission(t(5), Some(t(3)), Some(t(5)), false),
+            Raise
+        );
+        assert_eq!(classify_admission(t(2), None, Some(t(5)), false), Raise);
         // Below the highest admitted: stale, whatever was issued.
         assert_eq!(
-            classify_admission(2, Some(3), Some(5), false),
-            Refuse(Stale, Some(3))
+            classify_admission(t(2), Some(t(3)), Some(t(5)), false),
+            Refuse(Stale, Some(t(3)))
         );
         // After a raise: only if it took.
-        assert_eq!(classify_admission(5, Some(5), Some(5), true), Admit);
         assert_eq!(
-            classify_admission(4, Some(5), Some(5), true),
-            Refuse(Stale, Some(5))
+            classify_admission(t(5), Some(t(5)), Some(t(5)), true),
+            Admit
+        );
+        assert_eq!(
+            classify_admission(t(4), Some(t(5)), Some(t(5)), true),
+            Refuse(Stale, Some(t(5)))
         );
     }
 
@@ -284,42 +297,42 @@ mod tests {
                 accepted_token,
             })
         };
-        let (me, other) = ("owner-a", "owner-b");
+        let (me, other) = (OwnerId::fresh(), OwnerId::fresh());
         // Never leased, or above the fence: forged, naming the key's token.
         assert_eq!(
-            classify_rejection(1, me, false, None, None),
+            classify_rejection(t(1), me, false, None, None),
             rej(RejectReason::Forged, None)
         );
         assert_eq!(
-            classify_rejection(10, me, false, Some(6), Some((9, me))),
-            rej(RejectReason::Forged, Some(6))
+            classify_rejection(t(10), me, false, Some(t(6)), Some((t(9), me))),
+            rej(RejectReason::Forged, Some(t(6)))
         );
         // Below the fence: stale, naming the current token, whether or not
         // the key was written since (and whoever holds the fence).
         assert_eq!(
-            classify_rejection(5, me, false, Some(6), Some((9, me))),
-            rej(RejectReason::Stale, Some(9))
+            classify_rejection(t(5), me, false, Some(t(6)), Some((t(9), me))),
+            rej(RejectReason::Stale, Some(t(9)))
         );
         assert_eq!(
-            classify_rejection(5, me, false, None, Some((9, other))),
-            rej(RejectReason::Stale, Some(9))
+            classify_rejection(t(5), me, false, None, Some((t(9), other))),
+            rej(RejectReason::Stale, Some(t(9)))
         );
         assert_eq!(
-            classify_rejection(5, me, true, Some(5), Some((9, other))),
-            rej(RejectReason::Stale, Some(9))
+            classify_rejection(t(5), me, true, Some(t(5)), Some((t(9), other))),
+            rej(RejectReason::Stale, Some(t(9)))
         );
         // The fence's token, issued to someone else.
         assert_eq!(
-            classify_rejection(9, me, false, None, Some((9, other))),
-            rej(RejectReason::WrongOwner, Some(9))
+            classify_rejection(t(9), me, false, None, Some((t(9), other))),
+            rej(RejectReason::WrongOwner, Some(t(9)))
         );
         assert_eq!(
-            classify_rejection(9, me, true, Some(9), Some((9, other))),
-            rej(RejectReason::WrongOwner, Some(9))
+            classify_rejection(t(9), me, true, Some(t(9)), Some((t(9), other))),
+            rej(RejectReason::WrongOwner, Some(t(9)))
         );
         // The owner's own token again with `once`: already applied.
         assert_eq!(
-            classify_rejection(9, me, true, Some(9), Some((9, me))),
+            classify_rejection(t(9), me, true, Some(t(9)), Some((t(9), me))),
             None
         );
     }

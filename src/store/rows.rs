@@ -6,7 +6,7 @@ use sqlx::{ColumnIndex, Database, Decode, Row, Type};
 use super::{
     classify_loss, classify_rejection, ClaimOutcome, ClaimRequest, Claimed, Lease, LeaseInfo,
     LossRow, OwnerId, PutRequest, Rejection, StaleKind, StaleRecord, StoreError, StoreTime,
-    StoredValue, Takeover,
+    StoredValue, Takeover, Token,
 };
 
 fn get<'r, R, T>(r: &'r R, col: &'static str) -> Result<T, sqlx::Error>
@@ -103,25 +103,15 @@ where
 /// (`accepted`) and the lease row's fence and owner (`issued`,
 /// `issued_to`), as [`super::classify_rejection`] takes them.
 pub(crate) struct PutState {
-    pub accepted: Option<i64>,
-    pub lease: Option<(i64, String)>,
+    pub accepted: Option<Token>,
+    pub lease: Option<(Token, OwnerId)>,
 }
 
 impl PutState {
     /// Why `req` was refused; `None` if it was already applied
     /// ([`super::classify_rejection`]).
     pub(crate) fn rejection(&self, req: &PutRequest<'_>) -> Option<Rejection> {
-        let lease = self
-            .lease
-            .as_ref()
-            .map(|(fence, owner)| (*fence, owner.as_str()));
-        classify_rejection(
-            req.token,
-            req.owner_id.as_str(),
-            req.once,
-            self.accepted,
-            lease,
-        )
+        classify_rejection(req.token, req.owner_id, req.once, self.accepted, self.lease)
     }
 }
 
@@ -131,12 +121,12 @@ where
     DB: Database,
     R: Row<Database = DB>,
     &'static str: ColumnIndex<R>,
-    Option<i64>: Decode<'r, DB> + Type<DB>,
+    i64: Decode<'r, DB> + Type<DB>,
     Option<String>: Decode<'r, DB> + Type<DB>,
     String: Decode<'r, DB> + Type<DB>,
 {
-    let issued: Option<i64> = get(r, "issued")?;
-    let issued_to: Option<String> = get(r, "issued_to")?;
+    let issued: Option<Token> = get(r, "issued")?;
+    let issued_to: Option<OwnerId> = get(r, "issued_to")?;
     Ok(PutState {
         accepted: get(r, "accepted")?,
         lease: issued.zip(issued_to),
@@ -153,7 +143,7 @@ where
     DB: Database,
     R: Row<Database = DB>,
     I: ColumnIndex<R>,
-    Option<i64>: Decode<'r, DB> + Type<DB>,
+    i64: Decode<'r, DB> + Type<DB>,
     Option<String>: Decode<'r, DB> + Type<DB>,
     String: Decode<'r, DB> + Type<DB>,
 {
@@ -212,7 +202,7 @@ where
     let mut out = Vec::with_capacity(items.len());
     for (row, item) in rows.iter().zip(items) {
         limit = usize::try_from(row.try_get::<i64, _>(15)?).unwrap_or(0);
-        let (won, fence, expires_at): (i64, Option<i64>, Option<i64>) =
+        let (won, fence, expires_at): (i64, Option<Token>, Option<i64>) =
             (row.try_get(0)?, row.try_get(1)?, row.try_get(2)?);
         if let (1, Some(token), Some(expires_at)) = (won, fence, expires_at) {
             out.push(Claimed::Won(Lease {
@@ -227,7 +217,7 @@ where
         let present: i64 = row.try_get(7)?;
         let paused: i64 = row.try_get(13)?;
         let (fence, expires_at, owner_id, node) = (
-            row.try_get::<Option<i64>, _>(8)?,
+            row.try_get::<Option<Token>, _>(8)?,
             row.try_get::<Option<i64>, _>(9)?,
             row.try_get::<Option<OwnerId>, _>(10)?,
             row.try_get::<Option<String>, _>(11)?,

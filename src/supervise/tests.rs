@@ -21,7 +21,7 @@ use super::{
 use crate::clock::Clock;
 use crate::names::Name;
 use crate::store::{
-    prelude::*, AcquireOutcome, AcquireRequest, Lease, OwnerId, StaleKind, StoreTime,
+    prelude::*, AcquireOutcome, AcquireRequest, Lease, OwnerId, StaleKind, StoreTime, Token,
 };
 use crate::testing::epoch_wall;
 use crate::testing::job::{FakeLauncher, JobHandle, Script};
@@ -152,7 +152,7 @@ async fn renewals_move_the_deadline_and_an_exit_releases_the_lease() {
         }
     );
     let job = rig.job();
-    assert_eq!((job.token, job.started()), (1, rig.t0));
+    assert_eq!((job.token, job.started()), (Token::new(1), rig.t0));
     assert_eq!(job.resource, "job");
     assert!(rig.signals().is_empty(), "{:?}", rig.signals());
     // The watchdog starts with the acquire's deadlines, 50 ms behind ours.

@@ -12,7 +12,7 @@ use crate::domain::{LossReason, Stage};
 use crate::names::Name;
 use crate::store::{
     prelude::*, AcquireOutcome, AcquireRequest, Lease, NewStaleRecord, OwnerId, Refusal,
-    RenewOutcome, StaleKind, StoreError, StoreTime,
+    RenewOutcome, StaleKind, StoreError, StoreTime, Token,
 };
 use tokio::time::Instant;
 
@@ -143,7 +143,7 @@ async fn injected_faults() {
     pass(Duration::from_secs(10)).await;
     gate.open();
     tokio::task::yield_now().await;
-    assert_eq!(s.row("late").unwrap().fence, 1);
+    assert_eq!(s.row("late").unwrap().fence, Token::new(1));
     assert_eq!(s.history(Op::Acquire).last().unwrap(), "acquired 1");
 
     // Without a time limit, a hung call answers when the gate opens.
@@ -180,7 +180,7 @@ async fn injected_faults() {
             resource: "renew",
             key: None,
             owner_id: None,
-            token: 1,
+            token: Token::new(1),
             accepted_token: None,
             node: "n",
             job: None,

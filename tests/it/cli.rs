@@ -935,7 +935,9 @@ fn case_put_stale_forged_once_and_stale_list(fx: &Fx) {
     assert_eq!(recs[1]["stage"], "put", "the default stage");
 
     // --since: a wide window has them all; a window that began after they
-    // were recorded has none.
+    // were recorded has none. The wait is for the wall clock to pass 1.3 s
+    // after the newest record's stored time (an observed value): the window
+    // `--since 1s` then begins after it, by the command's own definition.
     assert_eq!(fx.stale(&r, Some("1h")).len(), 3);
     let newest = rfc3339_utc(&recs[2]["at"]);
     let wait = (newest + chrono::Duration::milliseconds(1_300)) - Utc::now();

@@ -1011,23 +1011,69 @@ impl ProxiedJob {
     }
 }
 
-/// Holds the proxy's traffic from 1 s before the job's next 10-second
-/// instant (at least 1.5 s away). Returns the daemon's log position then
-/// and the instant as `scheduled_at` spells it.
-fn hold_across_next_instant(proxy: &Proxy, d: &Daemon) -> (usize, String) {
-    let now = wall_ms();
-    let mut instant = (now / 10_000 + 1) * 10_000;
-    if instant - now < 1_500 {
-        instant += 10_000;
+/// Holds the proxy's traffic across the job's next instant (every
+/// `period_ms`, at least 1.5 s away), from 1 s before it, with no other
+/// call in flight then: one the daemon sends meanwhile (a trigger poll, a
+/// heartbeat: on one connection it would hold it, and the instant's
+/// acquire would wait for the pool instead of reaching the store) is let
+/// through and answered, as the proxy sees, before the hold resumes. What
+/// the test waits for is the wall clock, the one the daemon's schedule
+/// fires on: the instant is a time the product fixes, not a guess at how
+/// long the daemon takes; that the hold was on, with nothing else in
+/// flight, when the instant came is checked, not assumed (else the next
+/// instant is tried). Returns the daemon's log position then, the instant
+/// as `scheduled_at` spells it, and the instant in ms.
+fn hold_before_next_instant(proxy: &Proxy, d: &Daemon, period_ms: i64) -> (usize, String, i64) {
+    let until = Instant::now() + secs(60);
+    let ms = Duration::from_millis;
+    loop {
+        let now = wall_ms();
+        let mut instant = (now / period_ms + 1) * period_ms;
+        if instant - now < 1_500 {
+            instant += period_ms;
+        }
+        while wall_ms() < instant - 1_000 {
+            assert!(
+                Instant::now() < until,
+                "the wall clock never reached {instant} - 1 s"
+            );
+            std::thread::sleep(ms(10));
+        }
+        let cut = d.len();
+        proxy.hold();
+        let mut held_at = wall_ms();
+        while wall_ms() < instant {
+            if !proxy.idle() {
+                proxy.release();
+                while !proxy.idle() {
+                    assert!(
+                        Instant::now() < until,
+                        "a call through the proxy was never answered"
+                    );
+                    std::thread::sleep(ms(1));
+                }
+                proxy.hold();
+                held_at = wall_ms();
+            }
+            std::thread::sleep(ms(1));
+        }
+        let before = UNIX_EPOCH + ms(instant as u64);
+        if held_at < instant && !proxy.held_requests().iter().any(|t| *t < before) {
+            let at = chrono::DateTime::from_timestamp_millis(instant)
+                .expect("instant")
+                .to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+            return (cut, at, instant);
+        }
+        proxy.release();
+        eprintln!(
+            "the hold did not begin clear of other calls before {instant}; trying the next instant"
+        );
     }
-    std::thread::sleep(Duration::from_millis(
-        u64::try_from(instant - 1_000 - wall_ms()).unwrap_or(0),
-    ));
-    let cut = d.len();
-    proxy.hold();
-    let at = chrono::DateTime::from_timestamp_millis(instant)
-        .expect("instant")
-        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+}
+
+/// [`hold_before_next_instant`] for the 10-second jobs of [`ProxiedJob`].
+fn hold_across_next_instant(proxy: &Proxy, d: &Daemon) -> (usize, String) {
+    let (cut, at, _) = hold_before_next_instant(proxy, d, 10_000);
     (cut, at)
 }
 
@@ -1075,8 +1121,11 @@ fn late_win_after_give_up_is_given_back_postgres() {
             .filter(|e| is(e, "store_unavailable") && str_field(e, "operation") != Some("acquire"))
             .cloned()
             .collect();
-        // The held statements reach the store once the traffic flows again.
-        std::thread::sleep(Duration::from_millis(300));
+        // The held statements reach the store once the traffic flows again:
+        // at once, the event being the proof that the occurrence stopped
+        // waiting (it is logged after the late answer was handed to the
+        // give-back, in the same poll: `Occurrence::unanswered`,
+        // `claim::round`), so whatever the store answers now is late.
         proxy.release();
         eprintln!("given up: {given_up}");
         if crowded.is_empty() {
@@ -1214,7 +1263,7 @@ fn shutdown_releases_an_acquire_in_flight_postgres() {
     std::fs::write(
         &config,
         format!(
-            "[store]\nmax_connections = 1\n\n{}",
+            "[store]\nmax_connections = 2\n\n{}",
             job_toml(
                 &job,
                 "*/2 * * * * *",
@@ -1224,25 +1273,56 @@ fn shutdown_releases_an_acquire_in_flight_postgres() {
         ),
     )
     .expect("write jobs.toml");
-    let mut d = Daemon::spawn(DaemonOpts::new("stopinflight", &config, &proxied));
+    // Debug: `occurrence_abandoned` says when the daemon stopped waiting.
+    let mut d = Daemon::spawn(DaemonOpts::new("stopinflight", &config, &proxied).debug());
     let (i_fin, _) = d.expect_from(0, "a first job_finished", ev("job_finished"), secs(30));
     let (_, released) = d.expect_from(i_fin, "its lease_released", ev("lease_released"), secs(10));
     let first_token = token_of(&released);
 
-    // Hold the store's traffic, and stop the daemon while the next
-    // occurrence's acquire waits for its answer.
-    let cut = d.len();
-    proxy.hold();
-    // The next instant is at most 2 s away; its acquire is in flight 0.5 s
-    // after it.
-    let now_ms = wall_ms();
-    let next_instant_ms = (now_ms / 2000 + 1) * 2000;
-    std::thread::sleep(Duration::from_millis(
-        u64::try_from(next_instant_ms + 500 - now_ms).unwrap(),
-    ));
+    // Hold the store's traffic across the next instant until the claim
+    // the daemon sends at the instant is seen waiting in the proxy: a call
+    // in flight, unanswered. Two connections: the trigger poll (every 2 s,
+    // as the job) or a heartbeat sent before the instant holds one, and
+    // the claim still reaches the store on the other.
+    let mut attempts = 0;
+    let (cut, at) = loop {
+        attempts += 1;
+        let (cut, at, instant_ms) = hold_before_next_instant(&proxy, &d, 2_000);
+        let instant = UNIX_EPOCH + Duration::from_millis(instant_ms as u64);
+        let deadline = Instant::now() + secs(10);
+        while !proxy.held_requests().iter().any(|t| *t >= instant) {
+            if wall_ms() > instant_ms + 3_000 {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the wall clock never passed {at} + 3 s"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        if proxy.held_requests().iter().any(|t| *t >= instant) {
+            break (cut, at);
+        }
+        eprintln!(
+            "no call reached the store after {at} (held: {:?}); trying the next instant",
+            proxy.held_requests()
+        );
+        proxy.release();
+        assert!(
+            attempts < 4,
+            "{attempts} instants in a row sent nothing the proxy saw"
+        );
+    };
     d.signal(Signal::SIGINT);
     d.expect_from(cut, "daemon_stopping", ev("daemon_stopping"), secs(5));
-    std::thread::sleep(Duration::from_millis(300));
+    // The answer is let through only once the daemon has stopped waiting
+    // for it, as it says: a win it brings is late.
+    d.expect_from(
+        cut,
+        "occurrence_abandoned for the instant in flight",
+        |e| is(e, "occurrence_abandoned") && str_field(e, "scheduled_at") == Some(at.as_str()),
+        secs(5),
+    );
     proxy.release();
 
     let st = d.wait_exit(secs(20));

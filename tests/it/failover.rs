@@ -184,7 +184,7 @@ fn cli(url: &str, args: &[&str], want: i32) -> Output {
 fn cli_generation(url: &str, r: &str) -> (Token, String) {
     let out = cli(url, &["lease", "acquire", r, "--lease", "5s", "--json"], 0);
     let v: Value = serde_json::from_slice(&out.stdout).expect("acquire --json");
-    let token = v["token"].as_i64().expect("token");
+    let token = Token::new(v["token"].as_i64().expect("token"));
     let t = token.to_string();
     let owner = v["owner_id"].as_str().expect("owner_id");
     cli(
@@ -276,7 +276,7 @@ async fn async_standby_never_reissues_a_token() {
         }
     };
     wait_replayed(&standby_pool, &replicated).await;
-    assert_eq!(fence_on(&standby_pool, "job-a").await, Some(3));
+    assert_eq!(fence_on(&standby_pool, "job-a").await, Some(Token::new(3)));
 
     // 2. Replication stalls; the primary goes on issuing tokens.
     cluster.proxy.blackhole();
@@ -318,7 +318,8 @@ async fn async_standby_never_reissues_a_token() {
         0,
     );
     assert_eq!(
-        newest_lost, 8,
+        newest_lost,
+        Token::new(8),
         "tokens 4..=8 issued while stalled: {before:?}"
     );
     // The standby really missed them.
@@ -329,7 +330,7 @@ async fn async_standby_never_reissues_a_token() {
         .await
         .expect("replay LSN");
     assert!(behind, "the standby should lag behind {primary_at}");
-    assert_eq!(fence_on(&standby_pool, "job-a").await, Some(3));
+    assert_eq!(fence_on(&standby_pool, "job-a").await, Some(Token::new(3)));
     assert_eq!(fence_on(&standby_pool, "job-new").await, None);
     primary_pool.close().await;
     admin.close().await;
@@ -417,7 +418,7 @@ async fn async_standby_never_reissues_a_token() {
     // one whose write the failover lost, and one from before the stall.
     let out = cli(&new_url, &["lease", "acquire", "job-a", "--json"], 0);
     let v: Value = serde_json::from_slice(&out.stdout).expect("acquire --json");
-    let newest = v["token"].as_i64().expect("token");
+    let newest = Token::new(v["token"].as_i64().expect("token"));
     let newest_owner = v["owner_id"].as_str().expect("owner_id");
     assert!(newest > highest_before);
     let latest = newest.to_string();
@@ -437,7 +438,7 @@ async fn async_standby_never_reissues_a_token() {
         ],
         0,
     );
-    for old in [newest_lost, 3] {
+    for old in [newest_lost, Token::new(3)] {
         let t = old.to_string();
         cli(
             &new_url,

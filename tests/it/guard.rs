@@ -635,6 +635,14 @@ macro_rules! race {
         let pool = $pool.clone();
         let resource = unique("guard");
         for (held, queued, refused) in [(6_i64, 5_i64, true), (7, 8, false)] {
+            // What beginning costs when nothing holds the lock, timed before
+            // the first transaction takes it (SQLite's window below).
+            let free = {
+                let started = Instant::now();
+                let probe = $begin(pool.clone()).await;
+                probe.rollback().await.expect("rollback the probe");
+                started.elapsed()
+            };
             let mut tx = $begin(pool.clone()).await;
             sqlx::query($check)
                 .bind(&resource)
@@ -706,9 +714,11 @@ macro_rules! race {
                     }
                 }
                 // SQLite: the second waits for the write lock in BEGIN
-                // IMMEDIATE, which shows nowhere; give it time to finish
-                // if it (wrongly) could.
-                None => tokio::time::sleep(Duration::from_millis(300)).await,
+                // IMMEDIATE, which shows nowhere. The window is measured,
+                // not guessed: many times what the same BEGIN takes with
+                // the lock free (timed above); a second that did not wait
+                // would be past it well within.
+                None => tokio::time::sleep(free.saturating_mul(20).max(Duration::from_millis(100))).await,
             }
             assert!(
                 !second.is_finished(),

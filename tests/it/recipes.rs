@@ -176,14 +176,26 @@ macro_rules! scenario {
 /// it and is then rejected; a newer write waiting behind an older one
 /// applies. `$begin` opens a transaction on its own connection (SQLite needs
 /// `BEGIN IMMEDIATE`, so the uncommitted write holds the write lock).
+/// `$waiting` is how to see the queued write wait: its connection's id and
+/// a count that is 1 while that connection waits (PostgreSQL, MariaDB);
+/// `None` for SQLite, whose lock wait shows nowhere.
 macro_rules! concurrent {
-    ($name:expr, $pool:expr, $write:expr, $read:expr, $begin:expr) => {{
+    ($name:expr, $pool:expr, $write:expr, $read:expr, $begin:expr, $waiting:expr) => {{
         let name: &str = $name;
         let pool = $pool;
         let write_sql: &str = $write;
         let read_sql: &str = $read;
+        let seen_waiting: Option<(&'static str, &'static str)> = $waiting;
 
         for (held, queued, expect_applied) in [((300, 9), (666, 8), false), ((400, 10), (500, 11), true)] {
+            // What taking the write lock costs when it is free, timed before
+            // it is taken (SQLite's window below).
+            let free = {
+                let started = std::time::Instant::now();
+                let probe = $begin;
+                probe.rollback().await.expect("rollback the probe");
+                started.elapsed()
+            };
             let mut tx = $begin;
             let n = sqlx::query(write_sql)
                 .bind("inv-1")
@@ -195,20 +207,65 @@ macro_rules! concurrent {
                 .rows_affected();
             assert!(n >= 1, "{name}: the transaction's write (token {}) must apply", held.1);
 
+            let (id_tx, id_rx) = tokio::sync::oneshot::channel::<i64>();
             let waiting = {
                 let pool = pool.clone();
                 let sql = write_sql.to_string();
                 tokio::spawn(async move {
+                    let mut conn = pool.acquire().await.expect("a connection for the queued write");
+                    if let Some((id_sql, _)) = seen_waiting {
+                        let id: i64 = sqlx::query_scalar(id_sql)
+                            .fetch_one(&mut *conn)
+                            .await
+                            .expect("connection id");
+                        let _ = id_tx.send(id);
+                    }
                     sqlx::query(&sql)
                         .bind("inv-1")
                         .bind(queued.0 as i64)
                         .bind(queued.1 as i64)
-                        .execute(&pool)
+                        .execute(&mut *conn)
                         .await
                         .map(|d| d.rows_affected())
                 })
             };
-            tokio::time::sleep(Duration::from_millis(300)).await;
+            match seen_waiting {
+                // Seen waiting on the row's lock: an observed wait, not a
+                // window.
+                Some((_, waiting_sql)) => {
+                    let id = tokio::time::timeout(Duration::from_secs(20), id_rx)
+                        .await
+                        .expect("the queued write's connection")
+                        .expect("id");
+                    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+                    loop {
+                        let n: i64 = sqlx::query_scalar(waiting_sql)
+                            .bind(id)
+                            .fetch_one(&pool)
+                            .await
+                            .expect("lock wait probe");
+                        if n > 0 {
+                            break;
+                        }
+                        assert!(
+                            !waiting.is_finished(),
+                            "{name}: the write with token {} finished while token {} was uncommitted on the same row: it must wait for it",
+                            queued.1,
+                            held.1
+                        );
+                        assert!(
+                            std::time::Instant::now() < deadline,
+                            "{name}: the queued write was never seen waiting"
+                        );
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                }
+                // SQLite: the write waits for the write lock, which shows
+                // nowhere. The window is measured, not guessed: many times
+                // what taking the lock costs when it is free (timed above);
+                // a write that did not wait would be done well within it.
+                None => tokio::time::sleep(free.saturating_mul(20).max(Duration::from_millis(100))).await,
+            }
             assert!(
                 !waiting.is_finished(),
                 "{name}: the write with token {} finished while token {} was uncommitted on the same row: it must wait for it",
@@ -275,7 +332,11 @@ async fn postgres_recipe() {
         pool.clone(),
         &write,
         read,
-        pool.begin().await.expect("begin")
+        pool.begin().await.expect("begin"),
+        Some((
+            "SELECT pg_backend_pid()::BIGINT",
+            "SELECT COUNT(*) FROM pg_stat_activity WHERE pid = $1 AND wait_event_type = 'Lock'"
+        ))
     );
     pool.close().await;
     sqlx::query(&format!("DROP SCHEMA {schema} CASCADE"))
@@ -315,7 +376,13 @@ async fn mysql_recipe() {
         pool.clone(),
         &write,
         read,
-        pool.begin().await.expect("begin")
+        pool.begin().await.expect("begin"),
+        // MariaDB's INNODB_TRX does not always say LOCK WAIT for a row lock
+        // wait (tests/it/guard.rs): the connection is seen inside its write.
+        Some((
+            "SELECT CAST(CONNECTION_ID() AS SIGNED)",
+            "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = ? AND INFO IS NOT NULL"
+        ))
     );
     pool.close().await;
     sqlx::query(&format!("DROP DATABASE {db}"))
@@ -351,7 +418,8 @@ async fn sqlite_recipe() {
         read,
         pool.begin_with("BEGIN IMMEDIATE")
             .await
-            .expect("begin immediate")
+            .expect("begin immediate"),
+        None
     );
     pool.close().await;
 }

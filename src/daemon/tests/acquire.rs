@@ -137,7 +137,7 @@ async fn a_win_after_the_occurrence_was_abandoned_is_given_back_with_it() {
     assert_eq!(row.last_occurrence, Some(at().0 - 1));
     assert!(matches!(
         rig.acquire_elsewhere(Some(at())).await,
-        AcquireOutcome::Acquired(l) if l.token == 2
+        AcquireOutcome::Acquired(l) if l.token == Token::new(2)
     ));
 }
 
@@ -314,9 +314,13 @@ async fn replace_takes_over_a_lease_held_for_an_earlier_instant() {
             rig.log(Op::Preempt),
             log(&[(0, &format!("preempted {}", old.token))])
         );
-        assert_eq!(rig.runs(), [(ms(0), old.token + 1)], "the next token");
+        assert_eq!(
+            rig.runs(),
+            [(ms(0), old.token.next().get())],
+            "the next token"
+        );
         assert!(
-            matches!(renewed, RenewOutcome::Refused(Refusal::NotOwner { current_token, .. }) if current_token == old.token + 1),
+            matches!(renewed, RenewOutcome::Refused(Refusal::NotOwner { current_token, .. }) if current_token == old.token.next()),
             "the replaced owner is refused: {renewed:?}"
         );
     }

@@ -445,7 +445,7 @@ async fn only_two_nodes_poll_the_triggers_once_the_nodes_are_steady() {
         matches!(t.state, TriggerState::Started | TriggerState::Ended),
         "{t:?}"
     );
-    assert_eq!(t.token, Some(1), "{t:?}");
+    assert_eq!(t.token, Some(Token::new(1)), "{t:?}");
     stop_all(&rig, nodes).await;
     let manual = rig
         .store

@@ -65,7 +65,7 @@ async fn the_daemon_runs_in_process_from_settings_and_a_control_stream() {
         .launcher
         .started()
         .iter()
-        .map(|j| (j.started() - rig.t0, j.resource.clone(), j.token))
+        .map(|j| (j.started() - rig.t0, j.resource.clone(), j.token.get()))
         .collect();
     runs.sort();
     assert_eq!(
@@ -175,7 +175,7 @@ async fn the_daemon_prunes_the_history_to_the_newest_runs() {
         .await
         .expect("the daemon stops")
         .unwrap();
-    let kept: Vec<i64> = rig.store.run_rows().iter().map(|r| r.token).collect();
+    let kept: Vec<i64> = rig.store.run_rows().iter().map(|r| r.token.get()).collect();
     assert_eq!(kept, [5, 6], "the two newest of six");
 }
 

@@ -37,7 +37,7 @@ use crate::names::Name;
 use crate::schedule::Schedule;
 use crate::store::{
     prelude::*, AcquireOutcome, AcquireRequest, OwnerId, PauseInfo, Refusal, RenewOutcome,
-    RunStart, StartedBy, StoreTime, TriggerInfo,
+    RunStart, StartedBy, StoreTime, Token, TriggerInfo,
 };
 use crate::supervise::{LeaseTiming, Supervisor};
 use crate::testing::epoch_wall;
@@ -168,7 +168,7 @@ impl Rig {
         self.launcher
             .started()
             .iter()
-            .map(|j| (j.started() - self.t0, j.token))
+            .map(|j| (j.started() - self.t0, j.token.get()))
             .collect()
     }
 
@@ -259,7 +259,7 @@ fn started(rig: &Rig) -> Vec<(Duration, String, i64)> {
         .launcher
         .started()
         .iter()
-        .map(|j| (j.started() - rig.t0, j.resource.clone(), j.token))
+        .map(|j| (j.started() - rig.t0, j.resource.clone(), j.token.get()))
         .collect();
     v.sort();
     v

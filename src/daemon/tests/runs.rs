@@ -23,7 +23,7 @@ async fn a_run_is_recorded_by_its_acquire_and_finished_before_its_release() {
     assert_eq!(rows.len(), 1, "{rows:?}");
     let r = &rows[0];
     assert_eq!((r.job.as_str(), r.trigger.as_str()), ("job", "schedule"));
-    assert_eq!((r.scheduled_at, r.token), (Some(at()), 1));
+    assert_eq!((r.scheduled_at, r.token), (Some(at()), Token::new(1)));
     assert_eq!(r.owner_id, rig.launcher.started()[0].owner_id.to_string());
     assert_eq!((r.outcome.as_str(), r.exit_code), ("failed", Some(3)));
     assert_eq!(r.duration_ms, Some(2_000));
@@ -155,7 +155,7 @@ async fn a_trigger_is_claimed_once_and_runs_the_job_as_manual() {
     let t = rig.store.trigger("t1").await.unwrap().unwrap();
     assert_eq!(
         (t.state.clone(), t.node.as_deref(), t.token),
-        (TriggerState::Ended, Some("node-a"), Some(1))
+        (TriggerState::Ended, Some("node-a"), Some(Token::new(1)))
     );
     assert_eq!(rig.runs(), [(ms(0), 1)]);
     let rows = rig.store.run_rows();
@@ -228,18 +228,29 @@ async fn a_failed_manual_run_is_retried_and_its_trigger_ends_with_the_last_attem
     let t = trigger().await;
     assert_eq!(
         (t.state.clone(), t.token, t.detail.as_deref()),
-        (TriggerState::Started, Some(1), Some("attempt 1 of 3"))
+        (
+            TriggerState::Started,
+            Some(Token::new(1)),
+            Some("attempt 1 of 3")
+        )
     );
     // The first attempt failed at 2 s; its retry starts at 3 s.
     tokio::time::sleep(ms(2_400)).await;
     let t = trigger().await;
-    assert_eq!((t.state.clone(), t.token), (TriggerState::Started, Some(1)));
+    assert_eq!(
+        (t.state.clone(), t.token),
+        (TriggerState::Started, Some(Token::new(1)))
+    );
     assert_eq!(rig.store.run_rows()[0].outcome.as_str(), "failed");
     tokio::time::sleep(ms(1_000)).await;
     let t = trigger().await;
     assert_eq!(
         (t.state.clone(), t.token, t.detail.as_deref()),
-        (TriggerState::Started, Some(2), Some("attempt 2 of 3"))
+        (
+            TriggerState::Started,
+            Some(Token::new(2)),
+            Some("attempt 2 of 3")
+        )
     );
     rig.settle().await;
     // Ends at 2 s, 5 s (3 + 2), 9 s (7 + 2).
@@ -251,7 +262,10 @@ async fn a_failed_manual_run_is_retried_and_its_trigger_ends_with_the_last_attem
         .collect();
     assert_eq!(by, [("manual", None, "failed"); 3]);
     let t = trigger().await;
-    assert_eq!((t.state.clone(), t.token), (TriggerState::Ended, Some(3)));
+    assert_eq!(
+        (t.state.clone(), t.token),
+        (TriggerState::Ended, Some(Token::new(3)))
+    );
     let attempts: Vec<String> = events
         .named("retry_scheduled")
         .iter()
@@ -295,7 +309,10 @@ async fn a_manual_runs_end_is_settled_again_when_the_store_failed() {
     rig.settle().await;
     rig.store.heal();
     let t = rig.store.trigger("t1").await.unwrap().unwrap();
-    assert_eq!((t.state.clone(), t.token), (TriggerState::Ended, Some(1)));
+    assert_eq!(
+        (t.state.clone(), t.token),
+        (TriggerState::Ended, Some(Token::new(1)))
+    );
     assert_eq!(rig.store.run_rows()[0].outcome.as_str(), "succeeded");
 }
 
@@ -337,7 +354,7 @@ async fn a_failed_run_is_retried_with_backoff_until_the_next_instant() {
     let rows = rig.store.run_rows();
     let by: Vec<(&str, Option<StoreTime>, i64)> = rows
         .iter()
-        .map(|r| (r.trigger.as_str(), r.scheduled_at, r.token))
+        .map(|r| (r.trigger.as_str(), r.scheduled_at, r.token.get()))
         .collect();
     assert_eq!(by[0], ("schedule", Some(at()), 1));
     assert!(

@@ -20,7 +20,11 @@ async fn case_token_increases_across_release(subject: Subject) {
     let before = s.now().await.unwrap();
     let a = must_acquire(s, &r).await;
     let after = s.now().await.unwrap();
-    assert_eq!(a.token, 1, "first acquisition of a new resource");
+    assert_eq!(
+        a.token,
+        Token::new(1),
+        "first acquisition of a new resource"
+    );
     assert_eq!(a.resource, r.as_str());
     // Expiry is the store's clock plus the lease.
     assert!(
@@ -49,7 +53,7 @@ async fn case_token_increases_across_release(subject: Subject) {
     let listed = row(s, &r).await;
     assert_eq!(
         (listed.token, listed.held, listed.owner_id.as_str()),
-        (1, true, a.owner_id.to_string().as_str())
+        (Token::new(1), true, a.owner_id.to_string().as_str())
     );
     assert_eq!(listed.node, NODE);
     assert_eq!(listed.expires_at, a.expires_at);
@@ -60,22 +64,22 @@ async fn case_token_increases_across_release(subject: Subject) {
     let listed = row(s, &r).await;
     assert_eq!(
         (listed.token, listed.held),
-        (1, false),
+        (Token::new(1), false),
         "released: {listed:?}"
     );
 
     let b = must_acquire(s, &r).await;
-    assert_eq!(b.token, 2, "token after release");
+    assert_eq!(b.token, Token::new(2), "token after release");
     assert_ne!(
         b.owner_id, a.owner_id,
         "each acquisition has a fresh owner id"
     );
     must_release(s, &b).await;
     let c = must_acquire(s, &r).await;
-    assert_eq!(c.token, 3);
+    assert_eq!(c.token, Token::new(3));
     assert!(c.expires_at >= b.expires_at);
     let listed = row(s, &r).await;
-    assert_eq!((listed.token, listed.held), (3, true));
+    assert_eq!((listed.token, listed.held), (Token::new(3), true));
 }
 
 /// Expiry is decided by the store: after it, the owner can no longer renew
@@ -105,7 +109,7 @@ async fn case_token_increases_across_expiry(subject: Subject) {
         b.token,
         a.token
     );
-    assert_eq!(b.token, a.token + 1);
+    assert_eq!(b.token, a.token.next());
     let b_owner = b.owner_id.to_string();
 
     let not_owner = Refusal::NotOwner {
@@ -148,15 +152,15 @@ async fn case_concurrent_first_acquire(subject: Subject) {
             match t.await.expect("acquire task") {
                 AcquireOutcome::Acquired(l) => winners.push(l),
                 AcquireOutcome::Held { token, .. } => {
-                    assert_eq!(token, 1, "losers see the winner's token")
+                    assert_eq!(token, Token::new(1), "losers see the winner's token")
                 }
                 other => panic!("unexpected outcome: {other:?}"),
             }
         }
         assert_eq!(winners.len(), 1, "exactly one winner: {winners:?}");
-        assert_eq!(winners[0].token, 1);
+        assert_eq!(winners[0].token, Token::new(1));
         let listed = row(subject.store.as_ref(), &r).await;
-        assert_eq!(listed.token, 1);
+        assert_eq!(listed.token, Token::new(1));
         assert_eq!(listed.owner_id, winners[0].owner_id.to_string());
     }
 }
@@ -322,10 +326,19 @@ async fn case_longest_names_round_trip(subject: Subject) {
     let l = must_acquire(s, &r).await;
     let owner = l.owner_id.to_string();
     assert_eq!(l.resource, r.as_str());
-    assert_eq!(row(s, &r).await.token, 1);
-    assert_accepted(&Put::new(&r, &k, b"v", 1, &owner).send(s).await, "long put");
-    assert_eq!(value_of(s, &r, &k).await, Some((b"v".to_vec(), 1)));
-    let rec = rejection(Put::new(&r, &k, b"w", 2, &owner).send(s).await, "forged");
+    assert_eq!(row(s, &r).await.token, Token::new(1));
+    assert_accepted(
+        &Put::new(&r, &k, b"v", Token::new(1), &owner).send(s).await,
+        "long put",
+    );
+    assert_eq!(
+        value_of(s, &r, &k).await,
+        Some((b"v".to_vec(), Token::new(1)))
+    );
+    let rec = rejection(
+        Put::new(&r, &k, b"w", Token::new(2), &owner).send(s).await,
+        "forged",
+    );
     assert_eq!(stale_of(s, None, &r).await, vec![rec]);
 }
 

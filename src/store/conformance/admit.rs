@@ -46,15 +46,15 @@ async fn case_proxy_admits_issued_tokens_never_older_ones(subject: Subject) {
     let (old, new) = (gens[0].token, gens[1].token);
     let never = resource("proxy-never-leased");
     assert_eq!(
-        refused(admit(s, &never, 1).await, "never leased"),
+        refused(admit(s, &never, Token::new(1)).await, "never leased"),
         ("forged".into(), None)
     );
     assert_eq!(
-        refused(admit(s, &r, new + 1).await, "above the fence"),
+        refused(admit(s, &r, new.next()).await, "above the fence"),
         ("forged".into(), Some(new))
     );
     assert_eq!(
-        refused(admit(s, &r, 0).await, "not positive"),
+        refused(admit(s, &r, Token::new(0)).await, "not positive"),
         ("forged".into(), Some(new))
     );
     // Both were issued; the older passes until the newer was admitted.
@@ -69,7 +69,7 @@ async fn case_proxy_admits_issued_tokens_never_older_ones(subject: Subject) {
     // Another resource's higher token counts nothing here.
     let (other, other_gens) = generations(s, "proxy-other", 3).await;
     assert_eq!(
-        refused(admit(s, &other, other_gens[2].token + 1).await, "forged"),
+        refused(admit(s, &other, other_gens[2].token.next()).await, "forged"),
         ("forged".into(), Some(other_gens[2].token))
     );
     assert_eq!(
@@ -92,8 +92,8 @@ async fn case_proxy_admits_issued_tokens_never_older_ones(subject: Subject) {
     assert_eq!(
         got,
         [
-            ("forged", new + 1, Some(new), "proxy"),
-            ("forged", 0, Some(new), "proxy"),
+            ("forged", new.next(), Some(new), "proxy"),
+            ("forged", Token::new(0), Some(new), "proxy"),
             ("stale", old, Some(new), "proxy"),
         ]
     );

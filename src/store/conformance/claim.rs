@@ -69,11 +69,11 @@ async fn case_claim_wins_like_the_acquire(subject: Subject) {
         i
     }));
     items.extend(more);
-    let before: Vec<i64> = {
+    let before: Vec<Token> = {
         let mut v = Vec::new();
         for r in &rs {
             v.push(if *r == absent {
-                0
+                Token::default()
             } else {
                 row(s, r).await.token
             });
@@ -85,7 +85,7 @@ async fn case_claim_wins_like_the_acquire(subject: Subject) {
         let Claimed::Won(l) = &out.items[i] else {
             panic!("{r}: {:?}", out.items[i]);
         };
-        assert_eq!(l.token, before[i] + 1, "the next token");
+        assert_eq!(l.token, before[i].next(), "the next token");
         assert_eq!(l.owner_id, items[i].owner_id);
         assert_eq!(l.taken_over, None, "released before: no takeover");
         let runs = runs_of(s, r.as_str()).await;

@@ -19,7 +19,7 @@ async fn case_epoch_advance(subject: Subject) {
     let first = start.lowest_token;
     assert_eq!(
         ls.iter().map(|l| l.token).collect::<Vec<_>>(),
-        vec![first, first + 1, first + 2],
+        vec![first, first.next(), first.next().next()],
         "tokens count up from the epoch's first token"
     );
     let held_r = resource("epoch-held");
@@ -32,7 +32,7 @@ async fn case_epoch_advance(subject: Subject) {
     let adv = s.advance_epoch().await.expect("advance reaches the store");
     assert_eq!(
         adv.effective,
-        start.effective.max(highest >> 32) + 1,
+        start.effective.max(highest.get() >> 32) + 1,
         "{start:?} -> {adv:?}"
     );
     assert_eq!(adv.stored, start.stored + 1);
@@ -96,7 +96,7 @@ async fn case_epoch_advance(subject: Subject) {
 
     // Counting goes on within the new epoch; another advance moves on again.
     must_release(s, &next).await;
-    assert_eq!(must_acquire(s, &r).await.token, adv.lowest_token + 1);
+    assert_eq!(must_acquire(s, &r).await.token, adv.lowest_token.next());
     let adv2 = s.advance_epoch().await.unwrap();
     assert_eq!(adv2.effective, adv.effective + 1);
     let after = must_acquire(s, &resource("epoch-after")).await;

@@ -201,13 +201,13 @@ async fn case_triggers_are_claimed_once(subject: Subject) {
         !s.cancel_trigger(&a).await.unwrap(),
         "claimed: not withdrawn"
     );
-    s.settle_trigger(&a, TriggerState::Started, Some(7), None)
+    s.settle_trigger(&a, TriggerState::Started, Some(Token::new(7)), None)
         .await
         .unwrap();
     let t = s.trigger(&a).await.unwrap().unwrap();
     assert_eq!(
         (t.state.as_str(), t.node.as_deref(), t.token),
-        ("started", Some("node-a"), Some(7))
+        ("started", Some("node-a"), Some(Token::new(7)))
     );
     assert!(!s
         .pending_triggers()

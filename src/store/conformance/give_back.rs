@@ -48,7 +48,7 @@ async fn case_give_back_leaves_the_instant_runnable(subject: Subject) {
         attempt(s, &r, LEASE, OwnerId::fresh(), t, next).await,
         "another node, same instant",
     );
-    assert_eq!(other.token, late.token + 1);
+    assert_eq!(other.token, late.token.next());
     assert_eq!(other.taken_over, None, "given back is no takeover");
     must_release(s, &other).await;
 

@@ -49,13 +49,13 @@ async fn case_occurrence_dedup(subject: Subject) {
         AcquireOutcome::Acquired(l) => l,
         other => panic!("newer occurrence when free: {other:?}"),
     };
-    assert_eq!(b.token, a.token + 1);
+    assert_eq!(b.token, a.token.next());
     assert_eq!(row(s, &r).await.last_occurrence, Some(next));
     must_release(s, &b).await;
 
     // An ad-hoc lease (no occurrence) neither needs nor resets it.
     let c = must_acquire(s, &r).await;
-    assert_eq!(c.token, b.token + 1);
+    assert_eq!(c.token, b.token.next());
     assert_eq!(row(s, &r).await.last_occurrence, Some(next));
     must_release(s, &c).await;
     assert_eq!(
@@ -135,7 +135,7 @@ async fn case_retry_adopts_its_own_win(subject: Subject) {
 
     let first = acquired(attempt(s, &r, LEASE, me, t, next).await, "first attempt");
     assert_eq!(first.owner_id, me);
-    assert_eq!(first.token, gone.token + 1);
+    assert_eq!(first.token, gone.token.next());
     assert!(first.taken_over.is_some(), "{first:?}");
 
     let again = acquired(

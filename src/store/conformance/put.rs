@@ -22,10 +22,15 @@ async fn case_put_accepts_equal_token(subject: Subject) {
     let owner1 = ls[0].owner_id.to_string();
     assert_eq!(value_of(s, &r, &k).await, None);
     for (value, what) in [(b"a", "first"), (b"b", "again"), (b"c", "third")] {
-        assert_accepted(&Put::new(&r, &k, value, 1, &owner1).send(s).await, what);
+        assert_accepted(
+            &Put::new(&r, &k, value, Token::new(1), &owner1)
+                .send(s)
+                .await,
+            what,
+        );
     }
     let v = s.get(&r, &k).await.unwrap().expect("value");
-    assert_eq!((v.value.as_slice(), v.token), (&b"c"[..], 1));
+    assert_eq!((v.value.as_slice(), v.token), (&b"c"[..], Token::new(1)));
     assert_eq!(
         v.owner_id.as_ref().map(OwnerId::as_str),
         Some(owner1.as_str())
@@ -38,27 +43,32 @@ async fn case_put_accepts_equal_token(subject: Subject) {
     let l2 = must_acquire(s, &r).await;
     let owner2 = l2.owner_id.to_string();
     assert_accepted(
-        &Put::new(&r, &k, b"d", 2, &owner2).send(s).await,
+        &Put::new(&r, &k, b"d", Token::new(2), &owner2).send(s).await,
         "newer generation",
     );
     let rec = rejection(
-        Put::new(&r, &k, b"e", 1, &owner1).send(s).await,
+        Put::new(&r, &k, b"e", Token::new(1), &owner1).send(s).await,
         "older generation",
     );
     assert_eq!(
         (rec.reason.as_str(), rec.accepted_token),
-        ("stale", Some(2))
+        ("stale", Some(Token::new(2)))
     );
-    assert_eq!(value_of(s, &r, &k).await, Some((b"d".to_vec(), 2)));
+    assert_eq!(
+        value_of(s, &r, &k).await,
+        Some((b"d".to_vec(), Token::new(2)))
+    );
     // A key of the same resource that no newer token wrote: still stale.
     let k2 = name("key", "other");
     let rec = rejection(
-        Put::new(&r, &k2, b"x", 1, &owner1).send(s).await,
+        Put::new(&r, &k2, b"x", Token::new(1), &owner1)
+            .send(s)
+            .await,
         "token 1 on a key never written",
     );
     assert_eq!(
         (rec.reason.as_str(), rec.token, rec.accepted_token),
-        ("stale", 1, Some(2))
+        ("stale", Token::new(1), Some(Token::new(2)))
     );
     assert_eq!(
         value_of(s, &r, &k2).await,
@@ -66,7 +76,9 @@ async fn case_put_accepts_equal_token(subject: Subject) {
         "a stale write creates nothing"
     );
     assert_accepted(
-        &Put::new(&r, &k2, b"y", 2, &owner2).send(s).await,
+        &Put::new(&r, &k2, b"y", Token::new(2), &owner2)
+            .send(s)
+            .await,
         "token 2 on that key",
     );
 }
@@ -83,12 +95,18 @@ async fn case_put_once(subject: Subject) {
     let owner1 = ls[0].owner_id.to_string();
     let k = name("key", "applied");
     assert_accepted(
-        &Put::new(&r, &k, b"first", 1, &owner1).once().send(s).await,
+        &Put::new(&r, &k, b"first", Token::new(1), &owner1)
+            .once()
+            .send(s)
+            .await,
         "new key",
     );
     let before = s.get(&r, &k).await.unwrap().expect("value");
     assert_eq!(
-        Put::new(&r, &k, b"second", 1, &owner1).once().send(s).await,
+        Put::new(&r, &k, b"second", Token::new(1), &owner1)
+            .once()
+            .send(s)
+            .await,
         PutOutcome::AlreadyApplied
     );
     let after = s.get(&r, &k).await.unwrap().expect("value");
@@ -101,39 +119,60 @@ async fn case_put_once(subject: Subject) {
     let l2 = must_acquire(s, &r).await;
     let owner2 = l2.owner_id.to_string();
     let rec = rejection(
-        Put::new(&r, &k, b"retry", 1, &owner1).once().send(s).await,
+        Put::new(&r, &k, b"retry", Token::new(1), &owner1)
+            .once()
+            .send(s)
+            .await,
         "older, once, its own token still on the key",
     );
     assert_eq!(
         (rec.reason.as_str(), rec.accepted_token),
-        ("stale", Some(2))
+        ("stale", Some(Token::new(2)))
     );
     assert_accepted(
-        &Put::new(&r, &k, b"third", 2, &owner2).once().send(s).await,
+        &Put::new(&r, &k, b"third", Token::new(2), &owner2)
+            .once()
+            .send(s)
+            .await,
         "greater",
     );
-    assert_eq!(value_of(s, &r, &k).await, Some((b"third".to_vec(), 2)));
+    assert_eq!(
+        value_of(s, &r, &k).await,
+        Some((b"third".to_vec(), Token::new(2)))
+    );
     let rec = rejection(
-        Put::new(&r, &k, b"x", 1, &owner1).once().send(s).await,
+        Put::new(&r, &k, b"x", Token::new(1), &owner1)
+            .once()
+            .send(s)
+            .await,
         "older, once",
     );
     assert_eq!(
         (rec.reason.as_str(), rec.accepted_token),
-        ("stale", Some(2))
+        ("stale", Some(Token::new(2)))
     );
     assert_eq!(
-        Put::new(&r, &k, b"y", 2, &owner2).once().send(s).await,
+        Put::new(&r, &k, b"y", Token::new(2), &owner2)
+            .once()
+            .send(s)
+            .await,
         PutOutcome::AlreadyApplied
     );
     let rec = rejection(
-        Put::new(&r, &k, b"z", 2, &owner1).once().send(s).await,
+        Put::new(&r, &k, b"z", Token::new(2), &owner1)
+            .once()
+            .send(s)
+            .await,
         "the current token with another owner id, once",
     );
     assert_eq!(
         (rec.reason.as_str(), rec.accepted_token),
-        ("wrong_owner", Some(2))
+        ("wrong_owner", Some(Token::new(2)))
     );
-    assert_eq!(value_of(s, &r, &k).await, Some((b"third".to_vec(), 2)));
+    assert_eq!(
+        value_of(s, &r, &k).await,
+        Some((b"third".to_vec(), Token::new(2)))
+    );
     assert_eq!(stale_of(s, None, &r).await.len(), 3);
 }
 
@@ -145,7 +184,7 @@ async fn case_put_forged(subject: Subject) {
     let owner = ls[1].owner_id.to_string();
     let k = name("key", "k");
     let rec = rejection(
-        Put::new(&r, &k, b"f", 3, &owner).send(s).await,
+        Put::new(&r, &k, b"f", Token::new(3), &owner).send(s).await,
         "fence+1 on new key",
     );
     assert_eq!((rec.reason.as_str(), rec.accepted_token), ("forged", None));
@@ -155,10 +194,11 @@ async fn case_put_forged(subject: Subject) {
         "a forged write creates nothing"
     );
     assert_accepted(
-        &Put::new(&r, &k, b"ok", 2, &owner).send(s).await,
+        &Put::new(&r, &k, b"ok", Token::new(2), &owner).send(s).await,
         "the fence itself",
     );
     for (token, once) in [(3, false), (3, true), (i64::MAX, false)] {
+        let token = Token::new(token);
         let rec = rejection(
             Put::new(&r, &k, b"f", token, &owner)
                 .once_if(once)
@@ -168,14 +208,17 @@ async fn case_put_forged(subject: Subject) {
         );
         assert_eq!(
             (rec.reason.as_str(), rec.token, rec.accepted_token),
-            ("forged", token, Some(2))
+            ("forged", token, Some(Token::new(2)))
         );
     }
-    assert_eq!(value_of(s, &r, &k).await, Some((b"ok".to_vec(), 2)));
+    assert_eq!(
+        value_of(s, &r, &k).await,
+        Some((b"ok".to_vec(), Token::new(2)))
+    );
     assert_eq!(stale_of(s, None, &r).await.len(), 4);
 
     let never = resource("never-leased");
-    for token in [1, 2] {
+    for token in [Token::new(1), Token::new(2)] {
         let rec = rejection(
             Put::new(&never, &k, b"f", token, &owner).send(s).await,
             "never leased",
@@ -278,11 +321,11 @@ async fn case_put_other_resources_token(subject: Subject) {
     let (b, _) = generations(s, "other-b", 2).await;
     let lb = must_acquire(s, &b).await;
     let b_owner = lb.owner_id.to_string();
-    assert_eq!(lb.token, 3);
+    assert_eq!(lb.token, Token::new(3));
     let a = resource("other-a");
     let la = must_acquire(s, &a).await;
     let a_owner = la.owner_id.to_string();
-    assert_eq!(la.token, 1);
+    assert_eq!(la.token, Token::new(1));
     let k = name("key", "result");
 
     let rec = rejection(
@@ -299,7 +342,13 @@ async fn case_put_other_resources_token(subject: Subject) {
             rec.token,
             rec.accepted_token
         ),
-        ("stale", b.as_str(), Some(a_owner.as_str()), 1, Some(3))
+        (
+            "stale",
+            b.as_str(),
+            Some(a_owner.as_str()),
+            Token::new(1),
+            Some(Token::new(3))
+        )
     );
 
     // A's generations catch up with B's number.
@@ -327,8 +376,8 @@ async fn case_put_other_resources_token(subject: Subject) {
             "wrong_owner",
             b.as_str(),
             Some(a3_owner.as_str()),
-            3,
-            Some(3)
+            Token::new(3),
+            Some(Token::new(3))
         )
     );
     assert_eq!(value_of(s, &b, &k).await, None, "B's key is untouched");
@@ -352,7 +401,10 @@ async fn case_put_other_resources_token(subject: Subject) {
         "A's token 3 on B after B's owner wrote",
     );
     assert_eq!(rec.reason.as_str(), "wrong_owner");
-    assert_eq!(value_of(s, &b, &k).await, Some((b"b's own".to_vec(), 3)));
+    assert_eq!(
+        value_of(s, &b, &k).await,
+        Some((b"b's own".to_vec(), Token::new(3)))
+    );
     assert_eq!(stale_of(s, None, &b).await.len(), 3);
     assert!(stale_of(s, None, &a).await.is_empty());
 }
@@ -501,11 +553,14 @@ async fn case_values_round_trip(subject: Subject) {
     ];
     for (key, value) in cases {
         let k = name("key", key);
-        assert_accepted(&Put::new(&r, &k, value, 1, &owner).send(s).await, key);
+        assert_accepted(
+            &Put::new(&r, &k, value, Token::new(1), &owner).send(s).await,
+            key,
+        );
         let got = s.get(&r, &k).await.unwrap().expect("stored value");
         assert_eq!(got.value.len(), value.len(), "{key}: length");
         assert!(got.value == value, "{key}: bytes differ");
-        assert_eq!(got.token, 1);
+        assert_eq!(got.token, Token::new(1));
     }
 }
 

@@ -53,14 +53,16 @@ async fn case_renew_keeps_token(subject: Subject) {
 
     // Right owner, wrong token: refused, lease untouched.
     assert_eq!(
-        s.renew(&r, oid(&owner), a.token + 1, LEASE).await.unwrap(),
+        s.renew(&r, oid(&owner), a.token.next(), LEASE)
+            .await
+            .unwrap(),
         RenewOutcome::Refused(Refusal::NotOwner {
             current_owner: oid(&owner),
             current_token: a.token,
         })
     );
     assert_eq!(
-        s.release(&r, oid(&owner), a.token + 1).await.unwrap(),
+        s.release(&r, oid(&owner), a.token.next()).await.unwrap(),
         ReleaseOutcome::Refused(Refusal::NotOwner {
             current_owner: oid(&owner),
             current_token: a.token,
@@ -71,11 +73,13 @@ async fn case_renew_keeps_token(subject: Subject) {
     // Never leased.
     let never = resource("never");
     assert_eq!(
-        s.renew(&never, oid(&owner), 1, LEASE).await.unwrap(),
+        s.renew(&never, oid(&owner), Token::new(1), LEASE)
+            .await
+            .unwrap(),
         RenewOutcome::Refused(Refusal::Missing)
     );
     assert_eq!(
-        s.release(&never, oid(&owner), 1).await.unwrap(),
+        s.release(&never, oid(&owner), Token::new(1)).await.unwrap(),
         ReleaseOutcome::Refused(Refusal::Missing)
     );
     assert!(
@@ -178,7 +182,7 @@ async fn case_release_is_no_takeover(subject: Subject) {
         "after a late release",
     );
     assert_eq!(c.taken_over, None, "after a late release");
-    assert_eq!(c.token, b.token + 1);
+    assert_eq!(c.token, b.token.next());
 }
 
 /// A lease that expired without being released is taken over, and the
@@ -206,9 +210,9 @@ async fn case_expiry_is_a_takeover(subject: Subject) {
         expired_at: renewed,
     };
     assert_eq!(b.taken_over.as_ref(), Some(&expected));
-    assert_eq!(b.token, a.token + 1);
+    assert_eq!(b.token, a.token.next());
     let json = serde_json::to_value(&b).unwrap();
-    assert_eq!(json["taken_over"]["token"], a.token, "{json}");
+    assert_eq!(json["taken_over"]["token"], a.token.get(), "{json}");
     assert_eq!(json["taken_over"]["node"], "node-a", "{json}");
     // The vanished owner comes back too late.
     assert!(matches!(
@@ -249,7 +253,7 @@ async fn case_preempt_ends_only_an_earlier_instants_lease(subject: Subject) {
     let a = acquired(acquire_as(s, &r, "node-a", Some(t1)).await, "a for t1");
     assert!(!s.preempt(&r, a.token, t1).await.unwrap(), "same instant");
     assert!(
-        !s.preempt(&r, a.token + 1, t2).await.unwrap(),
+        !s.preempt(&r, a.token.next(), t2).await.unwrap(),
         "another generation"
     );
     assert!(row(s, &r).await.held, "nothing ended yet");
@@ -263,7 +267,7 @@ async fn case_preempt_ends_only_an_earlier_instants_lease(subject: Subject) {
         "an ended generation is not ended again"
     );
     let b = acquired(acquire_as(s, &r, "node-b", Some(t2)).await, "b for t2");
-    assert_eq!(b.token, a.token + 1, "the next token");
+    assert_eq!(b.token, a.token.next(), "the next token");
     let replaced = b.taken_over.as_ref().expect("b names whom it replaced");
     assert_eq!(
         (
@@ -287,7 +291,7 @@ async fn case_preempt_ends_only_an_earlier_instants_lease(subject: Subject) {
     let t3 = StoreTime(t2.0 + 10_000);
     assert!(s.preempt(&r, c.token, t3).await.unwrap(), "ad-hoc holder");
     let d = acquired(acquire_as(s, &r, "node-d", Some(t3)).await, "d for t3");
-    assert_eq!(d.token, c.token + 1);
+    assert_eq!(d.token, c.token.next());
     // Released: nothing to end.
     must_release(s, &d).await;
     assert!(!s

@@ -40,7 +40,7 @@ async fn case_retention_prunes_stale_records_and_unused_values(subject: Subject)
         "released",
     );
     let rec = rejection(
-        Put::new(&held, &k, b"forged", h.token + 1, &h_owner)
+        Put::new(&held, &k, b"forged", h.token.next(), &h_owner)
             .send(s)
             .await,
         "forged",
@@ -129,7 +129,7 @@ async fn case_purge_prefix(subject: Subject) {
         let owner = l.owner_id.to_string();
         assert_accepted(&Put::new(&r, &k, b"v", l.token, &owner).send(s).await, res);
         rejection(
-            Put::new(&r, &k, b"f", l.token + 1, &owner).send(s).await,
+            Put::new(&r, &k, b"f", l.token.next(), &owner).send(s).await,
             res,
         );
     }
@@ -169,7 +169,7 @@ async fn case_purge_prefix(subject: Subject) {
         );
         assert_eq!(
             value_of(s, &r, &k).await,
-            Some((b"v".to_vec(), 1)),
+            Some((b"v".to_vec(), Token::new(1))),
             "{res} value spared"
         );
     }

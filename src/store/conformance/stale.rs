@@ -18,13 +18,15 @@ async fn case_stale_rejection_recorded(subject: Subject) {
     let k = name("key", "report.csv");
     let new_owner = ls[1].owner_id.to_string();
     assert_accepted(
-        &Put::new(&r, &k, b"new", 2, &new_owner).send(s).await,
+        &Put::new(&r, &k, b"new", Token::new(2), &new_owner)
+            .send(s)
+            .await,
         "owner 2",
     );
     let old_owner = ls[0].owner_id.to_string();
     let op = Uuid::new_v4();
     let since = s.now().await.unwrap();
-    let mut put = Put::new(&r, &k, b"old", 1, &old_owner);
+    let mut put = Put::new(&r, &k, b"old", Token::new(1), &old_owner);
     put.job = Some("nightly-report");
     put.stage = "upload";
     put.operation_id = op;
@@ -37,8 +39,8 @@ async fn case_stale_rejection_recorded(subject: Subject) {
         resource: r.to_string(),
         key: Some("report.csv".to_string()),
         owner_id: Some(oid(&old_owner)),
-        token: 1,
-        accepted_token: Some(2),
+        token: Token::new(1),
+        accepted_token: Some(Token::new(2)),
         node: NODE.to_string(),
         job: Some("nightly-report".to_string()),
         stage: Stage::Label("upload".to_string()),
@@ -50,12 +52,17 @@ async fn case_stale_rejection_recorded(subject: Subject) {
         "stamped by the store's clock: {since:?} <= {:?} <= {until:?}",
         rec.at
     );
-    assert_eq!(value_of(s, &r, &k).await, Some((b"new".to_vec(), 2)));
+    assert_eq!(
+        value_of(s, &r, &k).await,
+        Some((b"new".to_vec(), Token::new(2)))
+    );
 
     // A second rejection, later: listing is oldest first.
     tokio::time::sleep(Duration::from_millis(5)).await;
     let rec2 = rejection(
-        Put::new(&r, &k, b"older", 1, &old_owner).send(s).await,
+        Put::new(&r, &k, b"older", Token::new(1), &old_owner)
+            .send(s)
+            .await,
         "again",
     );
     assert!(rec2.at >= rec.at);
@@ -107,7 +114,7 @@ async fn case_record_stale_lease_lost(subject: Subject) {
             key: None,
             owner_id: Some(oid(&owner)),
             token: l.token,
-            accepted_token: Some(l.token + 1),
+            accepted_token: Some(l.token.next()),
             node: "node-b",
             job: Some("job-x"),
             stage: Stage::Renew,
@@ -123,7 +130,7 @@ async fn case_record_stale_lease_lost(subject: Subject) {
         key: None,
         owner_id: Some(oid(&owner)),
         token: l.token,
-        accepted_token: Some(l.token + 1),
+        accepted_token: Some(l.token.next()),
         node: "node-b".to_string(),
         job: Some("job-x".to_string()),
         stage: Stage::Renew,

@@ -35,11 +35,11 @@ where
         pool: &Pool<Self>,
         sql: &FleetSql,
         resource: &str,
-        owner_id: &str,
+        owner_id: OwnerId,
     ) -> Result<u64, sqlx::Error> {
         let done = sqlx::query(&sql.forget_unrun)
             .bind(resource)
-            .bind(owner_id)
+            .bind(owner_id.as_str())
             .execute(pool)
             .await?;
         Ok(done.rows_affected())
@@ -49,7 +49,7 @@ where
         pool: &Pool<Self>,
         sql: &FleetSql,
         resource: &str,
-        token: i64,
+        token: Token,
         occurrence: StoreTime,
     ) -> Result<bool, sqlx::Error> {
         let done = sqlx::query(&sql.preempt)
@@ -87,9 +87,9 @@ where
         found
             .iter()
             .map(|r| {
-                let token: i64 = r.try_get("token")?;
+                let token: Token = r.try_get("token")?;
                 let owner_id: OwnerId = r.try_get("owner_id")?;
-                let lease_fence: Option<i64> = r.try_get("lease_fence")?;
+                let lease_fence: Option<Token> = r.try_get("lease_fence")?;
                 let lease_owner: Option<OwnerId> = r.try_get("lease_owner_id")?;
                 let lease_expires: Option<i64> = r.try_get("lease_expires_at_ms")?;
                 let lease = match (lease_fence, lease_owner, lease_expires) {
@@ -268,12 +268,12 @@ where
         sql: &FleetSql,
         id: &str,
         state: TriggerState,
-        token: Option<i64>,
+        token: Option<Token>,
         detail: Option<&str>,
     ) -> Result<(), sqlx::Error> {
         sqlx::query(&sql.settle_trigger)
             .bind(state.as_str())
-            .bind(token)
+            .bind(token.map(Token::get))
             .bind(detail)
             .bind(id)
             .execute(pool)

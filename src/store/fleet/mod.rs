@@ -17,7 +17,7 @@ use super::rows::Affected;
 use super::sql::placeholders;
 use super::{
     Backend, BeatAnswer, NodeBeat, NodeInfo, OwnerId, PauseInfo, PublishedJob, RunEnd, RunInfo,
-    RunQuery, StoreTime, TriggerInfo,
+    RunQuery, StoreTime, Token, TriggerInfo,
 };
 use crate::domain::{self, NodeState, RunOutcome, RunState, TriggerState};
 
@@ -298,9 +298,9 @@ impl FleetSql {
 /// owner under its token at `now`, [`RunState::Unknown`] once it is not.
 pub(super) fn run_state(
     outcome: Option<String>,
-    token: i64,
+    token: Token,
     owner_id: OwnerId,
-    lease: Option<(i64, OwnerId, i64)>,
+    lease: Option<(Token, OwnerId, i64)>,
     now: i64,
 ) -> RunState {
     if let Some(outcome) = outcome {
@@ -331,14 +331,14 @@ pub(super) trait FleetDb: Database {
         pool: &Pool<Self>,
         sql: &FleetSql,
         resource: &str,
-        owner_id: &str,
+        owner_id: OwnerId,
     ) -> Result<u64, sqlx::Error>;
 
     async fn preempt(
         pool: &Pool<Self>,
         sql: &FleetSql,
         resource: &str,
-        token: i64,
+        token: Token,
         occurrence: StoreTime,
     ) -> Result<bool, sqlx::Error>;
 
@@ -400,7 +400,7 @@ pub(super) trait FleetDb: Database {
         sql: &FleetSql,
         id: &str,
         state: TriggerState,
-        token: Option<i64>,
+        token: Option<Token>,
         detail: Option<&str>,
     ) -> Result<(), sqlx::Error>;
 

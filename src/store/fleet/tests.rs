@@ -96,14 +96,20 @@ fn definitions_are_published_in_bounded_statements() {
 #[test]
 fn an_unfinished_run_is_running_only_under_its_own_held_lease() {
     let (me, other) = (OwnerId::fresh(), OwnerId::fresh());
-    let state = |lease| run_state(None, 7, me, lease, 1000);
-    assert_eq!(state(Some((7, me, 2000))), RunState::Running);
-    assert_eq!(state(Some((7, me, 1000))), RunState::Unknown);
-    assert_eq!(state(Some((7, other, 2000))), RunState::Unknown);
-    assert_eq!(state(Some((8, other, 2000))), RunState::Unknown);
+    let state = |lease| run_state(None, Token::new(7), me, lease, 1000);
+    assert_eq!(state(Some((Token::new(7), me, 2000))), RunState::Running);
+    assert_eq!(state(Some((Token::new(7), me, 1000))), RunState::Unknown);
+    assert_eq!(state(Some((Token::new(7), other, 2000))), RunState::Unknown);
+    assert_eq!(state(Some((Token::new(8), other, 2000))), RunState::Unknown);
     assert_eq!(state(None), RunState::Unknown);
     assert_eq!(
-        run_state(Some("failed".into()), 7, me, Some((7, me, 2000)), 1000),
+        run_state(
+            Some("failed".into()),
+            Token::new(7),
+            me,
+            Some((Token::new(7), me, 2000)),
+            1000
+        ),
         RunState::Ended(RunOutcome::Failed)
     );
 }

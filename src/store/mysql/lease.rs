@@ -80,7 +80,7 @@ impl My {
         // Read by position: sqlx describes a CALL without its result's
         // column names.
         let won: i64 = row.try_get(0)?;
-        let fence: Option<i64> = row.try_get(1)?;
+        let fence: Option<Token> = row.try_get(1)?;
         let owner_id: Option<OwnerId> = row.try_get(2)?;
         let node: Option<String> = row.try_get(3)?;
         let expires_at: Option<i64> = row.try_get(4)?;

@@ -200,7 +200,7 @@ impl Dialect for My {
         Ok(ReleaseOutcome::Refused(classify_refusal(
             MySql::lease_row(&db.pool, LEASE_ROW, resource).await?,
             owner_id,
-            token.unwrap_or(0),
+            token.unwrap_or_default(),
         )))
     }
 
@@ -362,7 +362,7 @@ impl RawDialect for My {
                     .fetch_one(&db.pool)
                     .await?;
                 let won: i64 = row.try_get(0)?;
-                let fence: Option<i64> = row.try_get(1)?;
+                let fence: Option<Token> = row.try_get(1)?;
                 fence.filter(|_| won == 1)
             }
             RawOp::Renew => {

@@ -365,7 +365,7 @@ impl Pg {
                     };
                     return Ok(classify_paused(pause, req, row.try_get("now_ms")?));
                 }
-                let fence: i64 = row.try_get("fence")?;
+                let fence: Token = row.try_get("fence")?;
                 let expires_at: i64 = row.try_get("expires_at_ms")?;
                 if won {
                     return Ok(AcquireOutcome::Acquired(Lease {

@@ -325,7 +325,7 @@ impl Dialect for Pg {
             None => ReleaseOutcome::Refused(classify_refusal(
                 Postgres::lease_row(&db.pool, LEASE_ROW, resource).await?,
                 owner_id,
-                token.unwrap_or(0),
+                token.unwrap_or_default(),
             )),
         })
     }
@@ -481,7 +481,7 @@ impl RawDialect for Pg {
                     .fetch_all(&db.pool)
                     .await?;
                 rows.first()
-                    .and_then(|row| row.try_get::<i64, _>("fence").ok())
+                    .and_then(|row| row.try_get::<Token, _>("fence").ok())
             }
             RawOp::Renew => {
                 sqlx::query(RENEW)

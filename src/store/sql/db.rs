@@ -237,7 +237,7 @@ where
             .bind(rec.key)
             .bind(rec.owner_id.as_ref().map(OwnerId::as_str))
             .bind(rec.token)
-            .bind(rec.accepted_token)
+            .bind(rec.accepted_token.map(Token::get))
             .bind(rec.node)
             .bind(rec.job)
             .bind(rec.stage.as_str())

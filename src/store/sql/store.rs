@@ -184,13 +184,15 @@ impl<D: Dialect> Leases for SqlStore<D> {
                 // Nothing ran under the lease: its run row goes too. Rare (a
                 // win whose answer came too late), so a statement of its own.
                 self.limited(async {
-                    Ok(D::DB::forget_unrun(
-                        &self.db.pool,
-                        &self.fleet,
-                        resource.as_str(),
-                        owner_id.as_str(),
+                    Ok(
+                        D::DB::forget_unrun(
+                            &self.db.pool,
+                            &self.fleet,
+                            resource.as_str(),
+                            owner_id,
+                        )
+                        .await?,
                     )
-                    .await?)
                 })
                 .await?;
             }
@@ -212,7 +214,7 @@ impl<D: Dialect> Leases for SqlStore<D> {
                         &self.db.pool,
                         &self.fleet,
                         item.resource.as_str(),
-                        item.owner_id.as_str(),
+                        item.owner_id,
                     )
                     .await?)
                 })

@@ -68,7 +68,7 @@ impl Lite {
                 q = q.bind(next);
             }
             let row = q.fetch_one(&mut *tx).await?;
-            let token: i64 = row.try_get("fence")?;
+            let token: Token = row.try_get("fence")?;
             sqlx::query(INSERT_RUN)
                 .bind(item.job)
                 .bind(item.resource.as_str())

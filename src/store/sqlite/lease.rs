@@ -236,7 +236,7 @@ impl Lite {
                     .await?
             }
         };
-        let token: i64 = row.try_get("fence")?;
+        let token: Token = row.try_get("fence")?;
         let expires_at: i64 = row.try_get("expires_at_ms")?;
         let taken_over = rows::takeover(&row, rows::PREV)?;
         if let Some(job) = job {

@@ -259,7 +259,7 @@ impl Dialect for Lite {
             ReleaseOutcome::Refused(classify_refusal(
                 Sqlite::lease_row(&mut *tx, LEASE_ROW, resource).await?,
                 owner_id,
-                token.unwrap_or(0),
+                token.unwrap_or_default(),
             ))
         };
         tx.commit().await?;

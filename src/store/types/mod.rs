@@ -5,7 +5,7 @@ use std::fmt;
 use std::time::Duration;
 
 use chrono::{DateTime, SecondsFormat, Utc};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 // Why a write was refused is a stored word too: it lives with the others.
@@ -29,7 +29,63 @@ pub(crate) const MIN_LEASE: Duration = Duration::from_secs(5);
 pub(crate) const MAX_LEASE: Duration = Duration::from_secs(300);
 
 /// A fencing token: the fence value of one ownership generation.
-pub type Token = i64;
+///
+/// A newtype so that a token is never confused with another number (an
+/// epoch, a time, a count); it is the same `i64` everywhere it leaves the
+/// process: decimal text in `FENCECRON_TOKEN`, a number in JSON and in log
+/// fields, a `BIGINT` in every store (`sqlx(transparent)`). The default,
+/// 0, is below every token a store issues: "no token yet".
+#[derive(
+    Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, sqlx::Type,
+)]
+#[serde(transparent)]
+#[sqlx(transparent)]
+pub struct Token(i64);
+
+impl Token {
+    /// The token with this fence value.
+    pub const fn new(value: i64) -> Token {
+        Token(value)
+    }
+
+    /// The fence value, as the store, the logs and the job see it.
+    pub const fn get(self) -> i64 {
+        self.0
+    }
+
+    /// The token the next acquisition of the same resource gets within an
+    /// epoch (saturating: no resource reaches `i64::MAX`). The stores count
+    /// in SQL; the `MemoryStore` and the tests count here.
+    #[cfg(test)]
+    pub(crate) const fn next(self) -> Token {
+        Token(self.0.saturating_add(1))
+    }
+}
+
+/// The decimal number, as every output shows a token.
+impl fmt::Display for Token {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0, f)
+    }
+}
+
+/// The bare number too, so a `{:?}` of a token (or of a value holding one)
+/// reads as it did when a token was an `i64`.
+impl fmt::Debug for Token {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&self.0, f)
+    }
+}
+
+/// Decimal text, as `FENCECRON_TOKEN`, `--token` and the `Fencing-Token`
+/// header carry it; the errors are `i64`'s.
+impl std::str::FromStr for Token {
+    type Err = std::num::ParseIntError;
+
+    fn from_str(s: &str) -> Result<Token, Self::Err> {
+        s.parse().map(Token)
+    }
+}
 
 /// Tokens are `epoch << EPOCH_SHIFT | counter`. With epoch 0 (a database
 /// that never failed over and never had its epoch advanced) tokens are
@@ -49,7 +105,7 @@ pub(crate) const TIMELINE_WEIGHT: i64 = 1024;
 
 /// The lowest token an epoch can issue: `(epoch << 32) + 1`.
 pub(crate) fn first_token_of(epoch: i64) -> Token {
-    epoch.saturating_mul(1 << EPOCH_SHIFT).saturating_add(1)
+    Token(epoch.saturating_mul(1 << EPOCH_SHIFT).saturating_add(1))
 }
 
 /// A point in time as milliseconds since the Unix epoch, as read from the
@@ -255,6 +311,38 @@ impl std::str::FromStr for OwnerId {
 mod tests {
     use super::*;
     use sqlx::Row;
+
+    /// A token is its number wherever it leaves the process: decimal text
+    /// (`FENCECRON_TOKEN`, headers, `{:?}` in messages), a JSON number, a
+    /// store integer; text parses as an `i64` does, with `i64`'s errors.
+    #[tokio::test]
+    async fn a_token_is_its_number_in_every_format() {
+        let t = Token::new(4_294_967_297);
+        assert_eq!(
+            (t.to_string(), format!("{t:?}")),
+            ("4294967297".into(), "4294967297".into())
+        );
+        assert_eq!(format!("{:?}", Some(t)), "Some(4294967297)");
+        assert_eq!(serde_json::to_string(&t).unwrap(), "4294967297");
+        assert_eq!(serde_json::from_str::<Token>("4294967297").unwrap(), t);
+        assert_eq!("4294967297".parse::<Token>(), Ok(t));
+        for bad in ["x", "", "99999999999999999999"] {
+            assert_eq!(
+                bad.parse::<Token>().unwrap_err(),
+                bad.parse::<i64>().unwrap_err()
+            );
+        }
+        assert!(Token::new(1) < Token::new(2) && Token::default() < Token::new(1));
+        let db = sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap();
+        let row = sqlx::query("SELECT ?1 AS t, ?1 + 1 AS n, NULL AS none")
+            .bind(t)
+            .fetch_one(&db)
+            .await
+            .unwrap();
+        assert_eq!(row.try_get::<Token, _>("t").unwrap(), t);
+        assert_eq!(row.try_get::<i64, _>("n").unwrap(), 4_294_967_298);
+        assert_eq!(row.try_get::<Option<Token>, _>("none").unwrap(), None);
+    }
 
     /// An owner id column decodes into an `OwnerId`; one that is not a UUID
     /// fails its row by name instead of passing on as an owner.

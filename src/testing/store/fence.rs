@@ -42,12 +42,7 @@ impl Fences for MemoryStore {
                     written_at: StoreTime(now),
                 };
             }
-            let lease = lease
-                .as_ref()
-                .map(|(fence, owner)| (*fence, owner.as_str()));
-            let Some(rejection) =
-                classify_rejection(token, owner_id.as_str(), once, accepted, lease)
-            else {
+            let Some(rejection) = classify_rejection(token, owner_id, once, accepted, lease) else {
                 return PutOutcome::AlreadyApplied;
             };
             let rec = NewStaleRecord {

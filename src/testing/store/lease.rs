@@ -109,7 +109,7 @@ fn acquire_lease(
             token: row.fence,
             expired_at: StoreTime(row.expires_at),
         });
-        row.fence = (row.fence + 1).max(floor);
+        row.fence = row.fence.next().max(floor);
         row.acquired_at = now;
         row.expires_at = now + lease;
     }
@@ -430,7 +430,7 @@ impl Leases for MemoryStore {
                 _ => ReleaseOutcome::Refused(classify_refusal(
                     refusal_row(s, &resource),
                     owner_id,
-                    token.unwrap_or(0),
+                    token.unwrap_or_default(),
                 )),
             };
             let what = match (&out, token) {

@@ -391,10 +391,13 @@ impl MemoryStore {
     /// A renewal that a [`Fault::Refuse`] turns down.
     fn refused_renewal(&self, resource: &str) -> RenewOutcome {
         let s = self.lock();
-        let fence = s.leases.get(resource).map_or(0, |r| r.fence);
+        let fence = s
+            .leases
+            .get(resource)
+            .map_or_else(Token::default, |r| r.fence);
         RenewOutcome::Refused(crate::store::Refusal::NotOwner {
             current_owner: OwnerId::fresh(),
-            current_token: fence + 1,
+            current_token: fence.next(),
         })
     }
 }
@@ -460,7 +463,10 @@ impl Admin for MemoryStore {
     async fn advance_epoch(&self) -> Result<EpochInfo, StoreError> {
         let mut s = self.lock();
         let highest = s.leases.values().map(|r| r.fence).max();
-        s.epoch = s.epoch.max(highest.unwrap_or(0) >> EPOCH_SHIFT) + 1;
+        s.epoch = s
+            .epoch
+            .max(highest.unwrap_or_default().get() >> EPOCH_SHIFT)
+            + 1;
         Ok(EpochInfo::new(s.epoch, None, highest))
     }
 

@@ -7,18 +7,29 @@
 //! closes the black-holed connections and forwards new ones again.
 //! [`Proxy::hold`] instead stops reading, so bytes wait in the kernel's
 //! buffers, and [`Proxy::release`] delivers them: a store that answers late.
+//! While holding, the proxy notes when it first saw a client's bytes
+//! waiting on each connection ([`Proxy::held_requests`]): calls in flight,
+//! unanswered.
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 struct State {
     upstream: SocketAddr,
     blackholed: AtomicBool,
     held: AtomicBool,
+    /// When, during the current hold, bytes from a client were first seen
+    /// waiting to go to the server, by connection.
+    held_requests: Mutex<Vec<(usize, SystemTime)>>,
+    /// Numbers the connections.
+    next_conn: AtomicUsize,
+    /// The connections whose client's last bytes forwarded have had no
+    /// bytes back from the server since: a call in flight.
+    outstanding: Mutex<Vec<usize>>,
     stop: AtomicBool,
     /// Every socket of every connection still tracked (client side and
     /// upstream side), so `restore` and drop can close them.
@@ -41,6 +52,9 @@ impl Proxy {
             upstream,
             blackholed: AtomicBool::new(false),
             held: AtomicBool::new(false),
+            held_requests: Mutex::new(Vec::new()),
+            next_conn: AtomicUsize::new(0),
+            outstanding: Mutex::new(Vec::new()),
             stop: AtomicBool::new(false),
             conns: Mutex::new(Vec::new()),
         });
@@ -83,8 +97,23 @@ impl Proxy {
 
     /// Stops moving bytes, in both directions, without dropping any.
     pub fn hold(&self) {
+        self.state.held_requests.lock().unwrap().clear();
         self.state.held.store(true, Ordering::SeqCst);
         eprintln!("[proxy {}] holding traffic", self.addr);
+    }
+
+    /// When, during the current hold, a client's bytes were first seen
+    /// waiting for the server (a statement sent and unanswered), one time
+    /// per connection whose bytes still wait, in the order seen.
+    pub fn held_requests(&self) -> Vec<SystemTime> {
+        let seen = self.state.held_requests.lock().unwrap();
+        seen.iter().map(|(_, t)| *t).collect()
+    }
+
+    /// Whether every call forwarded so far has had bytes back (nothing
+    /// held or in flight through the proxy).
+    pub fn idle(&self) -> bool {
+        self.state.outstanding.lock().unwrap().is_empty() && self.held_requests().is_empty()
     }
 
     /// Delivers what was held and forwards as usual again.
@@ -138,6 +167,7 @@ fn accept_loop(listener: TcpListener, state: &Arc<State>) {
             }
         };
         let _ = upstream.set_nodelay(true);
+        let conn = state.next_conn.fetch_add(1, Ordering::SeqCst);
         {
             let mut conns = state.conns.lock().unwrap();
             for s in [&client, &upstream] {
@@ -146,9 +176,9 @@ fn accept_loop(listener: TcpListener, state: &Arc<State>) {
                 }
             }
         }
-        for (from, to) in [
-            (client.try_clone(), upstream.try_clone()),
-            (upstream.try_clone(), client.try_clone()),
+        for (from, to, to_server) in [
+            (client.try_clone(), upstream.try_clone(), true),
+            (upstream.try_clone(), client.try_clone(), false),
         ] {
             let (Ok(from), Ok(to)) = (from, to) else {
                 continue;
@@ -156,14 +186,17 @@ fn accept_loop(listener: TcpListener, state: &Arc<State>) {
             let state = Arc::clone(state);
             let _ = std::thread::Builder::new()
                 .name("proxy-pump".into())
-                .spawn(move || pump(from, to, &state));
+                .spawn(move || pump(from, to, conn, to_server, &state));
         }
     }
 }
 
 /// Copies `from` → `to` until either side closes; while black-holed, bytes
-/// read are dropped.
-fn pump(mut from: TcpStream, mut to: TcpStream, state: &State) {
+/// read are dropped; while held, bytes stay unread, and a client's
+/// (`to_server`) are noted when first seen. Notes which connections have a
+/// call in flight (forwarded to the server, nothing back yet).
+fn pump(mut from: TcpStream, mut to: TcpStream, conn: usize, to_server: bool, state: &State) {
+    let client = to_server.then_some(conn);
     let _ = from.set_read_timeout(Some(Duration::from_millis(100)));
     let mut buf = [0u8; 16 * 1024];
     loop {
@@ -171,7 +204,27 @@ fn pump(mut from: TcpStream, mut to: TcpStream, state: &State) {
             break;
         }
         if state.held.load(Ordering::SeqCst) {
-            std::thread::sleep(Duration::from_millis(10));
+            // Peek leaves the bytes where they are (waiting up to the read
+            // timeout); the poll interval otherwise.
+            let noted = |c| {
+                state
+                    .held_requests
+                    .lock()
+                    .unwrap()
+                    .iter()
+                    .any(|(n, _)| *n == c)
+            };
+            let waiting = client
+                .filter(|c| !noted(*c))
+                .filter(|_| from.peek(&mut buf[..1]).is_ok_and(|n| n > 0));
+            if let Some(c) = waiting {
+                let mut seen = state.held_requests.lock().unwrap();
+                if state.held.load(Ordering::SeqCst) && !seen.iter().any(|(n, _)| *n == c) {
+                    seen.push((c, SystemTime::now()));
+                }
+            } else {
+                std::thread::sleep(Duration::from_millis(10));
+            }
             continue;
         }
         match from.read(&mut buf) {
@@ -183,6 +236,18 @@ fn pump(mut from: TcpStream, mut to: TcpStream, state: &State) {
                 if to.write_all(&buf[..n]).is_err() {
                     break;
                 }
+                // Forwarded: no longer held, in flight until bytes come back.
+                let mut outstanding = state.outstanding.lock().unwrap();
+                outstanding.retain(|c| *c != conn);
+                if to_server {
+                    outstanding.push(conn);
+                    drop(outstanding);
+                    state
+                        .held_requests
+                        .lock()
+                        .unwrap()
+                        .retain(|(c, _)| *c != conn);
+                }
             }
             Err(e)
                 if matches!(
@@ -192,6 +257,13 @@ fn pump(mut from: TcpStream, mut to: TcpStream, state: &State) {
             Err(_) => break,
         }
     }
+    // A closed connection has nothing in flight.
+    state.outstanding.lock().unwrap().retain(|c| *c != conn);
+    state
+        .held_requests
+        .lock()
+        .unwrap()
+        .retain(|(c, _)| *c != conn);
     // While black-holed the connection must look alive: leave it open for
     // `restore` to close.
     if !state.blackholed.load(Ordering::SeqCst) {
