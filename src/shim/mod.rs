@@ -62,6 +62,15 @@ use crate::proctree::RunCgroup;
 mod spawner;
 pub(crate) use spawner::{Request, FDS as SPAWN_FDS, MAX_REQUEST, SOCKET_FD as SPAWNER_FD};
 
+/// Whether descriptor `fd` is open and of this type (`S_IFIFO`, ...).
+fn is_open_as(fd: RawFd, kind: libc::mode_t) -> bool {
+    // SAFETY: fstat into a zeroed, live stat struct.
+    unsafe {
+        let mut st: libc::stat = std::mem::zeroed();
+        libc::fstat(fd, &mut st) == 0 && (st.st_mode & libc::S_IFMT) == kind
+    }
+}
+
 /// A close-on-exec duplicate of `fd` numbered at least `min`.
 pub(crate) fn dup_above(fd: &impl AsRawFd, min: i32) -> std::io::Result<OwnedFd> {
     // SAFETY: fcntl(F_DUPFD_CLOEXEC) returns a new descriptor we own.
@@ -228,12 +237,7 @@ pub fn main(args: Vec<OsString>) -> ! {
     // Both pipes must be there: were either descriptor closed, the signalfd
     // created below would take its number and be misread as a pipe.
     for fd in [CTL_FD, STATUS_FD] {
-        // SAFETY: fstat into a zeroed, live stat struct.
-        let is_pipe = unsafe {
-            let mut st: libc::stat = std::mem::zeroed();
-            libc::fstat(fd, &mut st) == 0 && (st.st_mode & libc::S_IFMT) == libc::S_IFIFO
-        };
-        if !is_pipe {
+        if !is_open_as(fd, libc::S_IFIFO) {
             crate::output::error_line(
                 "__shim is for internal use only (descriptors 3 and 4 must be pipes)",
             );

@@ -152,12 +152,7 @@ fn set_comm(name: &[u8]) {
 
 /// The spawner's loop; exits when the daemon's end of the socket closes.
 pub(super) fn serve() -> ! {
-    // SAFETY: fstat into a zeroed, live stat struct.
-    let is_socket = unsafe {
-        let mut st: libc::stat = std::mem::zeroed();
-        libc::fstat(SOCKET_FD, &mut st) == 0 && (st.st_mode & libc::S_IFMT) == libc::S_IFSOCK
-    };
-    if !is_socket {
+    if !super::is_open_as(SOCKET_FD, libc::S_IFSOCK) {
         crate::output::error_line(
             "__shim --spawner is for internal use only (descriptor 3 must be a socket)",
         );
