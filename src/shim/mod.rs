@@ -330,6 +330,16 @@ fn watch(args: Args, mut status: std::fs::File) -> ! {
         None => None,
     };
 
+    // A start that comes too late does not happen: the daemon stops waiting
+    // for it by the kill deadline and may then give the lease back, and a
+    // request the spawner took up only after that (it was stopped or
+    // starved meanwhile) must not run the job without the lease.
+    if monotonic_ns() >= term_at {
+        fail(
+            &mut status,
+            "the run's deadline passed before its watchdog could start the job",
+        );
+    }
     let shim_pid = std::process::id() as i32;
     let mut cmd = Command::new(&argv[0]);
     cmd.args(&argv[1..]).process_group(0);

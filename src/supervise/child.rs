@@ -490,11 +490,15 @@ async fn first_status(st_r: OwnedFd, kill_at: Instant) -> Result<Started, String
 #[derive(Default)]
 struct SpawnerSlot(std::sync::Mutex<Option<Arc<Spawner>>>);
 
+/// How long a spawner may keep a request waiting to be sent.
+const SPAWNER_TAKES_WITHIN: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// A running spawner: the daemon's end of its socket.
 struct Spawner {
     sock: AsyncFd<OwnedFd>,
-    /// Reaped once it exits (it does when the socket closes).
-    _process: Child,
+    /// Reaped once it exits (it does when the socket closes). Until then
+    /// its pid cannot be reused, so killing it cannot hit another process.
+    process: std::sync::Mutex<Child>,
 }
 
 impl SpawnerSlot {
@@ -520,16 +524,28 @@ impl SpawnerSlot {
                     }
                 }
             };
-            match spawner.send(msg, fds).await {
+            // A spawner takes a request in microseconds; one whose socket
+            // stays full (stopped, starved) is replaced. A request not sent
+            // is not queued, so no watchdog can come of it.
+            let sent =
+                match tokio::time::timeout(SPAWNER_TAKES_WITHIN, spawner.send(msg, fds)).await {
+                    Ok(sent) => sent,
+                    Err(_) => Err(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        "the spawner took no request for a second",
+                    )),
+                };
+            match sent {
                 Ok(()) => return Ok(()),
                 Err(e) if restarted => return Err(e),
                 Err(_) => {
-                    // Gone (killed, or it failed): the next turn starts a
-                    // new one, unless another run already has.
+                    // Gone (killed, or it failed) or stuck: the next turn
+                    // starts a new one, unless another run already has.
                     let mut slot = self.0.lock().unwrap_or_else(|p| p.into_inner());
                     if slot.as_ref().is_some_and(|s| Arc::ptr_eq(s, &spawner)) {
                         *slot = None;
                     }
+                    spawner.kill();
                     restarted = true;
                 }
             }
@@ -580,8 +596,15 @@ impl Spawner {
         let sock = unsafe { AsyncFd::register(ours)? };
         Ok(Spawner {
             sock,
-            _process: process,
+            process: std::sync::Mutex::new(process),
         })
+    }
+
+    /// Kills a spawner given up on. The requests it had taken fail to
+    /// start (their pipes close); the watchdogs it forked live on.
+    fn kill(&self) {
+        let mut p = self.process.lock().unwrap_or_else(|p| p.into_inner());
+        let _ = p.start_kill();
     }
 
     async fn send(&self, msg: &[u8], fds: &[RawFd; shim::SPAWN_FDS]) -> std::io::Result<()> {

@@ -563,3 +563,63 @@ fn daemon_forks_watchdogs_through_its_spawner_and_replaces_a_killed_one() {
     }));
     daemon.stop(secs(30));
 }
+
+/// A watchdog whose term deadline has passed before it could start the job
+/// (a spawner that was stopped or starved while the daemon gave up on the
+/// start) reports an error and never runs the job.
+#[test]
+fn a_watchdog_never_starts_a_job_past_its_deadline() {
+    use std::io::Read;
+    use std::os::fd::AsRawFd;
+    use std::os::unix::process::CommandExt;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let marker = dir.path().join("ran");
+    let now_ns = {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: clock_gettime into a live timespec.
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+        ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    };
+    let run = |term_at: u64| {
+        let (ctl_r, ctl_w) = nix::unistd::pipe().expect("pipe");
+        let (st_r, st_w) = nix::unistd::pipe().expect("pipe");
+        let (c, s) = (ctl_r.as_raw_fd(), st_w.as_raw_fd());
+        let mut cmd = std::process::Command::new(common::bin());
+        cmd.arg("__shim")
+            .arg(term_at.to_string())
+            .arg((term_at + 1_000_000_000).to_string())
+            .args(["1000", "--", "sh", "-c"])
+            .arg(format!("touch '{}'", marker.display()));
+        // SAFETY: only dup2 between fork and exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::dup2(c, 3) < 0 || libc::dup2(s, 4) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let mut child = cmd.spawn().expect("start the watchdog");
+        drop((ctl_r, st_w));
+        let mut line = String::new();
+        std::fs::File::from(st_r)
+            .read_to_string(&mut line)
+            .expect("status");
+        let status = child.wait().expect("wait");
+        drop(ctl_w);
+        (line, status.code())
+    };
+    let (line, code) = run(now_ns.saturating_sub(1_000_000_000));
+    assert!(line.starts_with("E the run's deadline passed"), "{line:?}");
+    assert_eq!(code, Some(127));
+    assert!(!marker.exists(), "the job ran past its deadline");
+    // The same start within its deadline runs the job (the check is not
+    // what keeps it from running above).
+    let (line, code) = run(now_ns + 60_000_000_000);
+    assert!(line.starts_with("P "), "{line:?}");
+    assert_eq!(code, Some(0));
+    assert!(marker.exists(), "the job did not run");
+}
