@@ -2,8 +2,8 @@
 //! forks a run's watchdog on request, so a job start costs neither a `fork`
 //! of the daemon (a multi-threaded process with a large address space) nor
 //! an `exec` of the watchdog binary (its dynamic loading and start-up):
-//! together about two thirds of the CPU a run cost (BENCHMARKS.md, "The
-//! spawner").
+//! together about half of the CPU a run cost, two thirds for a daemon of
+//! 10,000 jobs (BENCHMARKS.md, "The spawner").
 //!
 //! The daemon starts `fencecron-shim --spawner` (or `fencecron __shim
 //! --spawner`) with one end of a `SOCK_SEQPACKET` socket pair on
