@@ -98,15 +98,24 @@ pub(crate) struct ShimLauncher {
     cgroups: Option<Cgroups>,
     /// The process that forks each run's watchdog.
     spawner: SpawnerSlot,
+    /// This process's environment without what `child_env` removes, read
+    /// once: every job's environment starts from it, and so does the
+    /// spawner's.
+    base_env: BTreeMap<OsString, OsString>,
 }
 
 impl ShimLauncher {
     pub(crate) fn new(child_env: ChildEnv) -> ShimLauncher {
+        let mut base_env: BTreeMap<OsString, OsString> = std::env::vars_os().collect();
+        for name in &child_env.remove {
+            base_env.remove(name);
+        }
         ShimLauncher {
             shim: ShimProgram::locate(),
             child_env,
             cgroups: Cgroups::detect(),
             spawner: SpawnerSlot::default(),
+            base_env,
         }
     }
 }
@@ -226,10 +235,7 @@ impl ShimLauncher {
     /// The job's whole environment: this process's, without what the job
     /// must not see, with the run's fencing variables.
     fn job_env(&self, spec: &RunSpec, lease: &Lease, node: &str) -> Vec<(OsString, OsString)> {
-        let mut env: BTreeMap<OsString, OsString> = std::env::vars_os().collect();
-        for name in &self.child_env.remove {
-            env.remove(name);
-        }
+        let mut env = self.base_env.clone();
         let mut set = |k: &str, v: &str| {
             env.insert(k.into(), v.into());
         };
@@ -305,7 +311,7 @@ impl ShimLauncher {
         ];
         if let Err(e) = self
             .spawner
-            .send(&self.shim, &self.child_env, &msg, &fds)
+            .send(&self.shim, &self.base_env, &msg, &fds)
             .await
         {
             events::spawner_unavailable(&e.to_string());
@@ -507,7 +513,7 @@ impl SpawnerSlot {
     async fn send(
         &self,
         shim: &ShimProgram,
-        child_env: &ChildEnv,
+        env: &BTreeMap<OsString, OsString>,
         msg: &[u8],
         fds: &[RawFd; shim::SPAWN_FDS],
     ) -> std::io::Result<()> {
@@ -518,7 +524,7 @@ impl SpawnerSlot {
                 match &*slot {
                     Some(s) => s.clone(),
                     None => {
-                        let s = Arc::new(Spawner::start(shim, child_env)?);
+                        let s = Arc::new(Spawner::start(shim, env)?);
                         *slot = Some(s.clone());
                         s
                     }
@@ -554,7 +560,7 @@ impl SpawnerSlot {
 }
 
 impl Spawner {
-    fn start(shim: &ShimProgram, child_env: &ChildEnv) -> std::io::Result<Spawner> {
+    fn start(shim: &ShimProgram, env: &BTreeMap<OsString, OsString>) -> std::io::Result<Spawner> {
         use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
         let (ours, theirs) = socketpair(
             AddressFamily::Unix,
@@ -573,10 +579,9 @@ impl Spawner {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .process_group(0)
-            .kill_on_drop(false);
-        for name in &child_env.remove {
-            cmd.env_remove(name);
-        }
+            .kill_on_drop(false)
+            .env_clear()
+            .envs(env);
         let fd = theirs.as_raw_fd();
         // SAFETY: between fork and exec the closure only calls dup2, which
         // is async-signal-safe; the descriptor stays open until spawn
