@@ -354,9 +354,20 @@ impl Cluster {
                 n.data.join("log").join("postgresql.log"),
             ));
         }
+        // Patroni repeats its loop's state every second; what a stall needs
+        // is what came before (initdb's and the server's own output).
+        let repeated = [
+            "Lock owner:",
+            "bootstrap in progress",
+            "not healthy enough for leader race",
+            "waiting for leader to bootstrap",
+        ];
         for (what, file) in files {
             let text = std::fs::read_to_string(&file).unwrap_or_default();
-            let lines: Vec<&str> = text.lines().collect();
+            let lines: Vec<&str> = text
+                .lines()
+                .filter(|l| !repeated.iter().any(|r| l.contains(r)))
+                .collect();
             out.push_str(&format!(
                 "--- {what} (tail) ---\n{}\n",
                 lines[lines.len().saturating_sub(25)..].join("\n")
