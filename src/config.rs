@@ -20,6 +20,8 @@ use crate::schedule::Schedule;
 use crate::store::StoreUrl;
 use crate::timing::{LeaseTiming, TimingError, DEFAULT_LEASE};
 
+mod tables;
+
 /// Where the config is looked for when neither `--config` nor
 /// `$FENCECRON_CONFIG` names one.
 pub(crate) const DEFAULT_PATH: &str = "/etc/fencecron/jobs.toml";
@@ -28,11 +30,13 @@ pub(crate) const DEFAULT_PATH: &str = "/etc/fencecron/jobs.toml";
 /// commands, resources and env (a thousand take about 170 KB; 50,000 jobs
 /// of four keys are 4.7 MB). The limit is there for a file named by mistake
 /// (a log, a dump, `/dev/zero`), which must not exhaust the host, least of
-/// all on SIGHUP while the daemon runs jobs: parsing TOML with the spans
-/// every error message needs costs about 30 times a real file's size in
-/// memory, and up to 80 times for the worst text (8 MiB of `1,1,1,…` took
-/// 640 MB). It was 1 MiB (about 10,000 jobs) while the parser, toml 0.8,
-/// needed over a hundred times the file's size.
+/// all on SIGHUP while the daemon runs jobs. A jobs.toml is parsed a job at
+/// a time ([`tables`]), but such a file has no jobs to cut at, and parsing
+/// TOML as one document with the spans every error message needs costs
+/// about 30 times a real file's size in memory, and up to 80 times for the
+/// worst text (8 MiB of `1,1,1,…` took 640 MB). It was 1 MiB (about 10,000
+/// jobs) while the parser, toml 0.8, needed over a hundred times the file's
+/// size.
 pub const MAX_CONFIG_BYTES: u64 = 8 * 1024 * 1024;
 
 /// The largest `store.max_connections` accepted.
@@ -306,8 +310,7 @@ struct RawConfig {
     http: Option<RawHttp>,
     history: Option<RawHistory>,
     defaults: Option<RawDefaults>,
-    #[serde(default)]
-    job: Vec<Spanned<RawJob>>,
+    job: Option<Vec<Spanned<RawJob>>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -404,13 +407,16 @@ pub(crate) fn load_store_given(path: &Path) -> Result<Config, ConfigError> {
 
 fn load_with(path: &Path, read_url_env: bool) -> Result<Config, ConfigError> {
     let text = read_text(path)?;
+    let lines = Lines::new(&text);
     let config = Parser {
         path,
         text: &text,
-        lines: Lines::new(&text),
+        lines: &lines,
+        base: 0,
         read_url_env,
     }
     .parse();
+    drop(lines);
     drop(text);
     release_freed_memory();
     config
@@ -491,22 +497,81 @@ pub(crate) fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
     Parser {
         path,
         text,
-        lines: Lines::new(text),
+        lines: &Lines::new(text),
+        base: 0,
         read_url_env: true,
     }
     .parse()
 }
 
+#[derive(Clone, Copy)]
 struct Parser<'a> {
     path: &'a Path,
+    /// What is parsed: the file, or one `[[job]]` table of it.
     text: &'a str,
-    lines: Lines,
+    /// Where the file's lines start.
+    lines: &'a Lines,
+    /// The offset of `text` in the file: a span of `text` plus `base` is
+    /// where it is in the file.
+    base: usize,
     /// Whether `store.url_env` and `store.url_file` are resolved (see
     /// [`load_store_given`]).
     read_url_env: bool,
 }
 
+/// A config's tables other than its jobs and `[history]`, checked.
+struct Settings {
+    store: Option<StoreUrl>,
+    store_url_env: Option<String>,
+    store_max_connections: Option<u32>,
+    node_id: Option<NodeId>,
+    node_max_running: Option<u32>,
+    node_shutdown_grace: Duration,
+    http_listen: Option<std::net::SocketAddr>,
+    http_token_file: Option<TokenFile>,
+}
+
+impl Settings {
+    fn config(self, path: &Path, history: History, jobs: Vec<Job>) -> Config {
+        Config {
+            path: path.to_path_buf(),
+            store: self.store,
+            store_url_env: self.store_url_env,
+            store_max_connections: self.store_max_connections,
+            node_id: self.node_id,
+            node_max_running: self.node_max_running,
+            node_shutdown_grace: self.node_shutdown_grace,
+            http_listen: self.http_listen,
+            http_token_file: self.http_token_file,
+            history,
+            jobs,
+        }
+    }
+}
+
+/// The jobs checked so far, with the names and resources they hold.
+#[derive(Default)]
+struct JobSet {
+    jobs: Vec<Job>,
+    /// Name to the job's index.
+    names: HashMap<String, usize>,
+    /// Resource to the index of the job that holds it.
+    resources: HashMap<String, usize>,
+}
+
+/// One `[[job]]` table parsed as a document of its own.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JobTable {
+    job: Vec<Spanned<RawJob>>,
+}
+
 impl Parser<'_> {
+    /// Line and column in the file of an offset in `text`.
+    fn line_col(&self, offset: usize) -> (usize, usize) {
+        self.lines.line_col(self.base + offset)
+    }
+
     /// An error at a span of the file.
     fn at(
         &self,
@@ -514,7 +579,7 @@ impl Parser<'_> {
         key: impl Into<String>,
         message: impl Into<String>,
     ) -> ConfigError {
-        let (line, column) = self.lines.line_col(span.start);
+        let (line, column) = self.line_col(span.start);
         ConfigError {
             path: self.path.to_path_buf(),
             line: Some(line),
@@ -525,11 +590,81 @@ impl Parser<'_> {
     }
 
     fn parse(&self) -> Result<Config, ConfigError> {
+        match self.parse_by_job() {
+            Some(config) => Ok(config),
+            None => self.parse_whole(),
+        }
+    }
+
+    /// The file parsed as one document.
+    fn parse_whole(&self) -> Result<Config, ConfigError> {
+        let raw = self.document(self.text)?;
+        let settings = self.settings(&raw)?;
+        let defaults = raw.defaults.unwrap_or_default();
+        let raw_jobs = raw.job.unwrap_or_default();
+        let mut set = JobSet {
+            jobs: Vec::with_capacity(raw_jobs.len()),
+            ..JobSet::default()
+        };
+        for (i, spanned) in raw_jobs.iter().enumerate() {
+            self.add_job(i, spanned, &defaults, &mut set)?;
+        }
+        let history = match &raw.history {
+            Some(h) => self.history(h)?,
+            None => History::default(),
+        };
+        Ok(settings.config(self.path, history, set.jobs))
+    }
+
+    /// The file parsed one `[[job]]` table at a time ([`tables`]): the same
+    /// config as the whole parse, holding about an eighth of what it holds
+    /// beyond the jobs kept (4 times the file's size instead of 30).
+    /// `None` when the file has a shape the cut leaves to the whole parse,
+    /// or anything in it is wrong: the whole parse then decides, so every
+    /// error is worded and placed as it always was (and the spans of
+    /// `[defaults]` need no offset here).
+    fn parse_by_job(&self) -> Option<Config> {
+        let tables = tables::job_tables(self.text)?;
+        if tables.is_empty() {
+            return None;
+        }
+        let rest = tables::without(self.text, &tables)?;
+        let raw = self.document(&rest).ok()?;
+        if raw.job.is_some() {
+            // `job` written some other way as well (`job = [...]`).
+            return None;
+        }
+        let settings = self.settings(&raw).ok()?;
+        let defaults = raw.defaults.unwrap_or_default();
+        let mut set = JobSet {
+            jobs: Vec::with_capacity(tables.len()),
+            ..JobSet::default()
+        };
+        for (i, range) in tables.into_iter().enumerate() {
+            let part = Parser {
+                text: &self.text[range.clone()],
+                base: range.start,
+                ..*self
+            };
+            let table: JobTable = toml::from_str(part.text).ok()?;
+            let [job] = <[_; 1]>::try_from(table.job).ok()?;
+            part.add_job(i, &job, &defaults, &mut set).ok()?;
+        }
+        let history = match &raw.history {
+            Some(h) => self.history(h).ok()?,
+            None => History::default(),
+        };
+        Some(settings.config(self.path, history, set.jobs))
+    }
+
+    /// `text` as TOML, deserialized: a syntax error has no key; a value of
+    /// the wrong kind or an unknown key has the path serde was at.
+    fn document(&self, text: &str) -> Result<RawConfig, ConfigError> {
         // An error at `span` (its start's line and column), under `key`.
         let error_at = |span: Option<std::ops::Range<usize>>, key, message: &str| {
             let (line, column) = match span {
                 Some(span) => {
-                    let (l, c) = self.lines.line_col(span.start);
+                    let (l, c) = self.line_col(span.start);
                     (Some(l), Some(c))
                 }
                 None => (None, None),
@@ -544,22 +679,23 @@ impl Parser<'_> {
         };
         let toml_error =
             |key: Option<String>, e: toml::de::Error| error_at(e.span(), key, e.message());
-        // A syntax error has no key; a value of the wrong kind or an
-        // unknown key has the path serde was at.
-        let document = toml::de::Deserializer::parse(self.text).map_err(|e| {
+        let document = toml::de::Deserializer::parse(text).map_err(|e| {
             // Worded, and placed, as toml_edit (toml 0.8) did, which names
             // the duplicate key and its table; toml 0.9's own error only
             // for what toml_edit accepts.
-            match toml_edit::ImDocument::parse(self.text) {
+            match toml_edit::ImDocument::parse(text) {
                 Err(old) => error_at(old.span(), None, old.message()),
                 Ok(_) => toml_error(None, e),
             }
         })?;
-        let raw: RawConfig = serde_path_to_error::deserialize(document).map_err(|e| {
+        serde_path_to_error::deserialize(document).map_err(|e| {
             let key = key_path(e.path(), e.inner().message());
             toml_error(key, e.into_inner())
-        })?;
+        })
+    }
 
+    /// The tables other than the jobs and `[history]`, checked.
+    fn settings(&self, raw: &RawConfig) -> Result<Settings, ConfigError> {
         let store = match &raw.store {
             Some(s) => self.store(s)?,
             None => None,
@@ -656,51 +792,12 @@ impl Parser<'_> {
                 })
             }
         };
-        let defaults = raw.defaults.unwrap_or_default();
-
-        let mut jobs: Vec<Job> = Vec::with_capacity(raw.job.len());
-        let mut names: HashMap<String, usize> = HashMap::new();
-        let mut resources: HashMap<String, String> = HashMap::new();
-        for (i, spanned) in raw.job.iter().enumerate() {
-            let job = self.job(i, spanned, &defaults)?;
-            let raw_job = spanned.get_ref();
-            if let Some(first) = names.insert(job.name.to_string(), i) {
-                return Err(self.at(
-                    raw_job.name.span(),
-                    format!("job[{i}].name"),
-                    format!(
-                        "job name `{}` is already used by job[{first}]; job names must be unique",
-                        job.name
-                    ),
-                ));
-            }
-            if let Some(other) = resources.insert(job.resource.to_string(), job.name.to_string()) {
-                let span = raw_job
-                    .resource
-                    .as_ref()
-                    .map_or(raw_job.name.span(), |r| r.span());
-                return Err(self.at(
-                    span,
-                    format!("job `{}`.resource", job.name),
-                    format!(
-                        "resource `{}` is already used by job `{other}`; each job needs its own resource, because the resource's lease records which scheduled occurrence ran last",
-                        job.resource
-                    ),
-                ));
-            }
-            jobs.push(job);
-        }
         let store_url_env = raw
             .store
             .as_ref()
             .and_then(|s| s.get_ref().url_env.as_ref())
             .map(|v| v.get_ref().clone());
-        let history = match &raw.history {
-            Some(h) => self.history(h)?,
-            None => History::default(),
-        };
-        Ok(Config {
-            path: self.path.to_path_buf(),
+        Ok(Settings {
             store,
             store_url_env,
             store_max_connections,
@@ -709,9 +806,47 @@ impl Parser<'_> {
             node_shutdown_grace,
             http_listen,
             http_token_file,
-            history,
-            jobs,
         })
+    }
+
+    /// Checks job `i` and adds it to `set`; its name and its resource must
+    /// be its own.
+    fn add_job(
+        &self,
+        i: usize,
+        spanned: &Spanned<RawJob>,
+        defaults: &RawDefaults,
+        set: &mut JobSet,
+    ) -> Result<(), ConfigError> {
+        let job = self.job(i, spanned, defaults)?;
+        let raw_job = spanned.get_ref();
+        if let Some(first) = set.names.insert(job.name.to_string(), i) {
+            return Err(self.at(
+                raw_job.name.span(),
+                format!("job[{i}].name"),
+                format!(
+                    "job name `{}` is already used by job[{first}]; job names must be unique",
+                    job.name
+                ),
+            ));
+        }
+        if let Some(other) = set.resources.insert(job.resource.to_string(), i) {
+            let other = &set.jobs[other].name;
+            let span = raw_job
+                .resource
+                .as_ref()
+                .map_or(raw_job.name.span(), |r| r.span());
+            return Err(self.at(
+                span,
+                format!("job `{}`.resource", job.name),
+                format!(
+                    "resource `{}` is already used by job `{other}`; each job needs its own resource, because the resource's lease records which scheduled occurrence ran last",
+                    job.resource
+                ),
+            ));
+        }
+        set.jobs.push(job);
+        Ok(())
     }
 
     /// `[history]`, checked.
@@ -1117,11 +1252,8 @@ impl Parser<'_> {
             overlap,
             on_failure,
             place: Place {
-                command: self.lines.line_col(raw.command.span().start),
-                workdir: raw
-                    .workdir
-                    .as_ref()
-                    .map(|w| self.lines.line_col(w.span().start)),
+                command: self.line_col(raw.command.span().start),
+                workdir: raw.workdir.as_ref().map(|w| self.line_col(w.span().start)),
             },
         })
     }
@@ -1644,6 +1776,132 @@ mod tests {
         assert!(
             ratio < 14.0,
             "8x the jobs took {ratio:.1}x the CPU time ({t_small:?} -> {t_large:?}): loading is not linear"
+        );
+    }
+
+    /// A parser of `text` (with its own line index, leaked: tests only).
+    fn parser(text: &str) -> Parser<'_> {
+        Parser {
+            path: Path::new("jobs.toml"),
+            text,
+            lines: Box::leak(Box::new(Lines::new(text))),
+            base: 0,
+            read_url_env: true,
+        }
+    }
+
+    /// A line and column.
+    type At = (usize, usize);
+
+    /// Every job's places: `Place` compares equal to every other.
+    fn places(c: &Config) -> Vec<(At, Option<At>)> {
+        c.jobs
+            .iter()
+            .map(|j| (j.place.command, j.place.workdir))
+            .collect()
+    }
+
+    /// Files with tables between and under the jobs, comments, CRLF line
+    /// ends, multi-line values and strings that look like headers.
+    fn mixed(n: usize, crlf: bool) -> String {
+        let mut text = String::from(
+            "# fleet\n[node]\nid = \"n1\"\n\n[defaults]\nlease = \"2m\"\ntimezone = \"Europe/Paris\"\n",
+        );
+        for i in 0..n {
+            text.push_str(&format!(
+                "\n  [[job]] # {i}\nname = \"j{i}\"\nschedule = \"0 {} * * * *\"\ncommand = [\n  \"sh\",\n  \"-c\",\n  \"\"\"\n[[job]]\n[store]\"\"\",\n]\n",
+                i % 60
+            ));
+            if i % 3 == 0 {
+                text.push_str(&format!(
+                    "workdir = '/tmp'\n[job.env]\nA = \"{i}\"\nB = '[x]'\n"
+                ));
+            }
+            if i == n / 2 {
+                text.push_str("[history]\nkeep = 7\n");
+            }
+        }
+        if crlf {
+            text = text.replace('\n', "\r\n");
+        }
+        text
+    }
+
+    /// Parsed one job at a time, a file gives the config the whole parse
+    /// gives, to every job's line and column.
+    #[test]
+    fn by_job_and_whole_agree() {
+        for (text, n) in [
+            (jobs(40), 40),
+            (mixed(30, false), 30),
+            (mixed(30, true), 30),
+        ] {
+            let p = parser(&text);
+            let by_job = p.parse_by_job().expect("the file is cut at its jobs");
+            let whole = p.parse_whole().unwrap();
+            assert_eq!(by_job, whole);
+            assert_eq!(places(&by_job), places(&whole));
+            assert_eq!(by_job.jobs.len(), n);
+        }
+        let c = parse(Path::new("jobs.toml"), &mixed(4, false)).unwrap();
+        assert_eq!(c.history.keep, 7);
+        assert_eq!(c.jobs[3].env.get("A").map(String::as_str), Some("3"));
+        assert_eq!(c.jobs[2].command[2], "[[job]]\n[store]");
+    }
+
+    /// What the cut leaves to the whole parse, and every error, come out
+    /// as the whole parse has them: the same config, or the same error at
+    /// the same line, column and key.
+    #[test]
+    fn the_whole_parse_decides_shapes_and_errors() {
+        let job = |i: usize| {
+            format!("[[job]]\nname = \"j{i}\"\nschedule = \"* * * * * *\"\ncommand = [\"true\"]\n")
+        };
+        let four: String = (0..4).map(job).collect();
+        // Valid, left to the whole parse: `[job.env]` after another table.
+        let late_env = format!("{four}[defaults]\nlease = \"2m\"\n[job.env]\nA = \"1\"\n");
+        let p = parser(&late_env);
+        assert!(p.parse_by_job().is_none());
+        let c = p.parse().unwrap();
+        assert_eq!(c, p.parse_whole().unwrap());
+        assert_eq!(c.jobs[3].env.get("A").map(String::as_str), Some("1"));
+        for text in [
+            format!("job = []\n{four}"),
+            format!("{four}{}", job(2)),
+            format!("[defaults]\nlease = \"soon\"\n{four}"),
+            format!("{four}colour = \"red\"\n{}", job(9)),
+            format!("[defaults]\n{four}[defaults]\n"),
+            format!("{four}[[job]]\nname = \"x\nschedule = 1\n"),
+            format!("{four}[history]\nkeep = 0\n"),
+            format!("[[job]]\nname = \"a\"\n{four}"),
+        ] {
+            let p = parser(&text);
+            assert!(p.parse_by_job().is_none(), "{text}");
+            let whole = p.parse_whole().unwrap_err();
+            assert_eq!(p.parse().unwrap_err(), whole, "{text}");
+        }
+    }
+
+    /// Loading holds little more than the file and the jobs it keeps: the
+    /// bytes held beyond what the config keeps peak at about 3.5 times the
+    /// file (its blanked copy, the names and resources checked for
+    /// duplicates, one job's document), where the whole document took about
+    /// 30 times (issue 30: 41 MB to check 10,000 jobs). Counted by the
+    /// tests' allocator, so no other thread's memory and no timing count;
+    /// the bound, 5 times, fails when the jobs are parsed as one document.
+    #[test]
+    fn a_load_holds_little_beyond_the_file_and_its_jobs() {
+        use crate::testing::alloc::held_by;
+        let text = jobs(4800);
+        let p = parser(&text);
+        let (config, peak, kept) = held_by(|| p.parse().unwrap());
+        let (whole, whole_peak, whole_kept) = held_by(|| p.parse_whole().unwrap());
+        assert_eq!(config, whole);
+        let (beyond, whole_beyond) = (peak - kept, whole_peak - whole_kept);
+        assert!(
+            beyond < 5 * text.len(),
+            "a load of {} bytes held {beyond} bytes beyond the {kept} its config keeps (the whole parse: {whole_beyond})",
+            text.len()
         );
     }
 
