@@ -292,11 +292,18 @@ fn private_dir(dir: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
-/// This boot's id: processes of an earlier boot are certainly gone.
+/// This boot's id: processes of an earlier boot are certainly gone. Read
+/// once per process (it cannot change while the process lives), not once
+/// per run.
 fn boot_id() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_default()
+    static BOOT_ID: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    BOOT_ID
+        .get_or_init(|| {
+            std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+                .map(|s| s.trim().to_string())
+                .unwrap_or_default()
+        })
+        .clone()
 }
 
 /// A process's start time (field 22 of /proc/PID/stat), `None` when there
