@@ -108,7 +108,7 @@ impl JobDef {
 
     /// The SHA-256 of the canonical JSON, in hex.
     pub fn digest(&self) -> String {
-        hex(&Sha256::digest(self.canonical().as_bytes()))
+        digest_of(&self.canonical())
     }
 
     /// The schedule, rebuilt from the published text (for `status` with
@@ -118,6 +118,11 @@ impl JobDef {
         Ok(Schedule::parse(&self.schedule, tz)?
             .with_offset(std::time::Duration::from_secs(self.jitter_s)))
     }
+}
+
+/// The digest of a canonical JSON definition: its SHA-256, in hex.
+pub fn digest_of(canonical: &str) -> String {
+    hex(&Sha256::digest(canonical.as_bytes()))
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -140,10 +145,10 @@ pub fn published(jobs: &[Job]) -> Vec<(String, String, String)> {
 
 /// The digest of a whole job set: SHA-256 over each job's name and digest,
 /// by name. Equal on two nodes exactly when they define the same jobs the
-/// same way.
-pub fn config_digest(published: &[(String, String, String)]) -> String {
+/// same way. The pairs come by name.
+pub fn config_digest<'a>(jobs: impl Iterator<Item = (&'a str, &'a str)>) -> String {
     let mut h = Sha256::new();
-    for (name, digest, _) in published {
+    for (name, digest) in jobs {
         h.update(name.as_bytes());
         h.update([0]);
         h.update(digest.as_bytes());

@@ -42,19 +42,63 @@ const PRUNE_EVERY: Duration = Duration::from_secs(3600);
 /// row (one more statement then): every 30 s.
 const ALL_ROWS_EVERY: u32 = 6;
 
-/// A job set as published: (name, digest, canonical JSON) by name, and the
-/// set's digest.
+/// A job set as published: each job's name and digest, by name, and the
+/// set's digest; and each job's canonical definition, kept only until this
+/// node has published them (or found them published): at 10,000 jobs the
+/// definitions are about 3 MB a daemon would otherwise hold for nothing.
 #[derive(Debug, Default)]
 pub(super) struct JobSet {
-    pub jobs: Vec<(String, String, String)>,
+    pub jobs: Vec<(String, String)>,
     pub digest: String,
+    /// The canonical JSON of each of `jobs`, end to end in one buffer (so
+    /// that, once dropped, its memory goes back to the system whole), with
+    /// where each ends; empty once published.
+    definitions: std::sync::Mutex<(String, Vec<usize>)>,
 }
 
 impl JobSet {
     pub(super) fn of(jobs: &[crate::config::Job]) -> Arc<JobSet> {
-        let jobs = fleet::published(jobs);
-        let digest = fleet::config_digest(&jobs);
-        Arc::new(JobSet { jobs, digest })
+        let mut by_name: Vec<&crate::config::Job> = jobs.iter().collect();
+        by_name.sort_by(|a, b| a.name.as_str().cmp(b.name.as_str()));
+        let mut text = String::new();
+        let mut ends = Vec::with_capacity(jobs.len());
+        let mut set = Vec::with_capacity(jobs.len());
+        for job in by_name {
+            let def = fleet::JobDef::of(job);
+            let json = def.canonical();
+            set.push((def.name, fleet::digest_of(&json)));
+            text.push_str(&json);
+            ends.push(text.len());
+        }
+        let digest = fleet::config_digest(set.iter().map(|(n, d)| (n.as_str(), d.as_str())));
+        Arc::new(JobSet {
+            jobs: set,
+            digest,
+            definitions: std::sync::Mutex::new((text, ends)),
+        })
+    }
+
+    /// The definitions' buffer and ends, taken out of the set (empty when
+    /// taken already).
+    fn take_definitions(&self) -> (String, Vec<usize>) {
+        std::mem::take(&mut *self.definitions.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Puts back definitions a failed publish took.
+    fn restore_definitions(&self, taken: (String, Vec<usize>)) {
+        *self.definitions.lock().unwrap_or_else(|e| e.into_inner()) = taken;
+    }
+
+    /// Whether the set still holds its definitions.
+    #[cfg(test)]
+    fn holds_definitions(&self) -> bool {
+        !self.definitions.lock().unwrap().1.is_empty()
+    }
+
+    /// Drops the definitions: this node's row holds them.
+    fn published(&self) {
+        *self.definitions.lock().unwrap_or_else(|e| e.into_inner()) = Default::default();
+        crate::config::release_freed_memory();
     }
 }
 
@@ -254,7 +298,7 @@ impl Heartbeat {
         if self.metrics {
             match self.store.pauses(now).await {
                 Ok(pauses) => {
-                    for (job, _, _) in &set.jobs {
+                    for (job, _) in &set.jobs {
                         crate::metrics::paused(job, pauses.iter().any(|p| p.job == *job));
                     }
                 }
@@ -296,10 +340,31 @@ impl Heartbeat {
                 .any(|n| n.node == self.node && n.config_digest == set.digest)
             {
                 b.published = Some(set.digest.clone());
+                set.published();
                 return Ok(());
             }
         }
-        self.store.publish_jobs(&self.node, &set.jobs).await?;
+        // Each set is published once: a reload makes a new set, with its
+        // definitions.
+        let (text, ends) = set.take_definitions();
+        if ends.len() != set.jobs.len() {
+            return Ok(());
+        }
+        let starts = std::iter::once(0).chain(ends.iter().copied());
+        let defs: Vec<crate::store::Definition<'_>> = set
+            .jobs
+            .iter()
+            .zip(starts.zip(ends.iter().copied()))
+            .map(|((name, digest), (from, to))| (name.as_str(), digest.as_str(), &text[from..to]))
+            .collect();
+        let written = self.store.publish_jobs(&self.node, &defs).await;
+        drop(defs);
+        if let Err(e) = written {
+            set.restore_definitions((text, ends));
+            return Err(e);
+        }
+        drop((text, ends));
+        set.published();
         b.published = Some(set.digest.clone());
         Ok(())
     }
@@ -426,7 +491,7 @@ mod tests {
         use chrono::TimeZone;
         Clock::following_tokio(chrono::Utc.timestamp_millis_opt(1_800_000_002_500).unwrap())
     }
-    use crate::testing::store::MemoryStore;
+    use crate::testing::store::{Fault, MemoryStore, Op};
 
     fn ms(n: u64) -> Duration {
         Duration::from_millis(n)
@@ -508,6 +573,52 @@ mod tests {
         let (c, r) = log.update(BTreeMap::new());
         assert!(c.is_empty());
         assert_eq!(r, ["x"]);
+    }
+
+    /// A set's definitions are held until published, and only then: a
+    /// publish that fails keeps them for the next beat, one that succeeds
+    /// drops them, and so does finding them published at start.
+    #[tokio::test(start_paused = true)]
+    async fn definitions_are_held_until_published() {
+        let store = MemoryStore::new(on_phase());
+        let set = JobSet::of(&[job("alpha"), job("beta")]);
+        let (_tx, rx) = watch::channel(set.clone());
+        let hb = node_a(
+            &store,
+            rx,
+            CancellationToken::new(),
+            CancellationToken::new(),
+            crate::store::NODE_RETENTION,
+        );
+        // A beat publishes the set and writes the node's row.
+        hb.beat(&mut Beats::default()).await;
+        assert!(!set.holds_definitions());
+        let published = store.published_jobs("node-a", true).await.unwrap();
+        let expected = fleet::published(&[job("alpha"), job("beta")]);
+        assert_eq!(published.len(), 2);
+        for (p, (name, digest, json)) in published.iter().zip(&expected) {
+            assert_eq!((&p.job, &p.digest), (name, digest));
+            assert_eq!(p.definition.as_deref(), Some(json.as_str()));
+        }
+        // A restart with the same set finds it in the node's row: nothing
+        // written, nothing held.
+        let again = JobSet::of(&[job("alpha"), job("beta")]);
+        let mut b = Beats::default();
+        hb.publish(&mut b, &again).await.unwrap();
+        assert!(!again.holds_definitions());
+        assert_eq!(b.published.as_deref(), Some(again.digest.as_str()));
+        // Another set: a failed write keeps its definitions for the next
+        // beat, which writes them.
+        let other = JobSet::of(&[job("gamma")]);
+        store.fault(Op::Nodes, Fault::Fail, 1);
+        assert!(hb.publish(&mut b, &other).await.is_err());
+        assert!(other.holds_definitions(), "kept for the next beat");
+        hb.publish(&mut b, &other).await.unwrap();
+        assert!(!other.holds_definitions());
+        assert_eq!(b.published.as_deref(), Some(other.digest.as_str()));
+        let published = store.published_jobs("node-a", true).await.unwrap();
+        assert_eq!(published.len(), 1);
+        assert_eq!(published[0].job, "gamma");
     }
 
     /// The node's row, on a paused clock: registered at once with the
@@ -607,7 +718,7 @@ mod tests {
     /// is given at most LAST_BEAT too.
     #[tokio::test(start_paused = true)]
     async fn a_hanging_store_does_not_hold_up_the_exit() {
-        use crate::testing::store::{Commit, Fault, Gate, Op};
+        use crate::testing::store::{Commit, Gate};
         let store = MemoryStore::new(on_phase());
         let (_tx, rx) = watch::channel(JobSet::of(&[job("alpha")]));
         let stopped = CancellationToken::new();

@@ -386,11 +386,7 @@ pub trait Fleet: Send + Sync + 'static {
 
     /// Replaces the job definitions `node` published with `jobs` (name,
     /// digest, canonical JSON), in one transaction.
-    async fn publish_jobs(
-        &self,
-        node: &str,
-        jobs: &[(String, String, String)],
-    ) -> Result<(), StoreError>;
+    async fn publish_jobs(&self, node: &str, jobs: &[Definition<'_>]) -> Result<(), StoreError>;
 
     /// The job definitions `node` published, by job; the canonical JSON
     /// only with `definitions`.
@@ -400,6 +396,10 @@ pub trait Fleet: Send + Sync + 'static {
         definitions: bool,
     ) -> Result<Vec<PublishedJob>, StoreError>;
 }
+
+/// One job's published definition: its name, its digest and its canonical
+/// JSON (`fleet::JobDef`), borrowed from whoever holds them.
+pub(crate) type Definition<'a> = (&'a str, &'a str, &'a str);
 
 /// How often a daemon looks for triggers: the idle cost of `fencecron
 /// trigger`, 30 indexed reads a minute per daemon of a table that is empty

@@ -243,7 +243,7 @@ async fn an_outage_warns_once_per_job_and_logs_when_it_ends() {
         assert_eq!(
             available[0].get("failures"),
             failed.len().to_string(),
-            "{job}: the count of the outage's failures"
+            "{job}: the count of the outage's failures: {available:?}, logged: {failed:?}"
         );
         let took: u64 = available[0].get("duration_ms").parse().unwrap();
         assert!(took >= 9_000, "{job}: the outage lasted {took} ms");

@@ -58,12 +58,13 @@ async fn case_nodes_register_publish_and_are_forgotten(subject: Subject) {
         (t1, t2, "draining", 2)
     );
 
-    let def = |job: &str, d: &str| {
-        (
-            job.to_string(),
-            d.to_string(),
-            format!("{{\"name\":\"{job}\"}}"),
-        )
+    // Definitions as the daemon passes them: borrowed.
+    let def = |job: &'static str, d: &'static str| {
+        let json: &'static str = match job {
+            "a" => "{\"name\":\"a\"}",
+            _ => "{\"name\":\"b\"}",
+        };
+        (job, d, json)
     };
     s.publish_jobs("node-x", &[def("a", "d1"), def("b", "d2")])
         .await
@@ -283,6 +284,10 @@ async fn case_thousands_of_definitions_are_published_whole(subject: Subject) {
             )
         })
         .collect();
+    let jobs: Vec<crate::store::Definition<'_>> = jobs
+        .iter()
+        .map(|(j, d, def)| (j.as_str(), d.as_str(), def.as_str()))
+        .collect();
     s.publish_jobs(&other, &jobs[..1]).await.unwrap();
     s.publish_jobs(&node, &jobs[..3]).await.unwrap();
     s.publish_jobs(&node, &jobs).await.unwrap();
@@ -295,9 +300,9 @@ async fn case_thousands_of_definitions_are_published_whole(subject: Subject) {
     for (p, (job, digest, definition)) in got.iter().zip(&jobs) {
         assert_eq!(
             (p.node.as_str(), p.job.as_str(), p.digest.as_str()),
-            (node.as_str(), job.as_str(), digest.as_str())
+            (node.as_str(), *job, *digest)
         );
-        assert_eq!(p.definition.as_deref(), Some(definition.as_str()), "{job}");
+        assert_eq!(p.definition.as_deref(), Some(*definition), "{job}");
     }
     s.publish_jobs(&node, &jobs[1230..]).await.unwrap();
     let got = s.published_jobs(&node, false).await.unwrap();

@@ -396,7 +396,7 @@ where
         conn: &mut Self::Connection,
         sql: &FleetSql,
         node: &str,
-        jobs: &[(String, String, String)],
+        jobs: &[crate::store::Definition<'_>],
     ) -> Result<(), sqlx::Error> {
         sqlx::query(&sql.unpublish)
             .bind(node)
@@ -409,11 +409,7 @@ where
             let text = sql.publish(chunk.len());
             let mut query = sqlx::query(&text).persistent(false);
             for (job, digest, definition) in chunk {
-                query = query
-                    .bind(node)
-                    .bind(job.as_str())
-                    .bind(digest.as_str())
-                    .bind(definition.as_str());
+                query = query.bind(node).bind(*job).bind(*digest).bind(*definition);
             }
             query.execute(&mut *conn).await?;
         }

@@ -452,7 +452,7 @@ pub(super) trait FleetDb: Database {
         conn: &mut Self::Connection,
         sql: &FleetSql,
         node: &str,
-        jobs: &[(String, String, String)],
+        jobs: &[crate::store::Definition<'_>],
     ) -> Result<(), sqlx::Error>;
 
     async fn published(

@@ -52,9 +52,9 @@ pub(in crate::store) const PUBLISH_BYTES: usize = 1024 * 1024;
 /// How `jobs` are split into publishing statements: consecutive runs of at
 /// most [`PUBLISH_ROWS`] rows and, unless a single row is larger,
 /// [`PUBLISH_BYTES`] of text.
-pub(in crate::store) fn publish_chunks(
-    jobs: &[(String, String, String)],
-) -> impl Iterator<Item = &[(String, String, String)]> {
+pub(in crate::store) fn publish_chunks<'a, 'b>(
+    jobs: &'a [crate::store::Definition<'b>],
+) -> impl Iterator<Item = &'a [crate::store::Definition<'b>]> {
     let mut rest = jobs;
     std::iter::from_fn(move || {
         if rest.is_empty() {

@@ -68,8 +68,12 @@ fn placeholders_follow_the_backend() {
 #[test]
 fn definitions_are_published_in_bounded_statements() {
     let row = |i: usize, len: usize| (format!("j{i}"), "d".repeat(64), "x".repeat(len));
-    let sizes = |jobs: &[(String, String, String)]| {
-        let chunks: Vec<_> = publish_chunks(jobs).collect();
+    let sizes = |owned: &[(String, String, String)]| {
+        let jobs: Vec<crate::store::Definition<'_>> = owned
+            .iter()
+            .map(|(j, d, def)| (j.as_str(), d.as_str(), def.as_str()))
+            .collect();
+        let chunks: Vec<_> = publish_chunks(&jobs).collect();
         let flat: Vec<_> = chunks.iter().flat_map(|c| c.iter()).collect();
         assert_eq!(flat, jobs.iter().collect::<Vec<_>>());
         chunks.iter().map(|c| c.len()).collect::<Vec<_>>()

@@ -484,7 +484,7 @@ impl<D: Dialect> Fleet for SqlStore<D> {
     async fn publish_jobs(
         &self,
         node: &str,
-        jobs: &[(String, String, String)],
+        jobs: &[crate::store::Definition<'_>],
     ) -> Result<(), StoreError> {
         self.call("publish_jobs", async {
             let mut tx = self.dialect.begin(&self.db).await?;

@@ -153,9 +153,13 @@ impl Fleet for MemoryStore {
     async fn publish_jobs(
         &self,
         node: &str,
-        jobs: &[(String, String, String)],
+        jobs: &[crate::store::Definition<'_>],
     ) -> Result<(), StoreError> {
-        let (node, jobs) = (node.to_string(), jobs.to_vec());
+        let node = node.to_string();
+        let jobs: Vec<(String, String, String)> = jobs
+            .iter()
+            .map(|(j, d, def)| (j.to_string(), d.to_string(), def.to_string()))
+            .collect();
         self.call(Op::Nodes, move |s, _| {
             s.node_jobs.retain(|(n, _), _| *n != node);
             for (job, digest, def) in jobs {
