@@ -395,6 +395,14 @@ async fn a_reload_competes_at_once() {
             "second {s}: {claims:?}"
         );
     }
+    // The reloaded set, as the scheduler installed it, is what node-a
+    // publishes and beats with.
+    let published = rig.store.published_jobs("node-a", false).await.unwrap();
+    assert_eq!(published.len(), 21);
+    assert!(published.iter().any(|p| p.job == "extra"));
+    let row = rig.store.nodes().await.unwrap();
+    let a = row.iter().find(|n| n.node == "node-a").unwrap();
+    assert_eq!(a.config_digest, JobSet::of(&more).digest);
     stop_all(&rig, nodes).await;
     each_ran_once(&rig, &jobs, 1..=25).await;
     each_ran_once(&rig, &more[20..], 21..=25).await;
