@@ -32,6 +32,7 @@ pub(crate) struct Captured(Arc<Mutex<Vec<Logged>>>);
 impl Captured {
     /// Captures from now until the guard is dropped.
     pub(crate) fn start() -> (Captured, DefaultGuard) {
+        two_dispatchers_at_least();
         let captured = Captured::default();
         let subscriber = tracing_subscriber::registry().with(Capture(captured.clone()));
         (captured, tracing::subscriber::set_default(subscriber))
@@ -47,6 +48,23 @@ impl Captured {
             .cloned()
             .collect()
     }
+}
+
+/// Keeps one more dispatcher registered for the life of the test process.
+///
+/// tracing caches each callsite's interest process-wide, computed when the
+/// callsite is first hit. While at most one dispatcher is registered,
+/// tracing-core (0.1.36, `Rebuilder::JustOne`) computes it from the default
+/// of the thread that hits it first: a test thread without a subscriber
+/// then caches `never` for a callsite while another test's capture is the
+/// one dispatcher, and that capture silently misses the event (seen once:
+/// a DEBUG `store_unavailable` missing from
+/// `an_outage_warns_once_per_job_and_logs_when_it_ends` in a full run).
+/// With two registered, the interest is the union over all of them, so a
+/// live capture is always asked.
+fn two_dispatchers_at_least() {
+    static KEPT: std::sync::OnceLock<tracing::Dispatch> = std::sync::OnceLock::new();
+    KEPT.get_or_init(|| tracing::Dispatch::new(tracing_subscriber::registry()));
 }
 
 struct Capture(Captured);
