@@ -106,11 +106,6 @@ impl JobDef {
         serde_json::to_string(self).expect("a JobDef always serializes")
     }
 
-    /// The SHA-256 of the canonical JSON, in hex.
-    pub fn digest(&self) -> String {
-        digest_of(&self.canonical())
-    }
-
     /// The schedule, rebuilt from the published text (for `status` with
     /// only `--store`).
     pub fn parsed_schedule(&self) -> Result<Schedule, String> {
@@ -136,7 +131,8 @@ pub fn published(jobs: &[Job]) -> Vec<(String, String, String)> {
         .iter()
         .map(|j| {
             let def = JobDef::of(j);
-            (def.name.clone(), def.digest(), def.canonical())
+            let json = def.canonical();
+            (def.name, digest_of(&json), json)
         })
         .collect();
     out.sort();
@@ -337,10 +333,10 @@ mod tests {
             def.canonical(),
             r#"{"name":"a","resource":"a","schedule":"*/5 * * * * *","timezone":"UTC","command":["true"],"env":{"A":"1","B":"2"},"lease_ms":30000,"renew_every_ms":10000,"kill_grace_ms":6000,"retry_backoff_ms":10000,"retry_backoff_max_ms":600000,"catchup":"latest","overlap":"skip"}"#
         );
-        assert_eq!(def.digest().len(), 64);
+        assert_eq!(digest_of(&def.canonical()).len(), 64);
         let mut other = def.clone();
         other.command.push("x".into());
-        assert_ne!(def.digest(), other.digest());
+        assert_ne!(digest_of(&def.canonical()), digest_of(&other.canonical()));
         let back: JobDef = serde_json::from_str(&def.canonical()).unwrap();
         assert_eq!(back, def);
     }
