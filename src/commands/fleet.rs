@@ -246,7 +246,7 @@ impl JobView {
 /// most recently (a job is taken from the newest node that has it).
 async fn fleet_jobs(ctx: &Context, store: &dyn Store) -> Result<Vec<JobView>> {
     if let Some(c) = &ctx.config {
-        return Ok(c.jobs.iter().map(JobView::of).collect());
+        return Ok(c.jobs.iter().map(|job| JobView::of(job)).collect());
     }
     let now = store.now().await?;
     let mut nodes = store.nodes().await?;

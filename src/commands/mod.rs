@@ -120,13 +120,13 @@ impl Context {
 
     /// Reads the config file again (SIGHUP), the way [`Context::load`] did:
     /// when the store was given outside the file, `store.url_env` is not
-    /// read.
-    pub(crate) fn reload_config(&self) -> Result<Config, config::ConfigError> {
-        if self.store_from_flag {
-            config::load_store_given(&self.config_path)
-        } else {
-            config::load(&self.config_path)
-        }
+    /// read. Keeps each job of `running` that the file still has unchanged
+    /// ([`config::load_reusing`]).
+    pub(crate) fn reload_config(
+        &self,
+        running: &[Arc<config::Job>],
+    ) -> Result<Config, config::ConfigError> {
+        config::load_reusing(&self.config_path, self.store_from_flag, running)
     }
 
     /// What jobs started by this process get and lose so that `fencecron

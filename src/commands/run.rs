@@ -113,7 +113,8 @@ pub async fn run(cli: &Cli, node_flag: Option<String>) -> Result<Exit> {
         metrics: config.http_listen.is_some(),
     };
     let (tx, rx) = mpsc::channel(4);
-    let control = tokio::spawn(control(signals, ctx, started_with, tx, web));
+    let jobs = settings.jobs.clone();
+    let control = tokio::spawn(control(signals, ctx, started_with, jobs, tx, web));
     daemon::run(settings, rx).await;
     control.abort();
     http_stop.cancel();
@@ -147,11 +148,14 @@ struct StartedWith {
 /// Turns signals into the daemon's control messages until it stops: the
 /// first SIGTERM drains (what systemd and a rolling upgrade send), SIGINT
 /// (an operator's Ctrl-C) and any SIGTERM after the first stop at once.
-/// SIGHUP during a drain is ignored: nothing more is scheduled.
+/// SIGHUP during a drain is ignored: nothing more is scheduled. `jobs` is
+/// the list the daemon runs: each reload keeps those of its jobs the file
+/// still has unchanged, so the daemon holds them once.
 async fn control(
     mut signals: Signals,
     ctx: Context,
     started_with: StartedWith,
+    mut jobs: Vec<Arc<Job>>,
     tx: mpsc::Sender<Control>,
     web: Option<Arc<Web>>,
 ) {
@@ -160,11 +164,14 @@ async fn control(
         let message = match signals.next().await {
             Some(Received::Hangup) if draining => continue,
             Some(Received::Hangup) => {
-                let jobs = reload(&ctx, &started_with);
-                if let (Some(web), Ok(jobs)) = (&web, &jobs) {
-                    web.set_jobs(jobs.clone());
+                let reloaded = reload(&ctx, &started_with, &jobs);
+                if let Ok(new) = &reloaded {
+                    jobs = new.clone();
+                    if let Some(web) = &web {
+                        web.set_jobs(new.clone());
+                    }
                 }
-                Control::Reload(jobs)
+                Control::Reload(reloaded)
             }
             Some(Received::Stop("SIGTERM")) if !draining => {
                 draining = true;
@@ -182,8 +189,12 @@ async fn control(
 
 /// Reads jobs.toml again (SIGHUP) the way the daemon was started, and logs
 /// what a reload cannot change.
-fn reload(ctx: &Context, original: &StartedWith) -> Result<Vec<Job>, String> {
-    let new = ctx.reload_config().map_err(|e| e.to_string())?;
+fn reload(
+    ctx: &Context,
+    original: &StartedWith,
+    running: &[Arc<Job>],
+) -> Result<Vec<Arc<Job>>, String> {
+    let new = ctx.reload_config(running).map_err(|e| e.to_string())?;
     if !ctx.store_from_flag && new.store != original.store {
         events::config_ignored(
             "store",

@@ -57,8 +57,8 @@ pub(super) struct JobSet {
 }
 
 impl JobSet {
-    pub(super) fn of(jobs: &[crate::config::Job]) -> Arc<JobSet> {
-        let mut by_name: Vec<&crate::config::Job> = jobs.iter().collect();
+    pub(super) fn of<J: std::borrow::Borrow<crate::config::Job>>(jobs: &[J]) -> Arc<JobSet> {
+        let mut by_name: Vec<&crate::config::Job> = jobs.iter().map(|j| j.borrow()).collect();
         by_name.sort_by(|a, b| a.name.as_str().cmp(b.name.as_str()));
         let mut text = String::new();
         let mut ends = Vec::with_capacity(jobs.len());

@@ -90,7 +90,7 @@ pub struct Settings {
     pub max_running: Option<u32>,
     /// The jobs to schedule. Held once, by the scheduler (a few hundred
     /// bytes a job: a copy of 10,000 jobs would cost megabytes).
-    pub jobs: Vec<Job>,
+    pub jobs: Vec<Arc<Job>>,
     /// The store, opened with [`store_options`]; migrations are applied by
     /// the daemon, retried until the store answers.
     pub store: Arc<dyn Store>,
@@ -128,7 +128,7 @@ const STARTUP_RETRY_MAX: Duration = Duration::from_secs(30);
 pub enum Control {
     /// A new job list; or why it could not be read (the old jobs keep
     /// running).
-    Reload(Result<Vec<Job>, String>),
+    Reload(Result<Vec<Arc<Job>>, String>),
     /// Drain, then stop: compete for nothing more, let running jobs finish
     /// for up to `shutdown_grace`, then stop what is left. The reason is
     /// logged (`SIGTERM`). A drain during a drain stops at once.
@@ -351,7 +351,11 @@ fn notify(states: &[NotifyState<'_>]) {
 /// old jobs. systemd hears RELOADING=1 (with the monotonic time
 /// `Type=notify-reload` asks for), then READY=1 again, unless the daemon was
 /// not ready yet (its store has not answered).
-async fn reload(jobs: Result<Vec<Job>, String>, tx: &mpsc::Sender<Vec<Job>>, ready: bool) {
+async fn reload(
+    jobs: Result<Vec<Arc<Job>>, String>,
+    tx: &mpsc::Sender<Vec<Arc<Job>>>,
+    ready: bool,
+) {
     match NotifyState::monotonic_usec_now() {
         Ok(now) => notify(&[NotifyState::Reloading, now]),
         Err(_) => notify(&[NotifyState::Reloading]),

@@ -63,7 +63,11 @@ impl Scheduler {
 
     /// Fires occurrences of `jobs` until shutdown; a job list received on
     /// `reloads` replaces the current one.
-    pub(super) async fn run(mut self, jobs: Vec<Job>, mut reloads: mpsc::Receiver<Vec<Job>>) {
+    pub(super) async fn run(
+        mut self,
+        jobs: Vec<Arc<Job>>,
+        mut reloads: mpsc::Receiver<Vec<Arc<Job>>>,
+    ) {
         self.apply(jobs, false);
         let start = tokio::time::Instant::now();
         let mut next_ping = start;
@@ -181,7 +185,7 @@ impl Scheduler {
     /// Installs a job list: unchanged jobs keep their timers, changed and
     /// new ones start from now, removed ones stop firing. Runs in progress
     /// are not touched.
-    fn apply(&mut self, jobs: Vec<Job>, is_reload: bool) {
+    fn apply(&mut self, jobs: Vec<Arc<Job>>, is_reload: bool) {
         let now = self.shared.clock.now();
         let names: HashSet<String> = jobs.iter().map(|j| j.name.to_string()).collect();
         let before = self.jobs.len();
@@ -197,7 +201,7 @@ impl Scheduler {
         for job in jobs {
             let name = job.name.to_string();
             match self.jobs.get(&name) {
-                Some(e) if *e.job == job => continue,
+                Some(e) if Arc::ptr_eq(&e.job, &job) || *e.job == *job => continue,
                 Some(_) => changed += 1,
                 None => added += 1,
             }
@@ -213,7 +217,7 @@ impl Scheduler {
             self.jobs.insert(
                 name,
                 Entry {
-                    job: Arc::new(job),
+                    job,
                     generation: self.generation,
                 },
             );

@@ -60,7 +60,7 @@ const MAX_FORM: usize = 16 * 1024;
 /// What the web view serves from.
 pub struct Web {
     store: Arc<dyn Store>,
-    jobs: RwLock<Arc<Vec<Job>>>,
+    jobs: RwLock<Arc<Vec<Arc<Job>>>>,
     tokens: Option<Tokens>,
     csrf: String,
     node: String,
@@ -74,7 +74,7 @@ impl Web {
     /// actions too.
     pub fn new(
         store: Arc<dyn Store>,
-        jobs: Vec<Job>,
+        jobs: Vec<Arc<Job>>,
         tokens: Option<Tokens>,
         node: String,
         listen: std::net::SocketAddr,
@@ -95,13 +95,13 @@ impl Web {
     }
 
     /// The job list after a reload (SIGHUP).
-    pub fn set_jobs(&self, jobs: Vec<Job>) {
+    pub fn set_jobs(&self, jobs: Vec<Arc<Job>>) {
         if let Ok(mut j) = self.jobs.write() {
             *j = Arc::new(jobs);
         }
     }
 
-    fn jobs(&self) -> Arc<Vec<Job>> {
+    fn jobs(&self) -> Arc<Vec<Arc<Job>>> {
         self.jobs
             .read()
             .map(|j| j.clone())

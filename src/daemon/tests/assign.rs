@@ -47,7 +47,7 @@ fn start_node(
     let settings = crate::daemon::Settings {
         node: crate::domain::NodeId::parse(node).unwrap(),
         max_running: None,
-        jobs,
+        jobs: jobs.into_iter().map(Arc::new).collect(),
         store: Arc::new(rig.store.clone()),
         child_env: Default::default(),
         records: None,
@@ -384,7 +384,11 @@ async fn a_reload_competes_at_once() {
     more.push(job_on(&rig, "extra", "* * * * * *"));
     nodes[0]
         .0
-        .send(crate::daemon::Control::Reload(Ok(more.clone())))
+        .send(crate::daemon::Control::Reload(Ok(more
+            .iter()
+            .cloned()
+            .map(Arc::new)
+            .collect())))
         .await
         .unwrap();
     tokio::time::sleep(ms(5_000)).await;

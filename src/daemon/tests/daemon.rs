@@ -26,7 +26,7 @@ async fn the_daemon_runs_in_process_from_settings_and_a_control_stream() {
     let settings = crate::daemon::Settings {
         node: crate::domain::NodeId::parse("node-a").unwrap(),
         max_running: None,
-        jobs: vec![every_10s("a")],
+        jobs: vec![Arc::new(every_10s("a"))],
         store: Arc::new(rig.store.clone()),
         child_env: Default::default(),
         records: None,
@@ -47,8 +47,8 @@ async fn the_daemon_runs_in_process_from_settings_and_a_control_stream() {
     ));
     tokio::time::sleep(ms(25_000)).await;
     tx.send(crate::daemon::Control::Reload(Ok(vec![
-        every_10s("a"),
-        every_10s("b"),
+        Arc::new(every_10s("a")),
+        Arc::new(every_10s("b")),
     ])))
     .await
     .unwrap();
@@ -145,7 +145,7 @@ async fn the_daemon_prunes_the_history_to_the_newest_runs() {
     let settings = crate::daemon::Settings {
         node: crate::domain::NodeId::parse("node-a").unwrap(),
         max_running: None,
-        jobs: vec![job],
+        jobs: vec![Arc::new(job)],
         store: Arc::new(rig.store.clone()),
         child_env: Default::default(),
         records: None,

@@ -222,7 +222,7 @@ fn start_daemon(
     let settings = super::Settings {
         node: crate::domain::NodeId::parse("node-a").unwrap(),
         max_running: None,
-        jobs,
+        jobs: jobs.into_iter().map(Arc::new).collect(),
         store: Arc::new(rig.store.clone()),
         child_env: Default::default(),
         records: None,
