@@ -56,6 +56,11 @@ impl Cli {
     pub fn quiet(&self) -> bool {
         matches!(&self.command, Command::Exec(args) if args.quiet)
     }
+
+    /// Whether this runs the daemon (`run`).
+    pub fn is_daemon(&self) -> bool {
+        matches!(self.command, Command::Run { .. })
+    }
 }
 
 /// The subcommands.

@@ -33,6 +33,11 @@ fn main() -> ExitCode {
             return ExitCode::from(fencecron::error::EXIT_USAGE);
         }
     };
+    // The daemon's large blocks mapped apart from its heaps, before its
+    // first thread.
+    if cli.is_daemon() {
+        fencecron::config::keep_large_blocks_apart();
+    }
     fencecron::logging::init(cli.log_format, cli.quiet());
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
