@@ -2084,10 +2084,30 @@ mod tests {
     /// the threshold to that block's size and serves the next ones from the
     /// heaps, where a reload's large blocks left holes (BENCHMARKS.md,
     /// "Large blocks apart"). Read from the `IS_MMAPPED` bit (2) of the
-    /// size word glibc keeps before each block it hands out.
+    /// size word glibc keeps before each block it hands out. Checked in a
+    /// process of its own (this test binary run again for this test alone):
+    /// in one that ran other tests, a free block of the heap may fit the
+    /// request, and glibc serves that before it maps anything.
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     #[test]
     fn large_blocks_are_mapped_apart_after_a_larger_one_is_freed() {
+        const CHILD: &str = "FENCECRON_TEST_MMAP_THRESHOLD_CHILD";
+        let name = "config::tests::large_blocks_are_mapped_apart_after_a_larger_one_is_freed";
+        if std::env::var_os(CHILD).is_none() {
+            let out = std::process::Command::new(std::env::current_exe().unwrap())
+                .args([name, "--exact", "--test-threads=1", "--nocapture"])
+                .env(CHILD, "1")
+                .output()
+                .unwrap();
+            let text = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                out.status.success() && text.contains("1 passed"),
+                "the check in a fresh process failed ({}):\n{text}{}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            );
+            return;
+        }
         keep_large_blocks_apart();
         // SAFETY: plain malloc and free of blocks used by nothing else; the
         // word read lies just before `block`, in glibc's header of it.
