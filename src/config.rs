@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -422,39 +422,40 @@ pub(crate) fn load_reusing(
     load_with(path, !store_given, Some(&Reuse::of(previous)))
 }
 
-/// The jobs of the config loaded before, by name, for a reload to keep.
+/// The jobs of the config loaded before, for a reload to keep.
 struct Reuse<'a> {
     jobs: &'a [Arc<Job>],
-    /// Name to job, built only when a job is not where it was.
-    by_name: OnceLock<HashMap<&'a str, &'a Arc<Job>>>,
+    /// The indices of `jobs` by name, sorted only when a job is not where
+    /// it was.
+    by_name: std::cell::OnceCell<Vec<usize>>,
 }
 
 impl<'a> Reuse<'a> {
     fn of(jobs: &'a [Arc<Job>]) -> Reuse<'a> {
         Reuse {
             jobs,
-            by_name: OnceLock::new(),
+            by_name: std::cell::OnceCell::new(),
         }
     }
-}
 
-/// What a parse does with each job it has checked: shares it, or keeps an
-/// equal one loaded before ([`Reuse`]).
-trait Keep {
-    /// Job number `i` of the file, shared.
-    fn keep(&self, i: usize, job: Job) -> Arc<Job>;
-}
-
-impl Keep for Reuse<'_> {
-    /// The previous config's job when it is the same job, else `job`.
+    /// Job number `i` of the file, shared: the previous config's job when
+    /// it is the same job, else `job`.
     fn keep(&self, i: usize, job: Job) -> Arc<Job> {
         let before = match self.jobs.get(i) {
             Some(same) if same.name == job.name => Some(same),
-            _ => self
-                .by_name
-                .get_or_init(|| self.jobs.iter().map(|j| (j.name.as_str(), j)).collect())
-                .get(job.name.as_str())
-                .copied(),
+            _ => {
+                let by_name = self.by_name.get_or_init(|| {
+                    let mut order: Vec<usize> = (0..self.jobs.len()).collect();
+                    order.sort_by(|&a, &b| {
+                        self.jobs[a].name.as_str().cmp(self.jobs[b].name.as_str())
+                    });
+                    order
+                });
+                by_name
+                    .binary_search_by(|&k| self.jobs[k].name.as_str().cmp(job.name.as_str()))
+                    .ok()
+                    .map(|k| &self.jobs[by_name[k]])
+            }
         };
         match before {
             Some(same) if **same == job => same.clone(),
@@ -466,7 +467,7 @@ impl Keep for Reuse<'_> {
 fn load_with(
     path: &Path,
     read_url_env: bool,
-    reuse: Option<&dyn Keep>,
+    reuse: Option<&Reuse<'_>>,
 ) -> Result<Config, ConfigError> {
     let text = read_text(path)?;
     let lines = Lines::new(&text);
@@ -608,7 +609,7 @@ struct Parser<'a> {
     /// [`load_store_given`]).
     read_url_env: bool,
     /// A reload's previous jobs, kept where unchanged ([`load_reusing`]).
-    reuse: Option<&'a (dyn Keep + 'a)>,
+    reuse: Option<&'a Reuse<'a>>,
     /// Set when `text` is the file without its jobs ([`tables::without`]):
     /// where its offsets are in the file.
     rest: Option<&'a tables::Rest>,
