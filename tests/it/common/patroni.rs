@@ -428,10 +428,13 @@ impl Drop for Cluster {
     }
 }
 
-/// A command run as the `postgres` OS user (through `runuser`).
+/// A command run as the `postgres` OS user (through `runuser`), in `/`:
+/// the checkout it would inherit may be private to its owner (a clone in a
+/// `mktemp -d` directory is 0700), and Patroni's worker processes change
+/// back into their parent's directory, so none of them started there.
 fn as_postgres_cmd(program: &str) -> Command {
     let mut cmd = Command::new("runuser");
-    cmd.args(["-u", "postgres", "--", program]);
+    cmd.args(["-u", "postgres", "--", program]).current_dir("/");
     cmd
 }
 
